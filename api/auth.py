@@ -1,0 +1,69 @@
+"""Bearer-key authentication, with a short in-process cache so a request costs no extra round trip."""
+
+from __future__ import annotations
+
+import hmac
+import threading
+import time
+
+from fastapi import Request
+
+from core.config import get_settings
+from core.db import system_session
+from core.errors import Forbidden, Unauthorized
+from core.tenancy.context import Caller
+from core.tenancy.service import authenticate, hash_key
+
+# Revocations made through this process apply at once; other processes see them within the TTL.
+_CACHE_TTL_SECONDS = 5.0
+_cache: dict[str, tuple[float, Caller]] = {}
+_cache_lock = threading.Lock()
+
+
+def bearer_token(request: Request) -> str | None:
+    header = request.headers.get("authorization", "")
+    scheme, _, token = header.partition(" ")
+    if scheme.lower() == "bearer" and token.strip():
+        return token.strip()
+    return None
+
+
+def forget_cached_keys() -> None:
+    with _cache_lock:
+        _cache.clear()
+
+
+def caller_for_key(api_key: str) -> Caller:
+    digest = hash_key(api_key)
+    now = time.monotonic()
+    with _cache_lock:
+        hit = _cache.get(digest)
+    if hit is not None and hit[0] > now:
+        return hit[1]
+    with system_session() as session:
+        caller = authenticate(session, api_key=api_key)
+    with _cache_lock:
+        _cache[digest] = (now + _CACHE_TTL_SECONDS, caller)
+    return caller
+
+
+def require_caller(request: Request) -> Caller:
+    """FastAPI dependency: the tenant caller behind the Authorization header (401 otherwise)."""
+    token = bearer_token(request)
+    if token is None:
+        raise Unauthorized("missing API key: send 'Authorization: Bearer <api_key>'")
+    if is_operator_key(token):
+        raise Forbidden("the operator key has no tenant; use a tenant API key for /v1 data calls")
+    return caller_for_key(token)
+
+
+def require_admin(request: Request) -> Caller:
+    caller = require_caller(request)
+    if not caller.is_admin:
+        raise Forbidden("this call needs an admin key")
+    return caller
+
+
+def is_operator_key(token: str | None) -> bool:
+    operator_key = get_settings().operator_key
+    return bool(token and operator_key) and hmac.compare_digest(token or "", operator_key)

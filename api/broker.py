@@ -1,0 +1,33 @@
+"""The API's view of the broker: the Celery app it publishes jobs to, and a cheap reachability check."""
+
+from __future__ import annotations
+
+import threading
+from functools import lru_cache
+
+import redis
+
+from core.config import get_settings
+from core.runtime import resolve_redis_url
+
+_lock = threading.Lock()
+
+
+@lru_cache(maxsize=1)
+def _redis_client() -> redis.Redis:
+    url = get_settings().redis_url or resolve_redis_url()
+    return redis.Redis.from_url(url, socket_connect_timeout=1, socket_timeout=1)
+
+
+def ping_broker() -> None:
+    _redis_client().ping()
+
+
+def install_job_queue() -> None:
+    """Route committed outbox jobs of this process to Celery."""
+    from core.jobs.service import set_job_queue
+    from workers.celery_app import app
+    from workers.queue import CeleryJobQueue
+
+    with _lock:
+        set_job_queue(CeleryJobQueue(app))

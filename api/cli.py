@@ -1,0 +1,154 @@
+"""The `engram` command. Heavy imports stay inside the commands so `engram --help` and the REST-calling
+commands start fast."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import click
+
+
+def _set_home(home: str | None) -> None:
+    if home:
+        os.environ["ENGRAM_HOME"] = str(Path(home).expanduser().resolve())
+        from core.config import reset_settings_cache
+
+        reset_settings_cache()
+
+
+home_option = click.option(
+    "--home", type=click.Path(file_okay=False), default=None, help="engram home (default ~/.engram)"
+)
+
+
+@click.group()
+def main() -> None:
+    """engram: memory for AI agents."""
+
+
+@main.command()
+@click.option("--host", default="127.0.0.1", show_default=True)
+@click.option("--port", default=8000, type=int, show_default=True)
+@home_option
+def serve(host: str, port: int, home: str | None) -> None:
+    """Run the whole service: API, worker, beat (and embedded PostgreSQL/Redis unless configured)."""
+    from api.serve import serve as run_serve
+    from core.config import get_settings
+
+    run_serve(host=host, port=port, home=Path(home) if home else get_settings().home)
+
+
+@main.command()
+@click.option("--host", default=None)
+@click.option("--port", default=None, type=int)
+@click.option("--workers", default=None, type=int, help="API worker processes")
+@click.option("--migrate/--no-migrate", default=True, help="apply migrations first")
+@home_option
+def api(host: str | None, port: int | None, workers: int | None, migrate: bool, home: str | None) -> None:
+    """Run the HTTP API alone."""
+    _set_home(home)
+    import uvicorn
+
+    from core.config import get_settings
+
+    settings = get_settings()
+    if migrate:
+        from core.migrate import upgrade
+
+        upgrade()
+    uvicorn.run(
+        "api.main:app",
+        host=host or settings.host,
+        port=port or settings.port,
+        workers=workers or settings.api_workers,
+        log_level="warning",
+        access_log=False,
+    )
+
+
+@main.command()
+@click.option("--concurrency", default=2, type=int, show_default=True)
+@click.option(
+    "--pool", default="threads", type=click.Choice(["threads", "prefork", "solo"]), show_default=True
+)
+@home_option
+def worker(concurrency: int, pool: str, home: str | None) -> None:
+    """Run one Celery worker."""
+    _set_home(home)
+    from workers.celery_app import app
+
+    app.worker_main(
+        ["worker", "--loglevel=INFO", f"--concurrency={concurrency}", f"--pool={pool}", "-Q", "engram"]
+    )
+
+
+@main.command()
+@home_option
+def beat(home: str | None) -> None:
+    """Run the Celery beat scheduler (reconcile, lifecycle)."""
+    _set_home(home)
+    from core.config import get_settings
+    from workers.celery_app import app
+
+    schedule = get_settings().home / "celerybeat-schedule"
+    schedule.parent.mkdir(parents=True, exist_ok=True)
+    app.start(["beat", "--loglevel=INFO", f"--schedule={schedule}"])
+
+
+@main.command()
+@home_option
+def migrate(home: str | None) -> None:
+    """Apply database migrations."""
+    _set_home(home)
+    from core.runtime import database_session_for_cli
+
+    with database_session_for_cli():
+        from core.migrate import upgrade
+
+        upgrade()
+    click.echo("migrations applied")
+
+
+@main.group()
+def tenant() -> None:
+    """Tenants."""
+
+
+@tenant.command("create")
+@click.argument("name")
+@click.option("--json", "as_json", is_flag=True, help='print {"tenant", "api_key"} only')
+@click.option("--admin-user", default="admin@localhost", show_default=True)
+@home_option
+def tenant_create(name: str, as_json: bool, admin_user: str, home: str | None) -> None:
+    """Create a tenant and its first admin key."""
+    _set_home(home)
+    from core.runtime import database_session_for_cli
+
+    with database_session_for_cli():
+        from core.db import system_session
+        from core.errors import EngramError
+        from core.migrate import upgrade
+        from core.tenancy.service import create_tenant
+
+        upgrade()
+        try:
+            with system_session() as session:
+                issued = create_tenant(session, name=name, admin_user=admin_user)
+        except EngramError as exc:
+            raise click.ClickException(exc.message) from None
+    if as_json:
+        click.echo(json.dumps({"tenant": issued.tenant, "api_key": issued.api_key}))
+    else:
+        click.echo(f"tenant {issued.tenant} created\nadmin key (shown once): {issued.api_key}")
+
+
+from api.cli_memory import memory  # noqa: E402 - registered after the group exists
+
+main.add_command(memory)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,194 @@
+"""`engram memory ...`: the CLI face of the memory REST calls."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import click
+
+from api.client import EngramAPIError, EngramClient
+
+TABLE_COLUMNS = ("id", "kind", "category", "importance", "created_at", "content")
+
+
+def _default_url() -> str:
+    if os.environ.get("ENGRAM_URL"):
+        return os.environ["ENGRAM_URL"]
+    from core.runtime import resolve_api_url
+
+    return resolve_api_url()
+
+
+@contextmanager
+def _client(ctx: click.Context) -> Iterator[EngramClient]:
+    opts = ctx.parent.params if ctx.parent else {}
+    url = opts.get("url") or _default_url()
+    api_key = opts.get("api_key") or os.environ.get("ENGRAM_API_KEY")
+    if not api_key:
+        raise click.UsageError("give --api-key or set ENGRAM_API_KEY")
+    client = EngramClient(base_url=url, api_key=api_key)
+    try:
+        yield client
+    except EngramAPIError as exc:
+        click.echo(json.dumps({"error": exc.error}), err=True)
+        sys.exit(1)
+    except Exception as exc:  # connection refused and friends: a message, not a traceback
+        import httpx
+
+        if isinstance(exc, httpx.HTTPError):
+            raise click.ClickException(f"cannot reach engram at {url}: {exc}") from None
+        raise
+    finally:
+        client.close()
+
+
+def _short(value: Any, width: int = 60) -> str:
+    text = "" if value is None else str(value).replace("\n", " ")
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def emit(
+    data: Any, *, fmt: str, rows: list[dict[str, Any]] | None = None, columns: tuple[str, ...] = TABLE_COLUMNS
+) -> None:
+    if fmt == "json":
+        click.echo(json.dumps(data, indent=2, ensure_ascii=False))
+        return
+    rows = rows if rows is not None else [data]
+    widths = {c: max([len(c)] + [len(_short(r.get(c))) for r in rows]) for c in columns}
+    click.echo("  ".join(c.upper().ljust(widths[c]) for c in columns))
+    for row in rows:
+        click.echo("  ".join(_short(row.get(c)).ljust(widths[c]) for c in columns))
+
+
+format_option = click.option(
+    "--format", "fmt", type=click.Choice(["json", "table"]), default="table", show_default=True
+)
+
+
+@click.group()
+@click.option("--url", default=None, help="API URL (default: the running serve, or $ENGRAM_URL)")
+@click.option("--api-key", default=None, help="API key (default $ENGRAM_API_KEY)")
+def memory(url: str | None, api_key: str | None) -> None:
+    """Save, get, list and forget memories over the REST API."""
+
+
+@memory.command("save")
+@click.argument("content")
+@click.option("--id", "memory_id", default=None)
+@click.option("--kind", default=None)
+@click.option("--category", default=None)
+@click.option("--importance", type=float, default=None)
+@click.option("--tag", "tags", multiple=True)
+@click.option("--entity", "entities", multiple=True, help="linked entity (repeatable)")
+@click.option("--agent-id", default=None)
+@click.option("--persona", default=None)
+@click.option("--run-id", default=None)
+@format_option
+@click.pass_context
+def save(
+    ctx: click.Context,
+    content: str,
+    memory_id: str | None,
+    kind: str | None,
+    category: str | None,
+    importance: float | None,
+    tags: tuple[str, ...],
+    entities: tuple[str, ...],
+    agent_id: str | None,
+    persona: str | None,
+    run_id: str | None,
+    fmt: str,
+) -> None:
+    """Save a memory."""
+    with _client(ctx) as client:
+        result = client.save_memory(
+            content=content,
+            id=memory_id,
+            kind=kind,
+            category=category,
+            importance=importance,
+            tags=list(tags) or None,
+            linked_entities=list(entities) or None,
+            agent_id=agent_id,
+            persona=persona,
+            run_id=run_id,
+        )
+    emit(result, fmt=fmt, columns=("memory_id", "entities", "warnings"))
+
+
+@memory.command("get")
+@click.argument("memory_id")
+@click.option("--agent-id", default=None)
+@click.option("--persona", default=None)
+@format_option
+@click.pass_context
+def get(ctx: click.Context, memory_id: str, agent_id: str | None, persona: str | None, fmt: str) -> None:
+    """Recall one memory by id."""
+    with _client(ctx) as client:
+        emit(client.get_memory(memory_id, agent_id=agent_id, persona=persona), fmt=fmt)
+
+
+@memory.command("forget")
+@click.argument("memory_id")
+@click.option("--reason", default=None)
+@click.option("--purge", is_flag=True, help="hard delete")
+@click.option("--agent-id", default=None)
+@format_option
+@click.pass_context
+def forget(
+    ctx: click.Context, memory_id: str, reason: str | None, purge: bool, agent_id: str | None, fmt: str
+) -> None:
+    """Forget a memory (soft delete; --purge removes it for good)."""
+    with _client(ctx) as client:
+        result = client.forget_memory(
+            memory_id, reason=reason, purge="true" if purge else None, agent_id=agent_id
+        )
+    emit(result, fmt=fmt, columns=("memory_id", "status"))
+
+
+@memory.command("list")
+@click.option("--kind", default=None)
+@click.option("--category", default=None)
+@click.option("--tag", "tags", multiple=True)
+@click.option("--status", default=None)
+@click.option("--entity", default=None)
+@click.option("--sort", default=None)
+@click.option("--limit", type=int, default=None)
+@click.option("--cursor", default=None)
+@click.option("--agent-id", default=None)
+@format_option
+@click.pass_context
+def list_(
+    ctx: click.Context,
+    kind: str | None,
+    category: str | None,
+    tags: tuple[str, ...],
+    status: str | None,
+    entity: str | None,
+    sort: str | None,
+    limit: int | None,
+    cursor: str | None,
+    agent_id: str | None,
+    fmt: str,
+) -> None:
+    """List memories."""
+    with _client(ctx) as client:
+        page = client.list_memories(
+            kind=kind,
+            category=category,
+            tags=",".join(tags) or None,
+            status=status,
+            entity=entity,
+            sort=sort,
+            limit=limit,
+            cursor=cursor,
+            agent_id=agent_id,
+        )
+    emit(page, fmt=fmt, rows=page["memories"])
+    if fmt == "table" and page.get("next_cursor"):
+        click.echo(f"next cursor: {page['next_cursor']}")

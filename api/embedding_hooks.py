@@ -1,0 +1,27 @@
+"""`sync_embed=true`: embed a saved memory inside the request, so dense search sees it at once."""
+
+from __future__ import annotations
+
+from core.config import get_settings
+from core.db import tenant_session
+from core.embeddings.providers import EmbeddingProviderError, get_embedder
+from core.embeddings.refresh import embed_docs
+from core.memories.schemas import SaveResult
+from core.memories.service import memory_doc_id
+from core.tenancy.context import Caller
+
+
+def after_save(*, caller: Caller, result: SaveResult) -> SaveResult:
+    settings = get_settings()
+    try:
+        embedder = get_embedder(settings.embedding_model)
+        with tenant_session(caller.tenant_id) as session:
+            embed_docs(
+                session,
+                tenant_id=caller.tenant_id,
+                doc_ids=[memory_doc_id(result.memory_id)],
+                embedder=embedder,
+            )
+    except EmbeddingProviderError as exc:
+        result.warnings.append(f"embedding failed ({exc}); it will be retried in the background")
+    return result

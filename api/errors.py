@@ -1,0 +1,99 @@
+"""One JSON error shape for every route (CONTRACT section 8): no stack trace, no 500 for bad input."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from sqlalchemy.exc import DBAPIError, OperationalError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from core.errors import EngramError
+
+log = logging.getLogger("engram.api")
+
+_HTTP_CODES = {
+    400: "bad_request",
+    401: "unauthorized",
+    403: "forbidden",
+    404: "not_found",
+    405: "method_not_allowed",
+    409: "conflict",
+    413: "payload_too_large",
+    415: "unsupported_media_type",
+    422: "validation_error",
+    429: "rate_limited",
+    503: "unavailable",
+}
+
+
+def error_response(
+    status: int,
+    message: str,
+    *,
+    code: str | None = None,
+    field: str | None = None,
+    headers: dict[str, str] | None = None,
+    details: dict[str, Any] | None = None,
+) -> JSONResponse:
+    body: dict[str, Any] = {"code": code or _HTTP_CODES.get(status, "error"), "message": message}
+    if field is not None:
+        body["field"] = field
+    if details:
+        body.update({k: v for k, v in details.items() if k not in body})
+    return JSONResponse({"error": body}, status_code=status, headers=headers)
+
+
+def _field_path(loc: tuple[Any, ...]) -> str:
+    parts = [str(p) for p in loc]
+    if parts and parts[0] in ("body", "query", "path", "header"):
+        parts = parts[1:]
+    return ".".join(parts)
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(EngramError)
+    async def _engram(request: Request, exc: EngramError) -> JSONResponse:
+        headers = {"Retry-After": "5"} if exc.status == 503 else None
+        return error_response(
+            exc.status, exc.message, code=exc.code, field=exc.field, headers=headers, details=exc.details
+        )
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
+        errors = exc.errors()
+        first = errors[0] if errors else {}
+        if first.get("type") == "json_invalid":
+            return error_response(400, "the request body is not valid JSON")
+        field = _field_path(tuple(first.get("loc", ())))
+        message = f"{field or 'body'}: {first.get('msg', 'invalid value')}"
+        return error_response(422, message, field=field or None)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        message = exc.detail if isinstance(exc.detail, str) else "request failed"
+        if exc.status_code == 404 and message == "Not Found":
+            message = f"no route {request.method} {request.url.path}"
+        return error_response(exc.status_code, message, headers=getattr(exc, "headers", None))
+
+    @app.exception_handler(OperationalError)
+    async def _db_down(request: Request, exc: OperationalError) -> JSONResponse:
+        log.warning("database unavailable: %s", exc.orig)
+        return error_response(503, "the database is unavailable; retry shortly", headers={"Retry-After": "5"})
+
+    @app.exception_handler(DBAPIError)
+    async def _db_error(request: Request, exc: DBAPIError) -> JSONResponse:
+        if exc.connection_invalidated:
+            return error_response(
+                503, "the database connection was lost; retry shortly", headers={"Retry-After": "5"}
+            )
+        log.exception("database error on %s %s", request.method, request.url.path)
+        return error_response(500, "internal error", code="internal")
+
+    @app.exception_handler(Exception)
+    async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
+        log.exception("unhandled error on %s %s", request.method, request.url.path)
+        return error_response(500, "internal error", code="internal")

@@ -1,0 +1,46 @@
+"""API keys of the caller's tenant (admin only)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Body, Depends
+
+from api.auth import forget_cached_keys, require_admin
+from core.db import system_session
+from core.errors import Invalid
+from core.tenancy.context import Caller
+from core.tenancy.models import Tenant
+from core.tenancy.service import issue_key, revoke_key
+
+router = APIRouter(prefix="/v1")
+
+
+@router.post("/keys", status_code=201)
+def create_key(body: Any = Body(default=None), caller: Caller = Depends(require_admin)) -> dict[str, Any]:
+    if not isinstance(body, dict):
+        raise Invalid('body must be {"user": "...", "role": "member"}', field="user")
+    user, role = body.get("user"), body.get("role", "member")
+    if not isinstance(user, str):
+        raise Invalid("user must be an email address", field="user")
+    if not isinstance(role, str):
+        raise Invalid("role must be admin or member", field="role")
+    with system_session() as session:
+        tenant = session.get(Tenant, caller.tenant_id)
+        assert tenant is not None
+        issued = issue_key(session, tenant=tenant, user=user, role=role)
+    return {
+        "api_key": issued.api_key,
+        "id": issued.id,
+        "user": issued.user,
+        "role": issued.role,
+        "tenant": issued.tenant,
+    }
+
+
+@router.delete("/keys/{key_id}")
+def delete_key(key_id: str, caller: Caller = Depends(require_admin)) -> dict[str, Any]:
+    with system_session() as session:
+        revoke_key(session, caller=caller, key_id=key_id)
+    forget_cached_keys()
+    return {"id": key_id, "revoked": True}

@@ -1,0 +1,74 @@
+"""The one settings object: every process reads the same ``ENGRAM_*`` environment variables."""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="ENGRAM_", extra="ignore")
+
+    # Where embedded services, indexes and local state live.
+    home: Path = Field(default_factory=lambda: Path("~/.engram").expanduser())
+
+    # External services; empty means "start the embedded one under home" (serve) or
+    # "use what serve wrote into home/runtime.json" (every other command).
+    database_url: str = ""
+    redis_url: str = ""
+
+    host: str = "127.0.0.1"
+    port: int = 8000
+
+    # Embeddings: a litellm "<provider>/<model>" name, or "local" for the bundled model.
+    embedding_model: str = "local"
+    embedding_batch_size: int = 64
+    embedding_max_attempts: int = 5
+    embedding_retry_base_seconds: float = 1.0
+    similarity_update_threshold: float = 0.9
+    similarity_suggest_threshold: float = 0.75
+
+    # Operator key sees every tenant in /v1/jobs, /v1/ops/coverage, /dashboard and /metrics.
+    operator_key: str = ""
+
+    # Secret used to encrypt datasource credentials at rest (Fernet key, urlsafe base64).
+    secret_key: str = ""
+
+    # Outbox: jobs queued longer than this without running are dispatched again by reconcile.
+    outbox_redispatch_seconds: float = 30.0
+    reconcile_interval_seconds: float = 15.0
+    # A running job whose worker died is dispatched again after this lease.
+    job_running_lease_seconds: float = 600.0
+    # Redis redelivers an unacknowledged message (worker killed) after this long.
+    broker_visibility_timeout_seconds: float = 3600.0
+    api_workers: int = 1
+
+    # Lifecycle.
+    daily_ttl_hours: float = 72.0
+    conversation_ttl_hours: float = 24.0
+    importance_half_life_days: float = 30.0
+    agent_entry_cap: int = 10_000
+
+    # Search.
+    dense_exact_max_docs: int = 20_000
+
+    @property
+    def index_dir(self) -> Path:
+        return self.home / "index"
+
+    @property
+    def runtime_file(self) -> Path:
+        return self.home / "runtime.json"
+
+
+@lru_cache(maxsize=1)
+def get_settings() -> Settings:
+    return Settings()
+
+
+def reset_settings_cache() -> None:
+    """Forget the cached settings (tests and `serve` change the environment before re-reading)."""
+    get_settings.cache_clear()

@@ -1,0 +1,159 @@
+"""Engine, the one session factory, and the single place where the tenant filter is applied.
+
+Every table that holds tenant data inherits :class:`TenantScoped`. A session opened with
+:func:`tenant_session` carries its tenant id in ``session.info``; the ``do_orm_execute`` hook below adds
+``tenant_id = :tenant`` to every ORM SELECT, UPDATE and DELETE touching such a table, so a query written
+later cannot forget it. A session with neither a tenant nor an explicit ``all_tenants`` flag refuses to
+read tenant data at all (fail closed).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from sqlalchemy import BigInteger, ForeignKey, create_engine, event
+from sqlalchemy.engine import Engine
+from sqlalchemy.orm import (
+    DeclarativeBase,
+    Mapped,
+    ORMExecuteState,
+    Session,
+    declared_attr,
+    mapped_column,
+    sessionmaker,
+    with_loader_criteria,
+)
+
+from core.config import get_settings
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+class TenantScoped:
+    """Mixin for every table holding one tenant's data."""
+
+    @declared_attr
+    def tenant_id(cls) -> Mapped[int]:  # noqa: N805 - declared_attr is a class-level hook
+        return mapped_column(BigInteger, ForeignKey("tenants.id", ondelete="CASCADE"), primary_key=True)
+
+
+class TenantFilterMissing(RuntimeError):
+    """A query touched tenant data from a session that names no tenant."""
+
+
+_engine: Engine | None = None
+_factory: sessionmaker[Session] | None = None
+_lock = threading.Lock()
+
+
+def normalize_url(url: str) -> str:
+    """Accept plain ``postgresql://`` URLs and run them on psycopg 3."""
+    for prefix in ("postgresql://", "postgres://"):
+        if url.startswith(prefix):
+            return "postgresql+psycopg://" + url[len(prefix) :]
+    return url
+
+
+def get_engine() -> Engine:
+    global _engine, _factory
+    with _lock:
+        if _engine is None:
+            url = get_settings().database_url
+            if not url:
+                from core.runtime import resolve_database_url
+
+                url = resolve_database_url()
+            _engine = create_engine(
+                normalize_url(url),
+                pool_size=10,
+                max_overflow=20,
+                pool_pre_ping=True,
+                pool_recycle=1800,
+            )
+            _factory = sessionmaker(bind=_engine, expire_on_commit=False)
+        return _engine
+
+
+def dispose_engine() -> None:
+    global _engine, _factory
+    with _lock:
+        if _engine is not None:
+            _engine.dispose()
+        _engine = None
+        _factory = None
+
+
+def _session_factory() -> sessionmaker[Session]:
+    get_engine()
+    assert _factory is not None
+    return _factory
+
+
+@contextmanager
+def tenant_session(tenant_id: int) -> Iterator[Session]:
+    """A unit of work scoped to one tenant; commits on success, rolls back on error."""
+    session = _session_factory()()
+    session.info["tenant_id"] = tenant_id
+    try:
+        yield session
+        session.commit()
+    except BaseException:
+        session.rollback()
+        raise
+    finally:
+        session.close()
+
+
+@contextmanager
+def system_session() -> Iterator[Session]:
+    """A unit of work that deliberately spans tenants (workers, operators, migrations of data)."""
+    session = _session_factory()()
+    session.info["all_tenants"] = True
+    try:
+        yield session
+        session.commit()
+    except BaseException:
+        session.rollback()
+        raise
+    finally:
+        session.close()
+
+
+def _touches_tenant_data(state: ORMExecuteState) -> bool:
+    for mapper in state.all_mappers:
+        if issubclass(mapper.class_, TenantScoped):
+            return True
+    return False
+
+
+@event.listens_for(Session, "do_orm_execute")
+def _apply_tenant_filter(state: ORMExecuteState) -> None:
+    if not (state.is_select or state.is_update or state.is_delete):
+        return
+    if state.is_column_load or state.is_relationship_load:
+        return
+    info: dict[str, Any] = state.session.info
+    tenant_id = info.get("tenant_id")
+    if tenant_id is None:
+        if info.get("all_tenants") or not _touches_tenant_data(state):
+            return
+        raise TenantFilterMissing("query on tenant data from a session without a tenant")
+    state.statement = state.statement.options(
+        with_loader_criteria(
+            TenantScoped,
+            lambda cls: cls.tenant_id == tenant_id,
+            include_aliases=True,
+        )
+    )
+
+
+def scope_to_tenant(session: Session, tenant_id: int) -> Session:
+    """Narrow a system session to one tenant (a worker running one tenant's job)."""
+    session.info.pop("all_tenants", None)
+    session.info["tenant_id"] = tenant_id
+    return session

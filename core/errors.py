@@ -1,0 +1,48 @@
+"""Domain errors. Each carries the HTTP status the API maps it to, a stable code and a message."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class EngramError(Exception):
+    status = 400
+    code = "bad_request"
+
+    def __init__(self, message: str, *, field: str | None = None, details: dict[str, Any] | None = None):
+        super().__init__(message)
+        self.message = message
+        self.field = field
+        self.details = details or {}
+
+
+class BadRequest(EngramError):
+    status, code = 400, "bad_request"
+
+
+class Unauthorized(EngramError):
+    status, code = 401, "unauthorized"
+
+
+class Forbidden(EngramError):
+    status, code = 403, "forbidden"
+
+
+class NotFound(EngramError):
+    status, code = 404, "not_found"
+
+
+class Conflict(EngramError):
+    status, code = 409, "conflict"
+
+
+class PayloadTooLarge(EngramError):
+    status, code = 413, "payload_too_large"
+
+
+class Invalid(EngramError):
+    status, code = 422, "validation_error"
+
+
+class Unavailable(EngramError):
+    status, code = 503, "unavailable"

@@ -1,0 +1,33 @@
+"""What each job kind does. Importing this module registers the handlers (workers do so at start)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy.orm import Session
+
+from core.config import get_settings
+from core.db import scope_to_tenant
+from core.jobs.models import Job
+from core.jobs.service import PermanentJobError, handler
+
+
+@handler("embed")
+def run_embed(session: Session, job: Job) -> dict[str, Any]:
+    from core.embeddings.providers import get_embedder
+    from core.embeddings.refresh import embed_docs
+
+    if job.tenant_id is None:
+        raise PermanentJobError("embed job without a tenant")
+    doc_ids = job.payload.get("doc_ids")
+    if not isinstance(doc_ids, list):
+        raise PermanentJobError("embed job payload has no doc_ids list")
+    settings = get_settings()
+    scope_to_tenant(session, job.tenant_id)
+    return embed_docs(
+        session,
+        tenant_id=job.tenant_id,
+        doc_ids=[str(d) for d in doc_ids],
+        embedder=get_embedder(settings.embedding_model),
+        batch_size=settings.embedding_batch_size,
+    )

@@ -1,0 +1,213 @@
+"""The transactional outbox and job execution, independent of the queue that carries the messages.
+
+A write adds its job rows to the same session (``enqueue``); when that session commits, the job ids are
+handed to the registered :class:`JobQueue` (Celery in production). If the hand-off fails, the row is still
+``queued`` and the reconciler dispatches it again, so a committed job is never lost. Handlers must be
+idempotent: a job may run more than once.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import traceback
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any, Protocol
+
+from sqlalchemy import event, or_, select, update
+from sqlalchemy.orm import Session
+
+from core.errors import NotFound
+from core.jobs.models import Job
+
+log = logging.getLogger(__name__)
+
+
+class JobQueue(Protocol):
+    def send(self, job_ids: list[str]) -> None:
+        """Hand job ids to the workers. May drop them (broker down): reconcile re-dispatches."""
+
+
+_queue: JobQueue | None = None
+_queue_lock = threading.Lock()
+
+
+def set_job_queue(queue: JobQueue | None) -> None:
+    global _queue
+    with _queue_lock:
+        _queue = queue
+
+
+def get_job_queue() -> JobQueue | None:
+    return _queue
+
+
+def now() -> datetime:
+    return datetime.now(UTC)
+
+
+def enqueue(session: Session, *, tenant_id: int | None, kind: str, payload: dict[str, Any]) -> Job:
+    """Add a job row to the caller's unit of work; it is dispatched after that unit commits."""
+    job = Job(
+        id=uuid.uuid4().hex,
+        tenant_id=tenant_id,
+        kind=kind,
+        state="queued",
+        payload=payload,
+        attempts=0,
+        created_at=now(),
+        updated_at=now(),
+    )
+    session.add(job)
+    session.info.setdefault("outbox", []).append(job.id)
+    return job
+
+
+def dispatch_outbox(session: Session) -> None:
+    """Send the job ids this session committed. Called from the session's after_commit hook."""
+    job_ids = session.info.pop("outbox", None)
+    queue = _queue
+    if job_ids and queue is not None:
+        try:
+            queue.send(list(job_ids))
+        except Exception:  # the rows stay queued; reconcile sends them again
+            log.warning("dispatch of %d job(s) failed; reconcile will retry", len(job_ids), exc_info=True)
+
+
+@event.listens_for(Session, "after_commit")
+def _after_commit(session: Session) -> None:
+    dispatch_outbox(session)
+
+
+@event.listens_for(Session, "after_soft_rollback")
+def _after_rollback(session: Session, previous_transaction: Any) -> None:
+    session.info.pop("outbox", None)
+
+
+def get_job(session: Session, *, job_id: str, tenant_id: int | None) -> Job:
+    """A job by id; `tenant_id=None` is the operator's view across tenants."""
+    job = session.get(Job, job_id)
+    if job is None or (tenant_id is not None and job.tenant_id != tenant_id):
+        raise NotFound(f"job {job_id!r} not found")
+    return job
+
+
+def job_to_dict(job: Job) -> dict[str, Any]:
+    return {
+        "id": job.id,
+        "kind": job.kind,
+        "state": job.state,
+        "attempts": job.attempts,
+        "error": job.error,
+        "created_at": job.created_at.isoformat() if job.created_at else None,
+        "updated_at": job.updated_at.isoformat() if job.updated_at else None,
+        "tenant_id": job.tenant_id,
+        "payload": job.payload,
+        "result": job.result,
+    }
+
+
+Handler = Callable[[Session, Job], dict[str, Any] | None]
+_handlers: dict[str, Handler] = {}
+
+
+def handler(kind: str) -> Callable[[Handler], Handler]:
+    """Register the function that runs jobs of `kind`."""
+
+    def register(fn: Handler) -> Handler:
+        _handlers[kind] = fn
+        return fn
+
+    return register
+
+
+@dataclass(frozen=True)
+class RunOutcome:
+    state: str  # succeeded | retry | failed | skipped
+    attempts: int
+    error: str | None = None
+
+
+class PermanentJobError(Exception):
+    """A failure that retrying cannot fix (bad payload, missing datasource): the job fails at once."""
+
+
+def run_job(
+    job_id: str,
+    *,
+    session_factory: Callable[[], Any],
+    max_attempts: int,
+) -> RunOutcome:
+    """Run one job once: claim it, call its handler in its own transaction, record the outcome."""
+    with session_factory() as session:
+        job = session.get(Job, job_id, with_for_update=True)
+        if job is None or job.state in ("succeeded", "failed"):
+            return RunOutcome(state="skipped", attempts=job.attempts if job else 0)
+        job.state = "running"
+        job.attempts += 1
+        job.started_at = job.updated_at = now()
+        attempts = job.attempts
+    fn = _handlers.get(job.kind)
+    try:
+        if fn is None:
+            raise LookupError(f"no handler for job kind {job.kind!r}")
+        with session_factory() as session:
+            job = session.get(Job, job_id)
+            result = fn(session, job)
+            job.state = "succeeded"
+            job.result = result
+            job.error = None
+            job.finished_at = job.updated_at = now()
+        return RunOutcome(state="succeeded", attempts=attempts)
+    except Exception as exc:
+        error = f"{type(exc).__name__}: {exc}"
+        # Everything else (provider errors, a database restart) is retried with backoff.
+        final = attempts >= max_attempts or isinstance(exc, PermanentJobError | LookupError)
+        log.warning("job %s (%s) attempt %d failed: %s", job_id, job.kind, attempts, traceback.format_exc())
+        with session_factory() as session:
+            session.execute(
+                update(Job)
+                .where(Job.id == job_id)
+                .values(
+                    state="failed" if final else "queued",
+                    error=error[:10_000],
+                    updated_at=now(),
+                    finished_at=now() if final else None,
+                )
+            )
+        return RunOutcome(state="failed" if final else "retry", attempts=attempts, error=error)
+
+
+def retry_job(session: Session, *, job_id: str, tenant_id: int | None) -> Job:
+    """Put a failed (or stuck) job back in the queue; it is dispatched after commit."""
+    job = get_job(session, job_id=job_id, tenant_id=tenant_id)
+    job.state = "queued"
+    job.attempts = 0
+    job.updated_at = now()
+    job.finished_at = None
+    session.info.setdefault("outbox", []).append(job.id)
+    return job
+
+
+def jobs_to_redispatch(session: Session, *, older_than: timedelta, running_lease: timedelta) -> list[str]:
+    """Queued jobs nobody ran for a while (lost message) and running jobs whose worker died."""
+    cutoff = now() - older_than
+    lease_cutoff = now() - running_lease
+    rows = session.scalars(
+        select(Job.id)
+        .where(
+            or_(
+                (Job.state == "queued") & (Job.updated_at < cutoff),
+                (Job.state == "running") & (Job.updated_at < lease_cutoff),
+            )
+        )
+        .order_by(Job.created_at)
+        .limit(5_000)
+    ).all()
+    if rows:
+        session.execute(update(Job).where(Job.id.in_(rows)).values(updated_at=now(), dispatched_at=now()))
+        session.info.setdefault("outbox", []).extend(rows)
+    return list(rows)

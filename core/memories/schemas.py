@@ -1,0 +1,160 @@
+"""Request and response models of the memory API (shared by REST, CLI, client and MCP)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, Literal
+
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, field_validator
+
+from core.errors import PayloadTooLarge
+from core.memories.ids import validate_memory_id
+
+MemoryKind = Literal[
+    "fact",
+    "preference",
+    "decision",
+    "identity",
+    "event",
+    "observation",
+    "goal",
+    "todo",
+    "knowledge",
+    "entity",
+    "relationship",
+]
+MemoryCategory = Literal["core", "daily", "conversation", "workspace"]
+RelationType = Literal["related_to", "updates", "contradicts", "caused_by", "result_of", "part_of"]
+MemoryStatus = Literal["active", "forgotten", "stale"]
+
+MAX_CONTENT_BYTES = 50_000
+MAX_BATCH_ITEMS = 1_000
+
+DEFAULT_IMPORTANCE: dict[str, float] = {
+    "identity": 1.0,
+    "decision": 0.8,
+    "preference": 0.7,
+    "goal": 0.7,
+    "fact": 0.5,
+    "event": 0.5,
+    "knowledge": 0.5,
+    "entity": 0.5,
+    "relationship": 0.5,
+    "observation": 0.4,
+    "todo": 0.3,
+}
+
+
+def check_content_size(content: str) -> str:
+    size = len(content.encode("utf-8"))
+    if size > MAX_CONTENT_BYTES:
+        raise PayloadTooLarge(
+            f"content is {size} bytes; the limit is {MAX_CONTENT_BYTES} bytes of UTF-8", field="content"
+        )
+    return content
+
+
+class AssociationIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    target_id: str
+    relation_type: RelationType = "related_to"
+    weight: float = Field(default=0.5, ge=0.0, le=1.0)
+
+    @field_validator("target_id")
+    @classmethod
+    def _target_id(cls, value: str) -> str:
+        return validate_memory_id(value, field="target_id")
+
+
+class SaveMemoryIn(BaseModel):
+    model_config = ConfigDict(extra="ignore", populate_by_name=True)
+
+    content: str = Field(validation_alias=AliasChoices("content", "learning"), min_length=1)
+    id: str | None = None
+    linked_entities: list[str] | dict[str, Any] | None = Field(
+        default=None, validation_alias=AliasChoices("linked_entities", "entities")
+    )
+    query: dict[str, Any] | None = None
+    kind: MemoryKind = "fact"
+    category: MemoryCategory = "core"
+    importance: float | None = Field(default=None, ge=0.0, le=1.0)
+    occurred_at: datetime | None = None
+    tags: list[str] = Field(default_factory=list)
+    source: str | None = None
+    run_id: str | None = Field(default=None, max_length=200)
+    persona: str | None = Field(default=None, max_length=200)
+    agent_id: str | None = Field(default=None, max_length=200)
+    associations: list[AssociationIn] = Field(default_factory=list)
+    sync_embed: bool = False
+
+    @field_validator("id")
+    @classmethod
+    def _id(cls, value: str | None) -> str | None:
+        return None if value is None else validate_memory_id(value)
+
+
+class PatchMemoryIn(BaseModel):
+    model_config = ConfigDict(extra="ignore", populate_by_name=True)
+
+    content: str | None = Field(
+        default=None, validation_alias=AliasChoices("content", "learning"), min_length=1
+    )
+    kind: MemoryKind | None = None
+    category: MemoryCategory | None = None
+    tags: list[str] | None = None
+    importance: float | None = Field(default=None, ge=0.0, le=1.0)
+    linked_entities: list[str] | dict[str, Any] | None = Field(
+        default=None, validation_alias=AliasChoices("linked_entities", "entities")
+    )
+    occurred_at: datetime | None = None
+    source: str | None = None
+    associations: list[AssociationIn] | None = None
+    sync_embed: bool = False
+
+
+class SaveResult(BaseModel):
+    memory_id: str
+    entities: list[str]
+    warnings: list[str] = Field(default_factory=list)
+    similar_existing: list[dict[str, Any]] = Field(default_factory=list)
+
+
+class ListFilters(BaseModel):
+    kind: MemoryKind | None = None
+    category: MemoryCategory | None = None
+    tags: list[str] = Field(default_factory=list)
+    run_id: str | None = None
+    status: MemoryStatus = "active"
+    since: datetime | None = None
+    entity: str | None = None
+    sort: Literal["recent", "importance", "most_accessed"] = "recent"
+    limit: int = Field(default=50, ge=1, le=200)
+    cursor: str | None = None
+
+
+def _first_error_field(exc: Any) -> tuple[str, str]:
+    error = exc.errors()[0]
+    field = ".".join(str(part) for part in error.get("loc", ()))
+    return field, f"{field or 'body'}: {error.get('msg', 'invalid value')}"
+
+
+def parse_model(model: type[BaseModel], body: Any, *, prefix: str = "") -> Any:
+    """Validate a request body into `model`, turning pydantic errors into a 422 naming the field.
+
+    Oversized content is checked first so it answers 413 whatever else is wrong with the body.
+    """
+    from pydantic import ValidationError
+
+    from core.errors import Invalid
+
+    if not isinstance(body, dict):
+        raise Invalid("the body must be a JSON object", field=prefix.rstrip(".") or None)
+    for key in ("content", "learning"):
+        if isinstance(body.get(key), str):
+            check_content_size(body[key])
+    try:
+        return model.model_validate(body)
+    except ValidationError as exc:
+        field, message = _first_error_field(exc)
+        raise Invalid(message, field=prefix + field if field else prefix.rstrip(".") or None) from None

@@ -1,0 +1,405 @@
+"""Memory writes and reads: save (single and batch), get, patch, forget, purge, list.
+
+Every function takes the caller's session (the caller owns the unit of work) and a :class:`Caller`.
+A write bumps the tenant's ``change_seq`` and stamps the rows it touches with it, so derived indexes
+(full-text, entity statistics) know what to catch up on; embedding work is queued in the same
+transaction (the outbox).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from sqlalchemy import delete, func, literal, select, text, update
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.orm import Session
+
+from core.errors import EngramError, Forbidden, Invalid, NotFound
+from core.jobs.service import enqueue
+from core.memories.ids import integer_value
+from core.memories.links import LinkResolver, Links
+from core.memories.models import Association, Memory, Tombstone
+from core.memories.schemas import DEFAULT_IMPORTANCE, PatchMemoryIn, SaveMemoryIn, SaveResult
+from core.memories.visibility import is_visible, may_modify, visible_clause
+from core.tenancy.context import Caller
+from core.tenancy.models import Tenant
+
+MEMORY_REF_PREFIX = "memory:"
+
+
+def memory_doc_id(memory_id: str) -> str:
+    return MEMORY_REF_PREFIX + memory_id
+
+
+def bump_change_seq(
+    session: Session, *, tenant_id: int, auto_ids: int = 0, supplied_max: int = 0
+) -> tuple[int, int]:
+    """Advance the tenant's change sequence (and reserve `auto_ids` memory ids) under its row lock.
+
+    Returns (memory_seq, change_seq) after the update; the reserved ids are
+    memory_seq - auto_ids + 1 .. memory_seq. The row lock also orders concurrent writers of one tenant,
+    so change_seq values become visible in commit order.
+    """
+    row = session.execute(
+        update(Tenant)
+        .where(Tenant.id == tenant_id)
+        .values(
+            memory_seq=func.greatest(Tenant.memory_seq, supplied_max) + auto_ids,
+            change_seq=Tenant.change_seq + 1,
+        )
+        .returning(Tenant.memory_seq, Tenant.change_seq)
+    ).one()
+    return int(row[0]), int(row[1])
+
+
+@dataclass
+class _Planned:
+    index: int
+    item: SaveMemoryIn
+    links: Links
+    memory_id: str | None = None
+    error: EngramError | None = None
+    existing: Memory | None = None
+    warnings: list[str] = field(default_factory=list)
+
+
+def _precheck(session: Session, caller: Caller, planned: list[_Planned], batch_ids: set[str]) -> None:
+    """Per-item checks that need the database: upsert ownership and association targets."""
+    supplied = [p.item.id for p in planned if p.item.id is not None and p.error is None]
+    existing = {}
+    if supplied:
+        rows = session.scalars(select(Memory).where(Memory.id.in_(supplied)).with_for_update()).all()
+        existing = {m.id: m for m in rows}
+    targets = {a.target_id for p in planned for a in p.item.associations}
+    known_targets = set()
+    if targets:
+        known_targets = set(session.scalars(select(Memory.id).where(Memory.id.in_(targets))).all())
+    for p in planned:
+        if p.error is not None:
+            continue
+        current = existing.get(p.item.id) if p.item.id is not None else None
+        if current is not None:
+            if not is_visible(current, caller):
+                p.error = Invalid(f"id {p.item.id!r} is already used by a memory you cannot see", field="id")
+                continue
+            if not may_modify(current, caller):
+                p.error = Forbidden(f"memory {p.item.id!r} belongs to another user")
+                continue
+            p.existing = current
+        for i, assoc in enumerate(p.item.associations):
+            if assoc.target_id not in known_targets and assoc.target_id not in batch_ids:
+                p.error = Invalid(
+                    f"association target {assoc.target_id!r} does not exist",
+                    field=f"associations.{i}.target_id",
+                )
+                break
+
+
+def save_memories(
+    session: Session, *, caller: Caller, items: Sequence[SaveMemoryIn | EngramError]
+) -> list[SaveResult | EngramError]:
+    """Save many memories in the caller's transaction; invalid items come back as errors, in order."""
+    resolver = LinkResolver(session, tenant_id=caller.tenant_id)
+    batch_ids = {item.id for item in items if isinstance(item, SaveMemoryIn) and item.id is not None}
+    resolver.also_existing(batch_ids)
+    planned: list[_Planned] = []
+    for index, item in enumerate(items):
+        if isinstance(item, EngramError):
+            continue
+        p = _Planned(index=index, item=item, links=Links())
+        try:
+            p.links = resolver.resolve(item.linked_entities, query=item.query)
+        except EngramError as exc:
+            p.error = exc
+        planned.append(p)
+    _precheck(session, caller, planned, batch_ids)
+    valid = [p for p in planned if p.error is None]
+    if valid:
+        _write(session, caller, valid)
+    results: list[SaveResult | EngramError] = list(items)  # type: ignore[arg-type]
+    for p in planned:
+        if p.error is not None:
+            results[p.index] = p.error
+        else:
+            assert p.memory_id is not None
+            results[p.index] = SaveResult(
+                memory_id=p.memory_id, entities=p.links.entities, warnings=p.links.warnings
+            )
+    return results
+
+
+def _write(session: Session, caller: Caller, valid: list[_Planned]) -> None:
+    supplied_ints = [integer_value(p.item.id) for p in valid if p.item.id is not None]
+    supplied_max = max([v for v in supplied_ints if v is not None], default=0)
+    n_auto = sum(1 for p in valid if p.item.id is None)
+    memory_seq, change_seq = bump_change_seq(
+        session, tenant_id=caller.tenant_id, auto_ids=n_auto, supplied_max=supplied_max
+    )
+    next_auto = memory_seq - n_auto + 1
+    base_time = datetime.now(UTC)
+    rows: dict[str, dict[str, Any]] = {}
+    for offset, p in enumerate(valid):
+        if p.item.id is None:
+            p.memory_id = str(next_auto)
+            next_auto += 1
+        else:
+            p.memory_id = p.item.id
+        # Later duplicates of an id in one batch win, as consecutive upserts would.
+        rows[p.memory_id] = _row_values(
+            caller, p, created_at=base_time + timedelta(microseconds=offset), change_seq=change_seq
+        )
+    stmt = pg_insert(Memory).values(list(rows.values()))
+    keep = {"tenant_id", "id", "created_at", "created_by", "access_count", "last_accessed_at"}
+    stmt = stmt.on_conflict_do_update(
+        index_elements=[Memory.tenant_id, Memory.id],
+        set_={c: stmt.excluded[c] for c in rows[next(iter(rows))] if c not in keep},
+    )
+    session.execute(stmt)
+    _replace_associations(session, caller=caller, valid=valid)
+    enqueue(
+        session,
+        tenant_id=caller.tenant_id,
+        kind="embed",
+        payload={"doc_ids": [memory_doc_id(mid) for mid in rows]},
+    )
+
+
+def _row_values(caller: Caller, p: _Planned, *, created_at: datetime, change_seq: int) -> dict[str, Any]:
+    item = p.item
+    return {
+        "tenant_id": caller.tenant_id,
+        "id": p.memory_id,
+        "content": item.content,
+        "kind": item.kind,
+        "category": item.category,
+        "importance": item.importance if item.importance is not None else DEFAULT_IMPORTANCE[item.kind],
+        "occurred_at": item.occurred_at or created_at,
+        "tags": list(dict.fromkeys(item.tags)),
+        "source": item.source,
+        "run_id": item.run_id,
+        "persona": item.persona if item.persona is not None else caller.persona,
+        "agent_id": item.agent_id if item.agent_id is not None else caller.agent_id,
+        "entities": p.links.entities,
+        "query": p.links.query,
+        "status": "active",
+        "stale_reason": None,
+        "forget_reason": None,
+        "created_by": caller.user,
+        "created_at": created_at,
+        "updated_at": created_at,
+        "access_count": 0,
+        "change_seq": change_seq,
+    }
+
+
+def _replace_associations(session: Session, *, caller: Caller, valid: list[_Planned]) -> None:
+    upserted = [p.memory_id for p in valid if p.existing is not None]
+    if upserted:
+        session.execute(delete(Association).where(Association.source_id.in_(upserted)))
+    edges: dict[tuple[str, str, str], float] = {}
+    for p in valid:
+        for assoc in p.item.associations:
+            assert p.memory_id is not None
+            edges[(p.memory_id, assoc.target_id, assoc.relation_type)] = assoc.weight
+    if edges:
+        stmt = pg_insert(Association).values(
+            [
+                {
+                    "tenant_id": caller.tenant_id,
+                    "source_id": s,
+                    "target_id": t,
+                    "relation_type": r,
+                    "weight": w,
+                }
+                for (s, t, r), w in edges.items()
+            ]
+        )
+        session.execute(
+            stmt.on_conflict_do_update(
+                index_elements=["tenant_id", "source_id", "target_id", "relation_type"],
+                set_={"weight": stmt.excluded.weight},
+            )
+        )
+
+
+def save_memory(session: Session, *, caller: Caller, item: SaveMemoryIn) -> SaveResult:
+    result = save_memories(session, caller=caller, items=[item])[0]
+    if isinstance(result, EngramError):
+        raise result
+    return result
+
+
+def _load_visible(
+    session: Session, *, caller: Caller, memory_id: str, include_forgotten: bool = False, lock: bool = False
+) -> Memory:
+    stmt = select(Memory).where(Memory.id == memory_id, visible_clause(caller))
+    if lock:
+        stmt = stmt.with_for_update()
+    memory = session.scalar(stmt)
+    if memory is None or (memory.status == "forgotten" and not include_forgotten):
+        raise NotFound(f"memory {memory_id!r} not found")
+    return memory
+
+
+def get_memory(
+    session: Session, *, caller: Caller, memory_id: str, include_forgotten: bool = False
+) -> Memory:
+    """Exact recall by id; counts an access."""
+    if include_forgotten and not caller.is_admin:
+        raise Forbidden("include_forgotten needs an admin key")
+    memory = _load_visible(session, caller=caller, memory_id=memory_id, include_forgotten=include_forgotten)
+    session.execute(
+        update(Memory)
+        .where(Memory.id == memory.id)
+        .values(access_count=Memory.access_count + 1, last_accessed_at=func.now())
+        .execution_options(synchronize_session=False)
+    )
+    session.refresh(memory)
+    return memory
+
+
+def patch_memory(session: Session, *, caller: Caller, memory_id: str, patch: PatchMemoryIn) -> Memory:
+    """Revise a memory in place; keeps created_at; re-embeds only when the content changes."""
+    memory = _load_visible(session, caller=caller, memory_id=memory_id, lock=True)
+    if not may_modify(memory, caller):
+        raise Forbidden(f"only the owner or an admin may change memory {memory_id!r}")
+    changes = patch.model_dump(exclude_unset=True, exclude={"sync_embed", "linked_entities", "associations"})
+    content_changed = "content" in changes and changes["content"] != memory.content
+    for name, value in changes.items():
+        if value is None and name in ("content", "kind", "category", "tags"):
+            raise Invalid(f"{name} cannot be null", field=name)
+        setattr(memory, name, value)
+    if "kind" in changes and "importance" not in changes:
+        memory.importance = DEFAULT_IMPORTANCE[memory.kind]
+    if "linked_entities" in patch.model_fields_set:
+        links = LinkResolver(session, tenant_id=caller.tenant_id).resolve(patch.linked_entities, query=None)
+        memory.entities = links.entities
+        memory.query = links.query
+    if patch.associations is not None:
+        planned = _Planned(
+            index=0,
+            item=SaveMemoryIn(content=memory.content, id=memory.id, associations=patch.associations),
+            links=Links(),
+            memory_id=memory.id,
+            existing=memory,
+        )
+        _precheck(session, caller, [planned], set())
+        if planned.error is not None:
+            raise planned.error
+        _replace_associations(session, caller=caller, valid=[planned])
+    _, change_seq = bump_change_seq(session, tenant_id=caller.tenant_id)
+    memory.change_seq = change_seq
+    memory.updated_at = datetime.now(UTC)
+    if memory.status == "stale" and "linked_entities" in patch.model_fields_set:
+        memory.status, memory.stale_reason = "active", None
+    if content_changed:
+        enqueue(
+            session, tenant_id=caller.tenant_id, kind="embed", payload={"doc_ids": [memory_doc_id(memory.id)]}
+        )
+    session.flush()
+    return memory
+
+
+def strip_memory_refs(session: Session, *, tenant_id: int, memory_id: str, change_seq: int) -> int:
+    """Remove `memory:<id>` from every memory's entities; exact match only (memory:42 keeps memory:421)."""
+    ref = memory_doc_id(memory_id)
+    result = session.execute(
+        update(Memory)
+        .where(Memory.entities.contains([ref]))
+        .values(entities=func.array_remove(Memory.entities, literal(ref)), change_seq=change_seq)
+        .execution_options(synchronize_session=False)
+    )
+    return int(result.rowcount or 0)  # type: ignore[attr-defined]
+
+
+def forget_memory(
+    session: Session, *, caller: Caller, memory_id: str, reason: str | None = None, purge: bool = False
+) -> dict[str, str]:
+    """Soft delete (status forgotten) or, with purge, remove the row, its embeddings and its links."""
+    memory = _load_visible(session, caller=caller, memory_id=memory_id, include_forgotten=purge, lock=True)
+    if not may_modify(memory, caller):
+        raise Forbidden(f"only the owner or an admin may forget memory {memory_id!r}")
+    _, change_seq = bump_change_seq(session, tenant_id=caller.tenant_id)
+    strip_memory_refs(session, tenant_id=caller.tenant_id, memory_id=memory_id, change_seq=change_seq)
+    if purge:
+        from core.embeddings.store_models import Embedding
+
+        doc_id = memory_doc_id(memory_id)
+        session.execute(delete(Embedding).where(Embedding.canonical_id == doc_id))
+        session.execute(
+            delete(Association).where(
+                (Association.source_id == memory_id) | (Association.target_id == memory_id)
+            )
+        )
+        session.execute(
+            delete(Memory).where(Memory.id == memory_id).execution_options(synchronize_session=False)
+        )
+        stmt = pg_insert(Tombstone).values(tenant_id=caller.tenant_id, doc_id=doc_id, change_seq=change_seq)
+        session.execute(
+            stmt.on_conflict_do_update(
+                index_elements=["tenant_id", "doc_id"], set_={"change_seq": change_seq}
+            )
+        )
+        return {"memory_id": memory_id, "status": "purged"}
+    memory.status = "forgotten"
+    memory.forget_reason = reason
+    memory.change_seq = change_seq
+    memory.updated_at = datetime.now(UTC)
+    return {"memory_id": memory_id, "status": "forgotten"}
+
+
+def associations_for(session: Session, memory_ids: Sequence[str]) -> dict[str, list[dict[str, Any]]]:
+    out: dict[str, list[dict[str, Any]]] = {mid: [] for mid in memory_ids}
+    if not memory_ids:
+        return out
+    rows = session.scalars(
+        select(Association).where(Association.source_id.in_(list(memory_ids))).order_by(Association.target_id)
+    ).all()
+    for a in rows:
+        out[a.source_id].append(
+            {"target_id": a.target_id, "relation_type": a.relation_type, "weight": a.weight}
+        )
+    return out
+
+
+def _iso(value: datetime | None) -> str | None:
+    return value.isoformat() if value is not None else None
+
+
+def memory_to_dict(memory: Memory, associations: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    return {
+        "id": memory.id,
+        "content": memory.content,
+        "kind": memory.kind,
+        "category": memory.category,
+        "importance": memory.importance,
+        "occurred_at": _iso(memory.occurred_at),
+        "tags": list(memory.tags or []),
+        "source": memory.source,
+        "run_id": memory.run_id,
+        "persona": memory.persona,
+        "agent_id": memory.agent_id,
+        "entities": list(memory.entities or []),
+        "query": memory.query,
+        "associations": associations or [],
+        "status": memory.status,
+        "stale_reason": memory.stale_reason,
+        "superseded_by": memory.superseded_by,
+        "created_by": memory.created_by,
+        "created_at": _iso(memory.created_at),
+        "updated_at": _iso(memory.updated_at),
+        "access_count": memory.access_count,
+        "last_accessed_at": _iso(memory.last_accessed_at),
+    }
+
+
+def memories_to_dicts(session: Session, memories: Sequence[Memory]) -> list[dict[str, Any]]:
+    links = associations_for(session, [m.id for m in memories])
+    return [memory_to_dict(m, links[m.id]) for m in memories]
+
+
+def set_statement_timeout(session: Session, *, milliseconds: int) -> None:
+    session.execute(text(f"SET LOCAL statement_timeout = {int(milliseconds)}"))

@@ -1,0 +1,37 @@
+"""Which memories a caller may see (CONTRACT section 2), as one SQL predicate and one Python check."""
+
+from __future__ import annotations
+
+from sqlalchemy import ColumnElement, and_, or_, true
+
+from core.memories.models import Memory
+from core.tenancy.context import Caller
+
+# Categories scoped to the agent that wrote them; `workspace` is shared by every agent of the tenant.
+AGENT_SCOPED = ("core", "daily", "conversation")
+
+
+def visible_clause(caller: Caller) -> ColumnElement[bool]:
+    if caller.is_admin:
+        return true()
+    persona_ok = Memory.persona.is_(None)
+    if caller.persona is not None:
+        persona_ok = or_(persona_ok, Memory.persona == caller.persona)
+    agent_ok = or_(Memory.agent_id.is_(None), Memory.category.not_in(AGENT_SCOPED))
+    if caller.agent_id is not None:
+        agent_ok = or_(agent_ok, Memory.agent_id == caller.agent_id)
+    return and_(persona_ok, agent_ok)
+
+
+def is_visible(memory: Memory, caller: Caller) -> bool:
+    if caller.is_admin:
+        return True
+    if memory.persona is not None and memory.persona != caller.persona:
+        return False
+    if memory.agent_id is not None and memory.category in AGENT_SCOPED:
+        return memory.agent_id == caller.agent_id
+    return True
+
+
+def may_modify(memory: Memory, caller: Caller) -> bool:
+    return caller.is_admin or memory.created_by == caller.user

@@ -1,0 +1,121 @@
+"""Where the running services are: explicit settings, else the runtime file `engram serve` writes.
+
+`engram serve` records the URLs of its embedded PostgreSQL and Redis (and of the API) in
+``<home>/runtime.json`` so that `engram tenant create`, `engram migrate`, the CLI and `engram mcp` reach
+the same storage while it runs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from core.config import get_settings
+
+
+class ServiceNotRunning(RuntimeError):
+    pass
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def read_runtime(home: Path | None = None) -> dict[str, Any] | None:
+    """The runtime record of a live `engram serve` on this home, or None."""
+    path = (home or get_settings().home) / "runtime.json"
+    try:
+        record = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(record, dict) or not _pid_alive(int(record.get("pid", 0) or 0)):
+        return None
+    return record
+
+
+def write_runtime(record: dict[str, Any], home: Path | None = None) -> None:
+    path = (home or get_settings().home) / "runtime.json"
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(record, indent=2))
+    tmp.chmod(0o600)
+    tmp.replace(path)
+
+
+def clear_runtime(home: Path | None = None) -> None:
+    path = (home or get_settings().home) / "runtime.json"
+    path.unlink(missing_ok=True)
+
+
+def _resolve(key: str, setting: str) -> str:
+    settings = get_settings()
+    explicit = getattr(settings, setting)
+    if explicit:
+        return explicit
+    record = read_runtime()
+    if record and record.get(key):
+        return str(record[key])
+    raise ServiceNotRunning(
+        f"no {setting.upper()} configured and no running `engram serve` under {settings.home}: "
+        f"start `engram serve` or set ENGRAM_{setting.upper()}"
+    )
+
+
+def resolve_database_url() -> str:
+    return _resolve("database_url", "database_url")
+
+
+def resolve_redis_url() -> str:
+    return _resolve("redis_url", "redis_url")
+
+
+def resolve_api_url() -> str:
+    record = read_runtime()
+    if record and record.get("api_url"):
+        return str(record["api_url"])
+    settings = get_settings()
+    return f"http://{settings.host}:{settings.port}"
+
+
+@contextmanager
+def database_session_for_cli() -> Iterator[None]:
+    """Make the database reachable for a one-off command.
+
+    Uses ENGRAM_DATABASE_URL, else the running `engram serve` on this home, else starts the home's
+    embedded PostgreSQL for the duration of the command.
+    """
+    from core.config import reset_settings_cache
+    from core.db import dispose_engine
+
+    settings = get_settings()
+    if settings.database_url:
+        yield
+        return
+    record = read_runtime()
+    if record and record.get("database_url"):
+        os.environ["ENGRAM_DATABASE_URL"] = str(record["database_url"])
+        reset_settings_cache()
+        yield
+        return
+    from core.embedded import EmbeddedPostgres, pg_data_dir_for
+
+    settings.home.mkdir(parents=True, exist_ok=True)
+    server = EmbeddedPostgres(data_dir=pg_data_dir_for(settings.home))
+    os.environ["ENGRAM_DATABASE_URL"] = server.start()
+    reset_settings_cache()
+    try:
+        yield
+    finally:
+        dispose_engine()
+        server.stop()
+        os.environ.pop("ENGRAM_DATABASE_URL", None)
+        reset_settings_cache()

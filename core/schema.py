@@ -1,0 +1,8 @@
+"""Imports every table module so Base.metadata is complete (Alembic, tests)."""
+
+from core.embeddings.store_models import Embedding
+from core.jobs.models import Job
+from core.memories.models import Association, Memory, Tombstone
+from core.tenancy.models import ApiKey, Tenant, User
+
+__all__ = ["ApiKey", "Association", "Embedding", "Job", "Memory", "Tenant", "Tombstone", "User"]

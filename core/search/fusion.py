@@ -1,0 +1,29 @@
+"""Reciprocal Rank Fusion of per-channel rankings."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+RRF_K = 60
+
+
+def rrf(
+    rankings: Mapping[str, Sequence[str]] | Sequence[Sequence[str]], *, k: int = RRF_K
+) -> list[tuple[str, float]]:
+    """Fuse rankings (best first) into [(doc_id, score)], score = sum of 1 / (k + rank), rank from 1.
+
+    A doc repeated within one ranking counts at its first (best) position only. Ties on score are
+    broken by the best single rank the doc reached in any ranking, then by doc id, so the result
+    depends only on the rankings' contents, never on the order the channels are given in.
+    """
+    channels = rankings.values() if isinstance(rankings, Mapping) else rankings
+    ranks: dict[str, list[int]] = {}
+    for ranking in channels:
+        seen: set[str] = set()
+        for position, doc_id in enumerate(ranking, start=1):
+            if doc_id not in seen:
+                seen.add(doc_id)
+                ranks.setdefault(doc_id, []).append(position)
+    # Summing in sorted rank order makes the float sum independent of channel order.
+    fused = {doc_id: sum(1.0 / (k + r) for r in sorted(doc_ranks)) for doc_id, doc_ranks in ranks.items()}
+    return sorted(fused.items(), key=lambda item: (-item[1], min(ranks[item[0]]), item[0]))

@@ -1,0 +1,193 @@
+"""The real stack for the suite: PostgreSQL (pgvector), Redis, and a Celery worker when a test asks.
+
+Embedded PostgreSQL and Redis start once per session under /tmp (world-traversable, which the postgres
+system user needs when the suite runs as root), unless ENGRAM_TEST_DATABASE_URL /
+ENGRAM_TEST_REDIS_URL name servers to use instead. Tests isolate themselves by creating their own tenants.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+OPERATOR_KEY = "egop_test-operator-key"
+
+
+@dataclass
+class Stack:
+    database_url: str
+    redis_url: str
+    home: Path
+    env: dict[str, str]
+
+
+@pytest.fixture(scope="session")
+def stack() -> Iterator[Stack]:
+    base = Path(tempfile.mkdtemp(prefix="engram-test-", dir="/tmp"))
+    base.chmod(0o755)
+    servers = []
+    database_url = os.environ.get("ENGRAM_TEST_DATABASE_URL", "")
+    redis_url = os.environ.get("ENGRAM_TEST_REDIS_URL", "")
+    try:
+        if not database_url:
+            from core.embedded import EmbeddedPostgres
+
+            pg = EmbeddedPostgres(data_dir=base / "pg")
+            servers.append(pg)
+            database_url = pg.start()
+        if not redis_url:
+            from core.embedded import EmbeddedRedis
+
+            redis_server = EmbeddedRedis(data_dir=base / "redis")
+            servers.append(redis_server)
+            redis_url = redis_server.start()
+        env = {
+            "ENGRAM_DATABASE_URL": database_url,
+            "ENGRAM_REDIS_URL": redis_url,
+            "ENGRAM_HOME": str(base / "home"),
+            "ENGRAM_OPERATOR_KEY": OPERATOR_KEY,
+            "ENGRAM_SECRET_KEY": "dGVzdC1zZWNyZXQta2V5LWZvci1lbmdyYW0tdGVzdHM9",
+            "ENGRAM_OUTBOX_REDISPATCH_SECONDS": "2",
+            "ENGRAM_RECONCILE_INTERVAL_SECONDS": "1",
+        }
+        os.environ.update(env)
+        (base / "home").mkdir()
+        from core.config import reset_settings_cache
+
+        reset_settings_cache()
+        from core.migrate import upgrade
+
+        upgrade()
+        yield Stack(database_url=database_url, redis_url=redis_url, home=base / "home", env=env)
+    finally:
+        from core.db import dispose_engine
+
+        dispose_engine()
+        for server in reversed(servers):
+            server.stop()
+        shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def app(stack: Stack):  # type: ignore[no-untyped-def]
+    from api.app import create_app
+
+    return create_app()
+
+
+@pytest.fixture(scope="session")
+def client(app):  # type: ignore[no-untyped-def]
+    from fastapi.testclient import TestClient
+
+    with TestClient(app, raise_server_exceptions=False) as test_client:
+        yield test_client
+
+
+@dataclass
+class TenantKeys:
+    name: str
+    admin_key: str
+    tenant_id: int
+
+    def headers(self, key: str | None = None) -> dict[str, str]:
+        return {"Authorization": f"Bearer {key or self.admin_key}"}
+
+
+@pytest.fixture
+def make_tenant(stack: Stack) -> Callable[..., TenantKeys]:
+    from core.db import system_session
+    from core.tenancy.service import create_tenant, get_tenant_by_name
+
+    def make(prefix: str = "t") -> TenantKeys:
+        name = f"{prefix}-{uuid.uuid4().hex[:10]}"
+        with system_session() as session:
+            issued = create_tenant(session, name=name)
+            tenant = get_tenant_by_name(session, name=name)
+            assert tenant is not None
+            return TenantKeys(name=name, admin_key=issued.api_key, tenant_id=tenant.id)
+
+    return make
+
+
+@pytest.fixture
+def tenant(make_tenant: Callable[..., TenantKeys]) -> TenantKeys:
+    return make_tenant()
+
+
+@pytest.fixture
+def member_key(client, tenant: TenantKeys) -> Callable[[str], str]:  # type: ignore[no-untyped-def]
+    def make(user: str = "member@example.com") -> str:
+        response = client.post("/v1/keys", json={"user": user, "role": "member"}, headers=tenant.headers())
+        assert response.status_code == 201, response.text
+        return response.json()["api_key"]
+
+    return make
+
+
+class WorkerProcess:
+    """A real `engram worker` subprocess on the test stack."""
+
+    def __init__(self, stack: Stack, *, extra_env: dict[str, str] | None = None, concurrency: int = 2):
+        self.log_path = Path(tempfile.mkstemp(prefix="engram-worker-", suffix=".log", dir="/tmp")[1])
+        env = {**os.environ, **stack.env, **(extra_env or {})}
+        self._log = open(self.log_path, "wb")  # noqa: SIM115
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "api.cli", "worker", f"--concurrency={concurrency}"],
+            cwd=REPO,
+            env=env,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+        )
+        self._wait_ready()
+
+    def _wait_ready(self, timeout: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"worker exited early:\n{self.log_path.read_text()[-3000:]}")
+            if "ready." in self.log_path.read_text(errors="replace"):
+                return
+            time.sleep(0.2)
+        raise RuntimeError(f"worker not ready:\n{self.log_path.read_text()[-3000:]}")
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        self._log.close()
+
+
+@pytest.fixture(scope="session")
+def worker(stack: Stack) -> Iterator[WorkerProcess]:
+    process = WorkerProcess(stack)
+    yield process
+    process.stop()
+
+
+def wait_for(predicate: Callable[[], object], *, timeout: float = 30.0, interval: float = 0.1) -> object:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not met in time")
+        time.sleep(interval)

@@ -1,0 +1,384 @@
+"""Full-text index: English stemming, splitting on `_` and `.`, user text never raises, upserts
+replace and deletes remove, kind filters, concurrent catch-up from several processes, and
+recovery by rebuilding when the directory is deleted or damaged."""
+
+from __future__ import annotations
+
+import multiprocessing
+import shutil
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from core.search.fulltext import DocChange, FulltextIndex, SnapshotRequired
+
+
+def _upsert(doc_id: str, text: str, *, seq: int, kind: str = "memory") -> DocChange:
+    return DocChange(doc_id=doc_id, doc_kind=kind, text=text, deleted=False, seq=seq)
+
+
+def _delete(doc_id: str, *, seq: int, kind: str = "memory") -> DocChange:
+    return DocChange(doc_id=doc_id, doc_kind=kind, text=None, deleted=True, seq=seq)
+
+
+def _ids(hits: list[tuple[str, float]]) -> list[str]:
+    return [doc_id for doc_id, _ in hits]
+
+
+@pytest.fixture
+def index(tmp_path: Path) -> FulltextIndex:
+    idx = FulltextIndex(tmp_path / "tenant")
+    idx.apply(
+        [
+            _upsert("memory:1", "We run the nightly job before shipping", seq=1),
+            _upsert("memory:2", "Customers prefer monthly invoices", seq=2),
+            _upsert(
+                "mydb.orders.order_amount",
+                "Column: mydb.orders.order_amount Type: NUMERIC",
+                seq=3,
+                kind="column",
+            ),
+            _upsert("mydb.orders", "Model: mydb.orders. Orders placed online", seq=4, kind="model"),
+            _upsert("mydb", "Datasource: mydb", seq=5, kind="datasource"),
+        ],
+        upto_seq=5,
+    )
+    return idx
+
+
+def test_stemming(index: FulltextIndex) -> None:
+    assert _ids(index.search("running", limit=10)) == ["memory:1"]
+    assert _ids(index.search("shipped", limit=10)) == ["memory:1"]
+    assert "memory:2" in _ids(index.search("customer", limit=10))
+
+
+@pytest.mark.parametrize("text", ["amount", "order_amount", "mydb.orders.amount", "AMOUNT"])
+def test_splits_on_underscore_and_dot(index: FulltextIndex, text: str) -> None:
+    assert "mydb.orders.order_amount" in _ids(index.search(text, limit=10))
+
+
+def test_pasted_canonical_id_comes_first(index: FulltextIndex) -> None:
+    assert _ids(index.search("mydb.orders", limit=10))[0] == "mydb.orders"
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        '"unbalanced',
+        "(orders",
+        "orders)",
+        "AND OR:",
+        "text:orders",
+        "NOT",
+        "a:b:c",
+        "[1 TO",
+        "*",
+        "~2 ^3",
+        'orders AND (customers OR "x',
+        "\x00",
+        "  ",
+        "",
+        "...",
+        "___",
+        "+-!",
+        "🙂",
+        "x" * 10_000,
+    ],
+)
+def test_user_text_never_raises(index: FulltextIndex, text: str) -> None:
+    assert isinstance(index.search(text, limit=5), list)
+
+
+@pytest.mark.parametrize("text", ["", "   ", "...", "_._", "(!)"])
+def test_text_without_terms_finds_nothing(index: FulltextIndex, text: str) -> None:
+    assert index.search(text, limit=5) == []
+
+
+def test_query_syntax_is_plain_words(index: FulltextIndex) -> None:
+    assert "memory:2" in _ids(index.search("invoices AND (missing", limit=5))
+    assert "memory:2" in _ids(index.search("text:invoices", limit=5))
+
+
+def test_upsert_replaces(index: FulltextIndex) -> None:
+    index.apply([_upsert("memory:2", "Suppliers send quarterly statements", seq=6)], upto_seq=6)
+    assert index.search("invoices", limit=5) == []
+    assert _ids(index.search("statement", limit=5)) == ["memory:2"]
+    assert index.num_docs == 5
+
+
+def test_delete_removes(index: FulltextIndex) -> None:
+    index.apply([_delete("memory:1", seq=6)], upto_seq=6)
+    assert index.search("running", limit=5) == []
+    assert index.applied_seq == 6
+
+
+def test_stale_changes_are_skipped(index: FulltextIndex) -> None:
+    index.apply([_delete("memory:1", seq=3)], upto_seq=3)
+    assert _ids(index.search("running", limit=5)) == ["memory:1"]
+    assert index.applied_seq == 5
+
+
+def test_last_change_of_a_doc_wins_within_a_batch(index: FulltextIndex) -> None:
+    batch = [
+        _upsert("memory:9", "alpha", seq=7),
+        _delete("memory:9", seq=8),
+        _upsert("memory:9", "beta", seq=9),
+    ]
+    index.apply(batch, upto_seq=9)
+    assert index.search("alpha", limit=5) == []
+    assert _ids(index.search("beta", limit=5)) == ["memory:9"]
+
+
+def test_doc_kinds_filter(index: FulltextIndex) -> None:
+    everything = dict(index.search("orders", limit=10))
+    entities = dict(index.search("orders", limit=10, doc_kinds={"model", "column", "datasource"}))
+    assert set(entities) == {"mydb.orders", "mydb.orders.order_amount"}
+    # The filter restricts hits without changing their scores.
+    assert all(entities[d] == pytest.approx(everything[d]) for d in entities)
+    assert index.search("orders", limit=10, doc_kinds={"memory"}) == []
+    assert index.search("orders", limit=10, doc_kinds=set()) == []
+
+
+def test_unknown_kind_is_rejected(tmp_path: Path) -> None:
+    with pytest.raises(ValueError):
+        FulltextIndex(tmp_path / "t").apply([_upsert("x", "x", seq=1, kind="table")], upto_seq=1)
+
+
+def test_persists_across_instances(index: FulltextIndex) -> None:
+    reopened = FulltextIndex(index.path)
+    assert reopened.applied_seq == 5
+    assert _ids(reopened.search("running", limit=5)) == ["memory:1"]
+
+
+# -- catch-up against a source of truth ------------------------------------------------------------
+
+
+class ChangeLog:
+    """A stand-in for the database change feed (SQLite, so several processes can share it)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        with sqlite3.connect(path) as db:
+            db.execute(
+                "CREATE TABLE IF NOT EXISTS changes (seq INTEGER PRIMARY KEY AUTOINCREMENT, doc_id TEXT,"
+                " doc_kind TEXT, text TEXT, deleted INTEGER)"
+            )
+
+    def write(self, doc_id: str, text: str | None, *, kind: str = "memory") -> int:
+        with sqlite3.connect(self.path, timeout=30) as db:
+            cursor = db.execute(
+                "INSERT INTO changes (doc_id, doc_kind, text, deleted) VALUES (?, ?, ?, ?)",
+                (doc_id, kind, text, text is None),
+            )
+            return int(cursor.lastrowid or 0)
+
+    def current_seq(self) -> int:
+        with sqlite3.connect(self.path, timeout=30) as db:
+            return int(db.execute("SELECT coalesce(max(seq), 0) FROM changes").fetchone()[0])
+
+    def fetch(self, since: int) -> tuple[list[DocChange], int]:
+        with sqlite3.connect(self.path, timeout=30) as db:
+            rows = db.execute(
+                "SELECT seq, doc_id, doc_kind, text, deleted FROM changes WHERE seq > ? ORDER BY seq",
+                (since,),
+            ).fetchall()
+            high = int(db.execute("SELECT coalesce(max(seq), 0) FROM changes").fetchone()[0])
+        changes = [DocChange(doc_id=d, doc_kind=k, text=t, deleted=bool(x), seq=s) for s, d, k, t, x in rows]
+        return changes, max(high, since)
+
+
+def test_catch_up_fast_path_opens_no_writer(tmp_path: Path) -> None:
+    log = ChangeLog(tmp_path / "log.db")
+    log.write("memory:1", "hello world")
+    idx = FulltextIndex(tmp_path / "t")
+    assert idx.catch_up(log.fetch, current_seq=log.current_seq()) == 1
+
+    def must_not_fetch(since: int) -> tuple[list[DocChange], int]:
+        raise AssertionError("fast path must not fetch")
+
+    assert idx.catch_up(must_not_fetch, current_seq=1) == 1
+    # Another instance (as another process would) sees the committed seq without fetching either.
+    assert FulltextIndex(tmp_path / "t").catch_up(must_not_fetch, current_seq=1) == 1
+
+
+def _worker(index_path: str, log_path: str, worker: int, count: int) -> None:
+    log = ChangeLog(Path(log_path))
+    idx = FulltextIndex(Path(index_path))
+    for i in range(count):
+        log.write(f"memory:w{worker}-{i}", f"note {i} from worker{worker} about shipping")
+        idx.catch_up(log.fetch, current_seq=log.current_seq())
+        assert idx.search(f"worker{worker}", limit=1000)
+
+
+def test_concurrent_catch_up_from_processes(tmp_path: Path) -> None:
+    log = ChangeLog(tmp_path / "log.db")
+    context = multiprocessing.get_context("spawn")
+    workers, count = 3, 25
+    processes = [
+        context.Process(target=_worker, args=(str(tmp_path / "t"), str(tmp_path / "log.db"), w, count))
+        for w in range(workers)
+    ]
+    for process in processes:
+        process.start()
+    for process in processes:
+        process.join(timeout=120)
+    assert [process.exitcode for process in processes] == [0] * workers
+    idx = FulltextIndex(tmp_path / "t")
+    idx.catch_up(log.fetch, current_seq=log.current_seq())
+    assert idx.applied_seq == workers * count
+    assert len(idx.search("shipping", limit=1000)) == workers * count
+    assert idx.num_docs == workers * count
+
+
+def test_deleted_directory_is_rebuilt_from_zero(tmp_path: Path) -> None:
+    log = ChangeLog(tmp_path / "log.db")
+    log.write("memory:1", "alpha")
+    log.write("memory:2", "beta")
+    idx = FulltextIndex(tmp_path / "t")
+    idx.catch_up(log.fetch, current_seq=log.current_seq())
+    shutil.rmtree(tmp_path / "t")
+    log.write("memory:3", "gamma")
+    seen: list[int] = []
+
+    def fetch(since: int) -> tuple[list[DocChange], int]:
+        seen.append(since)
+        return log.fetch(since)
+
+    assert idx.catch_up(fetch, current_seq=log.current_seq()) == 3
+    assert seen == [0]
+    found = {_ids(idx.search(word, limit=5))[0] for word in ("alpha", "beta", "gamma")}
+    assert found == {"memory:1", "memory:2", "memory:3"}
+    assert FulltextIndex(tmp_path / "t").applied_seq == 3
+
+
+def test_new_instance_on_deleted_directory_starts_empty(tmp_path: Path) -> None:
+    idx = FulltextIndex(tmp_path / "t")
+    idx.apply([_upsert("memory:1", "alpha", seq=1)], upto_seq=1)
+    shutil.rmtree(tmp_path / "t")
+    fresh = FulltextIndex(tmp_path / "t")
+    assert fresh.applied_seq == 0
+    assert fresh.search("alpha", limit=5) == []
+
+
+@pytest.mark.parametrize("damage", ["meta", "state"])
+def test_damaged_directory_is_recreated_empty(tmp_path: Path, damage: str) -> None:
+    idx = FulltextIndex(tmp_path / "t")
+    idx.apply([_upsert("memory:1", "alpha", seq=1)], upto_seq=1)
+    target = tmp_path / "t" / ("index/meta.json" if damage == "meta" else "state.json")
+    target.write_text("{not json")
+    fresh = FulltextIndex(tmp_path / "t")
+    assert fresh.applied_seq == 0
+    assert fresh.search("alpha", limit=5) == []
+    fresh.apply([_upsert("memory:2", "beta", seq=1)], upto_seq=1)
+    assert _ids(fresh.search("beta", limit=5)) == ["memory:2"]
+
+
+def test_catch_up_from_zero_drops_docs_missing_from_the_snapshot(tmp_path: Path) -> None:
+    idx = FulltextIndex(tmp_path / "t")
+    idx.apply([_upsert("memory:1", "alpha", seq=1), _upsert("memory:2", "beta", seq=2)], upto_seq=2)
+    idx.reset()
+    assert idx.applied_seq == 0
+    assert idx.search("alpha", limit=5) == []
+    idx.catch_up(lambda since: ([_upsert("memory:2", "beta", seq=2)], 2))
+    assert _ids(idx.search("beta", limit=5)) == ["memory:2"]
+    assert idx.num_docs == 1
+
+
+def test_snapshot_required_rebuilds(tmp_path: Path) -> None:
+    idx = FulltextIndex(tmp_path / "t")
+    idx.apply([_upsert("memory:1", "alpha", seq=1)], upto_seq=1)
+
+    def fetch(since: int) -> tuple[list[DocChange], int]:
+        if since:
+            raise SnapshotRequired
+        return [_upsert("memory:2", "beta", seq=7)], 7
+
+    assert idx.catch_up(fetch, current_seq=7) == 7
+    assert idx.search("alpha", limit=5) == []
+    assert _ids(idx.search("beta", limit=5)) == ["memory:2"]
+
+
+# -- benchmark (prints figures; run with -s; no timed assertions) ----------------------------------
+
+
+def _percentiles(samples: list[float]) -> str:
+    ordered = sorted(samples)
+    p50 = ordered[len(ordered) // 2]
+    p95 = ordered[min(len(ordered) - 1, int(len(ordered) * 0.95))]
+    return f"p50 {p50 * 1e3:.2f} ms, p95 {p95 * 1e3:.2f} ms"
+
+
+@pytest.mark.slow
+def test_benchmark_100k_docs(tmp_path: Path) -> None:
+    import os
+    import random
+    import time
+
+    import tantivy
+
+    size = int(os.environ.get("ENGRAM_BENCH_FULLTEXT_DOCS", "100000"))
+    rng = random.Random(7)
+    vocab = [
+        f"{rng.choice('bcdfgklmnprst')}{rng.choice('aeiou')}{rng.choice('bcdfgklmnprst')}{i}"
+        for i in range(5000)
+    ]
+    weights = [1 / (rank + 1) for rank in range(len(vocab))]  # Zipf-like word frequencies
+    kinds = ["memory"] * 6 + ["column", "model", "measure", "datasource"]
+
+    def doc_text() -> str:
+        return " ".join(rng.choices(vocab, weights=weights, k=rng.randint(8, 20))) + " order_amount"
+
+    snapshot = [_upsert(f"d{i}", doc_text(), seq=i + 1, kind=rng.choice(kinds)) for i in range(size)]
+    idx = FulltextIndex(tmp_path / "bench")
+    started = time.perf_counter()
+    idx.catch_up(lambda since: (snapshot, size))
+    build = time.perf_counter() - started
+
+    queries = [" ".join(rng.choices(vocab, weights=weights, k=rng.randint(1, 4))) for _ in range(400)]
+    for query in queries[:20]:
+        idx.search(query, limit=50)  # warm up
+    plain, filtered = [], []
+    for query in queries:
+        started = time.perf_counter()
+        idx.search(query, limit=50)
+        plain.append(time.perf_counter() - started)
+        started = time.perf_counter()
+        idx.search(query, limit=50, doc_kinds={"memory"})
+        filtered.append(time.perf_counter() - started)
+
+    seq = size
+    other = FulltextIndex(tmp_path / "bench")  # another process's view of the same directory
+    incremental, behind, current = [], [], []
+    for i in range(100):
+        seq += 1
+        change = _upsert(f"new{i}", doc_text(), seq=seq)
+        started = time.perf_counter()
+        idx.catch_up(lambda since, change=change: ([change], change.seq), current_seq=seq)
+        incremental.append(time.perf_counter() - started)
+        # Behind by one commit made elsewhere: read state.json, reload the reader; no lock, no writer.
+        started = time.perf_counter()
+        other.catch_up(lambda since: ([], since), current_seq=seq)
+        behind.append(time.perf_counter() - started)
+        # Already current: an integer comparison.
+        started = time.perf_counter()
+        other.catch_up(lambda since: ([], since), current_seq=seq)
+        current.append(time.perf_counter() - started)
+    assert _ids(other.search(change.text or "", limit=1)) == [change.doc_id]
+
+    index = tantivy.Index.open(str(tmp_path / "bench" / "index"))
+    started = time.perf_counter()
+    writer = index.writer(heap_size=50_000_000, num_threads=1)
+    writer_open = time.perf_counter() - started
+    del writer
+    index.reload()
+    print(
+        f"\nfulltext bench, {size} docs: build {build:.1f} s; "
+        f"query limit 50: {_percentiles(plain)}; with doc_kinds filter: {_percentiles(filtered)}; "
+        f"incremental catch_up of 1 doc: {_percentiles(incremental)}; "
+        f"catch_up of a reader one commit behind (state.json + reload): {_percentiles(behind)}; "
+        f"catch_up when current: {_percentiles(current)}; "
+        f"writer open {writer_open * 1e3:.2f} ms; segments after 100 incremental commits: "
+        f"{index.searcher().num_segments}"
+    )
+    assert idx.num_docs == size + 100

@@ -1,0 +1,43 @@
+"""The Celery application: Redis broker, at-least-once delivery, beat schedule."""
+
+from __future__ import annotations
+
+from celery import Celery
+
+from core.config import get_settings
+from core.runtime import resolve_redis_url
+
+
+def make_celery() -> Celery:
+    settings = get_settings()
+    broker = settings.redis_url or resolve_redis_url()
+    app = Celery("engram", broker=broker, include=["workers.tasks"])
+    app.conf.update(
+        task_serializer="json",
+        accept_content=["json"],
+        task_ignore_result=True,
+        # At-least-once: a message is acknowledged only after its task ran, and comes back if the
+        # worker process dies mid-task. Handlers are idempotent, so a second run is harmless.
+        task_acks_late=True,
+        task_reject_on_worker_lost=True,
+        worker_prefetch_multiplier=1,
+        broker_connection_retry_on_startup=True,
+        broker_transport_options={
+            "visibility_timeout": settings.broker_visibility_timeout_seconds,
+            "socket_connect_timeout": 2,
+            "socket_timeout": 5,
+        },
+        broker_connection_timeout=2,
+        task_default_queue="engram",
+        worker_hijack_root_logger=False,
+        beat_schedule={
+            "reconcile": {
+                "task": "engram.reconcile",
+                "schedule": settings.reconcile_interval_seconds,
+            },
+        },
+    )
+    return app
+
+
+app = make_celery()

@@ -1,0 +1,49 @@
+"""Celery tasks: thin wrappers over core.jobs."""
+
+from __future__ import annotations
+
+import logging
+import random
+from datetime import timedelta
+
+import core.jobs.handlers  # noqa: F401 - registers the job handlers
+import core.schema  # noqa: F401 - every table known to the ORM
+from core.config import get_settings
+from core.db import system_session
+from core.jobs.service import jobs_to_redispatch, run_job, set_job_queue
+from workers.celery_app import app
+from workers.queue import CeleryJobQueue
+
+log = logging.getLogger(__name__)
+# Jobs that workers enqueue (ingest queues sample refresh, reconcile re-dispatches) are published
+# synchronously: a worker has no request latency to protect.
+set_job_queue(CeleryJobQueue(app, background=False))
+
+
+def backoff_seconds(attempt: int, *, base: float, cap: float = 300.0) -> float:
+    """Exponential backoff with full jitter."""
+    return random.uniform(0, min(cap, base * (2 ** max(attempt - 1, 0))))
+
+
+@app.task(name="engram.run_job", bind=True, acks_late=True, reject_on_worker_lost=True, max_retries=None)
+def run_job_task(self, job_id: str) -> str:  # type: ignore[no-untyped-def]
+    settings = get_settings()
+    outcome = run_job(job_id, session_factory=system_session, max_attempts=settings.embedding_max_attempts)
+    if outcome.state == "retry":
+        countdown = backoff_seconds(outcome.attempts, base=settings.embedding_retry_base_seconds)
+        raise self.retry(countdown=countdown)
+    return outcome.state
+
+
+@app.task(name="engram.reconcile", acks_late=True)
+def reconcile_task() -> int:
+    settings = get_settings()
+    with system_session() as session:
+        job_ids = jobs_to_redispatch(
+            session,
+            older_than=timedelta(seconds=settings.outbox_redispatch_seconds),
+            running_lease=timedelta(seconds=settings.job_running_lease_seconds),
+        )
+    if job_ids:
+        log.info("reconcile re-dispatched %d job(s)", len(job_ids))
+    return len(job_ids)
