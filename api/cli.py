@@ -145,9 +145,12 @@ def tenant_create(name: str, as_json: bool, admin_user: str, home: str | None) -
         click.echo(f"tenant {issued.tenant} created\nadmin key (shown once): {issued.api_key}")
 
 
-from api.cli_memory import memory  # noqa: E402 - registered after the group exists
+from api.cli_bench import bench, eval_  # noqa: E402 - registered after the group exists
+from api.cli_memory import memory  # noqa: E402
 
 main.add_command(memory)
+main.add_command(bench)
+main.add_command(eval_)
 
 
 if __name__ == "__main__":

@@ -43,7 +43,7 @@ def stack() -> Iterator[Stack]:
         if not database_url:
             from core.embedded import EmbeddedPostgres
 
-            pg = EmbeddedPostgres(data_dir=base / "pg")
+            pg = EmbeddedPostgres(data_dir=base / "pg", durable=False)
             servers.append(pg)
             database_url = pg.start()
         if not redis_url:

@@ -142,6 +142,7 @@ def run_job(
     max_attempts: int,
 ) -> RunOutcome:
     """Run one job once: claim it, call its handler in its own transaction, record the outcome."""
+    import core.jobs.handlers  # noqa: F401 - registers every handler before the first job runs
     with session_factory() as session:
         job = session.get(Job, job_id, with_for_update=True)
         if job is None or job.state in ("succeeded", "failed"):

