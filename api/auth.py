@@ -10,7 +10,7 @@ from fastapi import Request
 
 from core.config import get_settings
 from core.db import system_session
-from core.errors import Forbidden, Unauthorized
+from core.errors import Forbidden, RateLimited, Unauthorized
 from core.tenancy.context import Caller
 from core.tenancy.service import authenticate, hash_key
 
@@ -47,6 +47,28 @@ def caller_for_key(api_key: str) -> Caller:
     return caller
 
 
+class _TokenBucket:
+    """Per-key request budget: `rate` requests a second on average, bursts up to `burst`."""
+
+    def __init__(self) -> None:
+        self._state: dict[str, tuple[float, float]] = {}
+        self._lock = threading.Lock()
+
+    def allow(self, key_id: str, *, rate: float, burst: float) -> bool:
+        now = time.monotonic()
+        with self._lock:
+            tokens, last = self._state.get(key_id, (burst, now))
+            tokens = min(burst, tokens + (now - last) * rate)
+            if tokens < 1.0:
+                self._state[key_id] = (tokens, now)
+                return False
+            self._state[key_id] = (tokens - 1.0, now)
+            return True
+
+
+_buckets = _TokenBucket()
+
+
 def require_caller(request: Request) -> Caller:
     """FastAPI dependency: the tenant caller behind the Authorization header (401 otherwise)."""
     token = bearer_token(request)
@@ -54,7 +76,13 @@ def require_caller(request: Request) -> Caller:
         raise Unauthorized("missing API key: send 'Authorization: Bearer <api_key>'")
     if is_operator_key(token):
         raise Forbidden("the operator key has no tenant; use a tenant API key for /v1 data calls")
-    return caller_for_key(token)
+    caller = caller_for_key(token)
+    settings = get_settings()
+    if settings.rate_limit_per_second > 0 and not _buckets.allow(
+        caller.key_id, rate=settings.rate_limit_per_second, burst=settings.rate_limit_burst
+    ):
+        raise RateLimited(f"rate limit of {settings.rate_limit_per_second:g} requests/s for this key exceeded")
+    return caller
 
 
 def require_admin(request: Request) -> Caller:

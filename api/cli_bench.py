@@ -37,3 +37,18 @@ def bench() -> None:
 @click.group(name="eval")
 def eval_() -> None:
     """Retrieval evaluation."""
+
+
+@bench.command("write")
+@click.option("--sizes", default="10000,100000", show_default=True, help="tenant sizes to measure at")
+@click.option("--saves", default=500, show_default=True, help="single saves timed per size")
+@click.option("--batches", default=20, show_default=True, help="batches of 1,000 timed for throughput")
+@click.option("--port", default=0, type=int, help="API port (default: a free one)")
+@json_option
+def bench_write(sizes: str, saves: int, batches: int, port: int, as_json: bool) -> None:
+    """Single-save latency over REST at each tenant size, and :batch throughput."""
+    from core.bench.write import run
+    from core.embedded import free_port
+
+    figures = run(sizes=[int(s) for s in sizes.split(",")], saves=saves, batches=batches, port=port or free_port())
+    emit_figures(figures, as_json=as_json)

@@ -45,6 +45,9 @@ class Settings(BaseSettings):
     # Redis redelivers an unacknowledged message (worker killed) after this long.
     broker_visibility_timeout_seconds: float = 3600.0
     api_workers: int = 1
+    # Per-API-key request budget (0 disables): average requests a second and the burst allowed.
+    rate_limit_per_second: float = 1000.0
+    rate_limit_burst: float = 2000.0
 
     # Lifecycle.
     daily_ttl_hours: float = 72.0

@@ -44,5 +44,9 @@ class Invalid(EngramError):
     status, code = 422, "validation_error"
 
 
+class RateLimited(EngramError):
+    status, code = 429, "rate_limited"
+
+
 class Unavailable(EngramError):
     status, code = 503, "unavailable"

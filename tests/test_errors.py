@@ -83,3 +83,20 @@ def test_health_needs_no_key(client):
     assert client.get("/healthz").json() == {"status": "ok"}
     ready = client.get("/readyz")
     assert ready.status_code == 200 and ready.json()["checks"] == {"database": "ok", "redis": "ok"}
+
+
+def test_rate_limit_answers_429_with_retry_after(client, tenant):
+    """A key over its request budget gets 429 and Retry-After; other keys are unaffected."""
+    from core.config import get_settings
+
+    settings = get_settings()
+    saved = settings.rate_limit_per_second, settings.rate_limit_burst
+    settings.rate_limit_per_second, settings.rate_limit_burst = 1.0, 3.0
+    try:
+        statuses = [client.get("/v1/memories", headers=tenant.headers()).status_code for _ in range(6)]
+        assert statuses[:3] == [200, 200, 200] and 429 in statuses[3:]
+        limited = client.get("/v1/memories", headers=tenant.headers())
+        assert_error(limited, 429, "rate_limited")
+        assert limited.headers["Retry-After"] == "1"
+    finally:
+        settings.rate_limit_per_second, settings.rate_limit_burst = saved

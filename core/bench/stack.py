@@ -1,0 +1,101 @@
+"""A throwaway stack for benchmarks: embedded PostgreSQL and Redis in a temporary home, or the services
+named by ENGRAM_DATABASE_URL / ENGRAM_REDIS_URL, with migrations applied."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+from core.config import reset_settings_cache
+
+
+@dataclass
+class BenchStack:
+    home: Path
+    env: dict[str, str]
+
+
+@contextmanager
+def bench_stack() -> Iterator[BenchStack]:
+    base = Path(tempfile.mkdtemp(prefix="engram-bench-", dir="/tmp"))
+    base.chmod(0o755)
+    servers = []
+    saved_env = dict(os.environ)
+    try:
+        database_url = os.environ.get("ENGRAM_DATABASE_URL", "")
+        redis_url = os.environ.get("ENGRAM_REDIS_URL", "")
+        if not database_url:
+            from core.embedded import EmbeddedPostgres
+
+            pg = EmbeddedPostgres(data_dir=base / "pg")
+            servers.append(pg)
+            database_url = pg.start()
+        if not redis_url:
+            from core.embedded import EmbeddedRedis
+
+            redis_server = EmbeddedRedis(data_dir=base / "redis")
+            servers.append(redis_server)
+            redis_url = redis_server.start()
+        env = {
+            "ENGRAM_DATABASE_URL": database_url,
+            "ENGRAM_REDIS_URL": redis_url,
+            "ENGRAM_HOME": str(base / "home"),
+        }
+        os.environ.update(env)
+        (base / "home").mkdir()
+        reset_settings_cache()
+        from core.db import dispose_engine
+        from core.migrate import upgrade
+
+        dispose_engine()
+        upgrade()
+        yield BenchStack(home=base / "home", env=env)
+    finally:
+        from core.db import dispose_engine
+
+        dispose_engine()
+        for server in reversed(servers):
+            server.stop()
+        os.environ.clear()
+        os.environ.update(saved_env)
+        reset_settings_cache()
+        shutil.rmtree(base, ignore_errors=True)
+
+
+@contextmanager
+def api_process(stack: BenchStack, *, port: int) -> Iterator[str]:
+    """The real API (uvicorn) in a subprocess on the bench stack; yields its base URL."""
+    log = open(stack.home / "api.log", "wb")  # noqa: SIM115
+    process = subprocess.Popen(
+        [sys.executable, "-m", "api.cli", "api", "--port", str(port), "--no-migrate"],
+        env={**os.environ, **stack.env},
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                if httpx.get(f"{url}/healthz", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if process.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"API did not start: {(stack.home / 'api.log').read_text()[-2000:]}")
+            time.sleep(0.1)
+        yield url
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
+        log.close()
