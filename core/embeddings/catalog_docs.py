@@ -1,6 +1,7 @@
 """Catalog docs (datasources, models, columns, measures, aggregations) for embedding.
 
-The catalog arrives with its own issue; until it exists there are no catalog docs to embed.
+Only visible docs are embedded: a hidden model or column is absent from the result, so it never reaches
+the dense channel (the catalog deletes its existing embedding rows when it is hidden).
 """
 
 from __future__ import annotations
@@ -14,4 +15,7 @@ if TYPE_CHECKING:
 
 
 def load(session: Session, *, doc_ids: list[str]) -> list[Doc]:
-    return []
+    from core.embeddings.refresh import Doc
+    from core.entities.store import render_docs
+
+    return [Doc(d.doc_id, d.doc_kind, d.text) for d in render_docs(session, doc_ids=doc_ids) if not d.hidden]

@@ -1,0 +1,1 @@
+"""Data-only package: the bundled local embedding model (see README.md here)."""
