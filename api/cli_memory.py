@@ -140,14 +140,10 @@ def get(ctx: click.Context, memory_id: str, agent_id: str | None, persona: str |
 @click.option("--agent-id", default=None)
 @format_option
 @click.pass_context
-def forget(
-    ctx: click.Context, memory_id: str, reason: str | None, purge: bool, agent_id: str | None, fmt: str
-) -> None:
+def forget(ctx: click.Context, memory_id: str, reason: str | None, purge: bool, agent_id: str | None, fmt: str) -> None:
     """Forget a memory (soft delete; --purge removes it for good)."""
     with _client(ctx) as client:
-        result = client.forget_memory(
-            memory_id, reason=reason, purge="true" if purge else None, agent_id=agent_id
-        )
+        result = client.forget_memory(memory_id, reason=reason, purge="true" if purge else None, agent_id=agent_id)
     emit(result, fmt=fmt, columns=("memory_id", "status"))
 
 

@@ -16,12 +16,13 @@ def after_save(*, caller: Caller, result: SaveResult) -> SaveResult:
     try:
         embedder = get_embedder(settings.embedding_model)
         with tenant_session(caller.tenant_id) as session:
-            embed_docs(
+            outcome = embed_docs(
                 session,
                 tenant_id=caller.tenant_id,
                 doc_ids=[memory_doc_id(result.memory_id)],
                 embedder=embedder,
             )
+        result.similar_existing = outcome.get("similar", {}).get(result.memory_id, [])
     except EmbeddingProviderError as exc:
         result.warnings.append(f"embedding failed ({exc}); it will be retried in the background")
     return result

@@ -165,10 +165,7 @@ def serve(*, host: str, port: int, home: Path) -> None:
             _spawn(child, env, log_dir)
         if not _wait_http(f"{api_url}/healthz", timeout=60, children=children):
             raise click.ClickException(f"the API did not start; see {log_dir / 'api.log'}")
-        click.echo(
-            f"engram is running\n  API:       {api_url}\n  dashboard: {api_url}/dashboard"
-            f"\n  home:      {home}"
-        )
+        click.echo(f"engram is running\n  API:       {api_url}\n  dashboard: {api_url}/dashboard\n  home:      {home}")
         if admin_key:
             click.echo(f"  default tenant admin key (shown once): {admin_key}")
         if new_operator_key:
@@ -184,9 +181,7 @@ def serve(*, host: str, port: int, home: Path) -> None:
         click.echo("engram stopped.")
 
 
-def _supervise(
-    children: list[Child], *, env: dict[str, str], log_dir: Path, stop_event: threading.Event
-) -> None:
+def _supervise(children: list[Child], *, env: dict[str, str], log_dir: Path, stop_event: threading.Event) -> None:
     """Restart a child that dies (at most 5 times a minute), until asked to stop."""
     while not stop_event.wait(0.5):
         for child in children:
@@ -194,9 +189,7 @@ def _supervise(
                 now = time.monotonic()
                 child.restarts = [t for t in child.restarts if now - t < 60] + [now]
                 if len(child.restarts) > 5:
-                    raise click.ClickException(
-                        f"{child.name} keeps dying; see {log_dir / (child.name + '.log')}"
-                    )
+                    raise click.ClickException(f"{child.name} keeps dying; see {log_dir / (child.name + '.log')}")
                 click.echo(f"{child.name} exited with {child.process.returncode}; restarting", err=True)
                 _spawn(child, env, log_dir)
 

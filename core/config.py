@@ -28,6 +28,8 @@ class Settings(BaseSettings):
     embedding_batch_size: int = 64
     embedding_max_attempts: int = 5
     embedding_retry_base_seconds: float = 1.0
+    # Resilience drill: the share of embedding calls that fail on purpose (core.embeddings.chaos).
+    embedding_fault_rate: float = 0.0
     similarity_update_threshold: float = 0.9
     similarity_suggest_threshold: float = 0.75
 

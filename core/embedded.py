@@ -247,8 +247,9 @@ class EmbeddedPostgres(_ChildServer):
             self._initdb(bin_dir=bin_dir)
         self._own(self.data_dir)
         _clear_stale_pidfile(pidfile=self.data_dir / "postmaster.pid", what="PostgreSQL")
-        for _attempt in range(3):  # a free port can be taken between free_port() and bind()
-            self.port = free_port()
+        for attempt in range(3):  # a free port can be taken between free_port() and bind()
+            if self.port is None or attempt:  # a restart keeps its port, so clients reconnect
+                self.port = free_port()
             if self._launch(bin_dir=bin_dir):
                 self._ensure_database()
                 return self.url
@@ -347,8 +348,9 @@ class EmbeddedRedis(_ChildServer):
             return self.url
         self.data_dir.mkdir(parents=True, exist_ok=True)
         _clear_stale_pidfile(pidfile=self.pidfile, what="Redis")
-        for _attempt in range(3):
-            self.port = free_port()
+        for attempt in range(3):
+            if self.port is None or attempt:  # a restart keeps its port, so clients reconnect
+                self.port = free_port()
             argv = [VALKEY_SERVER, "--bind", "127.0.0.1", "--port", str(self.port)]
             argv += ["--dir", str(self.data_dir.resolve()), "--save", "", "--appendonly", "yes"]
             argv += ["--daemonize", "no", "--pidfile", str(self.pidfile.resolve())]

@@ -35,15 +35,21 @@ def test_malformed_json_is_400(client, tenant):
 
 
 def test_non_json_body_is_415(client, tenant):
-    response = client.post("/v1/memories", content=b"content=x", headers={**tenant.headers(), "Content-Type": "text/plain"})
+    response = client.post(
+        "/v1/memories", content=b"content=x", headers={**tenant.headers(), "Content-Type": "text/plain"}
+    )
     assert_error(response, 415, "unsupported_media_type")
 
 
 def test_content_over_50000_bytes_is_413(client, tenant):
     """The limit counts UTF-8 bytes: 16,667 three-byte characters are over it, 50,000 ASCII bytes are not."""
-    assert_error(client.post("/v1/memories", json={"content": "€" * 16_667}, headers=tenant.headers()), 413, "payload_too_large")
+    assert_error(
+        client.post("/v1/memories", json={"content": "€" * 16_667}, headers=tenant.headers()), 413, "payload_too_large"
+    )
     assert client.post("/v1/memories", json={"content": "a" * 50_000}, headers=tenant.headers()).status_code == 201
-    batch = client.post("/v1/memories:batch", json={"items": [{"content": "a" * 50_001}, {"content": "ok"}]}, headers=tenant.headers())
+    batch = client.post(
+        "/v1/memories:batch", json={"items": [{"content": "a" * 50_001}, {"content": "ok"}]}, headers=tenant.headers()
+    )
     assert batch.status_code == 200
     results = batch.json()["results"]
     assert results[0]["error"]["code"] == "payload_too_large" and "memory_id" in results[1]

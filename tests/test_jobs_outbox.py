@@ -30,7 +30,9 @@ def test_failed_save_commits_no_job(client, tenant):
 
     with system_session() as session:
         before = len(session.scalars(select(Job.id).where(Job.tenant_id == tenant.tenant_id)).all())
-    response = client.post("/v1/memories", json={"content": "x", "linked_entities": ["memory:missing"]}, headers=tenant.headers())
+    response = client.post(
+        "/v1/memories", json={"content": "x", "linked_entities": ["memory:missing"]}, headers=tenant.headers()
+    )
     assert response.status_code == 422
     with system_session() as session:
         after = len(session.scalars(select(Job.id).where(Job.tenant_id == tenant.tenant_id)).all())
@@ -99,7 +101,7 @@ def test_reconcile_redispatches_a_lost_job(client, tenant, stack, worker):
 
     from core.db import system_session
     from core.jobs.models import Job
-    from core.jobs.service import enqueue, jobs_to_redispatch, set_job_queue, get_job_queue
+    from core.jobs.service import enqueue, get_job_queue, jobs_to_redispatch, set_job_queue
 
     mid = client.post("/v1/memories", json={"content": "lost message"}, headers=tenant.headers()).json()["memory_id"]
     original = get_job_queue()
@@ -114,7 +116,9 @@ def test_reconcile_redispatches_a_lost_job(client, tenant, stack, worker):
         assert session.get(Job, job_id).state == "queued"
         session.get(Job, job_id).updated_at -= timedelta(minutes=5)
     with system_session() as session:
-        assert job_id in jobs_to_redispatch(session, older_than=timedelta(seconds=30), running_lease=timedelta(minutes=10))
+        assert job_id in jobs_to_redispatch(
+            session, older_than=timedelta(seconds=30), running_lease=timedelta(minutes=10)
+        )
 
     def done():  # type: ignore[no-untyped-def]
         with system_session() as session:

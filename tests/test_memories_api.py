@@ -155,7 +155,9 @@ def test_forget_strips_exact_memory_refs_only(client, tenant):
 
 
 def test_unknown_memory_ref_is_rejected(client, tenant):
-    response = client.post("/v1/memories", json={"content": "x", "linked_entities": ["memory:nope"]}, headers=tenant.headers())
+    response = client.post(
+        "/v1/memories", json={"content": "x", "linked_entities": ["memory:nope"]}, headers=tenant.headers()
+    )
     assert response.status_code == 422
     assert response.json()["error"]["field"] == "linked_entities.0"
 
@@ -167,7 +169,11 @@ def test_purge_leaves_no_row(client, tenant, stack):
     from core.db import get_engine
 
     save(client, tenant, {"content": "target", "id": "t1"})
-    save(client, tenant, {"content": "source", "id": "s1", "associations": [{"target_id": "t1", "relation_type": "part_of"}]})
+    save(
+        client,
+        tenant,
+        {"content": "source", "id": "s1", "associations": [{"target_id": "t1", "relation_type": "part_of"}]},
+    )
     assert client.delete("/v1/memories/t1", headers=tenant.headers()).status_code == 200
     assert client.delete("/v1/memories/t1?purge=true", headers=tenant.headers()).status_code == 200
     with get_engine().connect() as connection:
@@ -200,15 +206,21 @@ def test_patch_keeps_created_at_and_revises(client, tenant):
 def test_associations_roundtrip_and_validation(client, tenant):
     save(client, tenant, {"content": "base", "id": "b"})
     mid = save(
-        client, tenant, {"content": "update", "associations": [{"target_id": "b", "relation_type": "updates", "weight": 0.9}]}
+        client,
+        tenant,
+        {"content": "update", "associations": [{"target_id": "b", "relation_type": "updates", "weight": 0.9}]},
     )["memory_id"]
     memory = client.get(f"/v1/memories/{mid}", headers=tenant.headers()).json()
     assert memory["associations"] == [{"target_id": "b", "relation_type": "updates", "weight": 0.9}]
     bad = client.post(
-        "/v1/memories", json={"content": "x", "associations": [{"target_id": "b", "relation_type": "likes"}]}, headers=tenant.headers()
+        "/v1/memories",
+        json={"content": "x", "associations": [{"target_id": "b", "relation_type": "likes"}]},
+        headers=tenant.headers(),
     )
     assert bad.status_code == 422 and bad.json()["error"]["field"].startswith("associations.0")
-    missing = client.post("/v1/memories", json={"content": "x", "associations": [{"target_id": "zzz"}]}, headers=tenant.headers())
+    missing = client.post(
+        "/v1/memories", json={"content": "x", "associations": [{"target_id": "zzz"}]}, headers=tenant.headers()
+    )
     assert missing.status_code == 422
 
 
@@ -227,14 +239,25 @@ def test_batch_saves_valid_items_and_reports_errors_in_order(client, tenant):
 def test_batch_limit(client, tenant):
     response = client.post("/v1/memories:batch", json={"items": [{"content": "x"}] * 1001}, headers=tenant.headers())
     assert response.status_code == 422
-    response = client.post("/v1/memories:batch", json={"items": [{"content": f"m{i}"} for i in range(1000)]}, headers=tenant.headers())
+    response = client.post(
+        "/v1/memories:batch", json={"items": [{"content": f"m{i}"} for i in range(1000)]}, headers=tenant.headers()
+    )
     assert response.status_code == 200
     assert len([r for r in response.json()["results"] if "memory_id" in r]) == 1000
 
 
 def test_list_filters_sort_and_cursor(client, tenant):
     for i in range(7):
-        save(client, tenant, {"content": f"note {i}", "kind": "todo" if i % 2 else "fact", "tags": ["even"] if i % 2 == 0 else [], "importance": i / 10})
+        save(
+            client,
+            tenant,
+            {
+                "content": f"note {i}",
+                "kind": "todo" if i % 2 else "fact",
+                "tags": ["even"] if i % 2 == 0 else [],
+                "importance": i / 10,
+            },
+        )
     h = tenant.headers()
     page1 = client.get("/v1/memories?limit=3", headers=h).json()
     assert [m["content"] for m in page1["memories"]] == ["note 6", "note 5", "note 4"]
@@ -282,4 +305,7 @@ def test_keys_create_and_revoke(client, tenant, member_key):
     created = client.post("/v1/keys", json={"user": "y@example.com", "role": "member"}, headers=tenant.headers()).json()
     assert client.delete(f"/v1/keys/{created['id']}", headers=tenant.headers()).status_code == 200
     assert client.get("/v1/memories", headers=tenant.headers(created["api_key"])).status_code == 401
-    assert client.post("/v1/keys", json={"user": "z@example.com", "role": "root"}, headers=tenant.headers()).status_code == 422
+    assert (
+        client.post("/v1/keys", json={"user": "z@example.com", "role": "root"}, headers=tenant.headers()).status_code
+        == 422
+    )

@@ -41,7 +41,10 @@ def served():  # type: ignore[no-untyped-def]
     log = open(home / "serve.out", "w")  # noqa: SIM115
     process = subprocess.Popen(
         [sys.executable, "-m", "api.cli", "serve", "--port", str(port), "--home", str(home / "home")],
-        cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT,
+        cwd=REPO,
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
     )
     started = time.monotonic()
     output = ""
@@ -52,8 +55,15 @@ def served():  # type: ignore[no-untyped-def]
         time.sleep(0.2)
     assert "Press Ctrl-C" in output, output
     key = re.search(r"admin key \(shown once\): (\S+)", output).group(1)  # type: ignore[union-attr]
-    info = {"process": process, "port": port, "home": home / "home", "env": env, "key": key, "output": output,
-            "startup_seconds": time.monotonic() - started}
+    info = {
+        "process": process,
+        "port": port,
+        "home": home / "home",
+        "env": env,
+        "key": key,
+        "output": output,
+        "startup_seconds": time.monotonic() - started,
+    }
     yield info
     if process.poll() is None:
         process.send_signal(signal.SIGTERM)
@@ -72,7 +82,9 @@ def test_serve_prints_urls_and_answers_health(served):
 
 def test_cli_memory_commands_against_serve(served):
     env = {**served["env"], "ENGRAM_API_KEY": served["key"]}
-    saved = json.loads(_engram("memory", "save", "orders.amount is in cents", "--tag", "units", "--format", "json", env=env).stdout)
+    saved = json.loads(
+        _engram("memory", "save", "orders.amount is in cents", "--tag", "units", "--format", "json", env=env).stdout
+    )
     mid = saved["memory_id"]
     got = json.loads(_engram("memory", "get", mid, "--format", "json", env=env).stdout)
     assert got["content"] == "orders.amount is in cents" and got["tags"] == ["units"]

@@ -46,4 +46,10 @@ def reconcile_task() -> int:
         )
     if job_ids:
         log.info("reconcile re-dispatched %d job(s)", len(job_ids))
-    return len(job_ids)
+    from core.embeddings.providers import get_embedder
+    from core.embeddings.reconcile import reconcile_embeddings
+
+    gaps = reconcile_embeddings(model=get_embedder(settings.embedding_model).name)
+    if gaps:
+        log.info("reconcile queued embeddings for %d doc(s) in %d tenant(s)", sum(gaps.values()), len(gaps))
+    return len(job_ids) + sum(gaps.values())

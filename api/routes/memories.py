@@ -87,9 +87,7 @@ def list_memories(
     caller: Caller = Depends(require_caller),
     tags: list[str] = Query(default=[]),
 ) -> dict[str, Any]:
-    params: dict[str, Any] = {
-        k: v for k, v in request.query_params.items() if k not in ("tags", "agent_id", "persona")
-    }
+    params: dict[str, Any] = {k: v for k, v in request.query_params.items() if k not in ("tags", "agent_id", "persona")}
     params["tags"] = [t for raw in tags for t in raw.split(",") if t]
     filters: ListFilters = parse_model(ListFilters, params)
     caller = _identity(caller, None, request)
@@ -108,9 +106,7 @@ def get_memory(
 ) -> dict[str, Any]:
     caller = _identity(caller, None, request)
     with tenant_session(caller.tenant_id) as session:
-        memory = service.get_memory(
-            session, caller=caller, memory_id=memory_id, include_forgotten=include_forgotten
-        )
+        memory = service.get_memory(session, caller=caller, memory_id=memory_id, include_forgotten=include_forgotten)
         return service.memories_to_dicts(session, [memory])[0]
 
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import threading
 from abc import ABC, abstractmethod
 from collections import OrderedDict
@@ -320,6 +321,44 @@ class LiteLLMEmbedder(Embedder):
 
 
 # ---------------------------------------------------------------------------------------------
+# Feature hashing: a second local model with no artifact at all
+
+
+class HashingEmbedder(Embedder):
+    """Bag of lower-cased words hashed into `dims` signed buckets (the hashing trick), L2-normalised.
+
+    Much weaker than the static model; it exists so a deployment (or a test) can switch models without a
+    network, and as a floor to compare real models against.
+    """
+
+    def __init__(self, dims: int = 256, **kw: Any) -> None:
+        super().__init__(**kw)
+        self._dims = dims
+        self.name = f"local/hashing-{dims}"
+
+    @property
+    def dims(self) -> int:
+        return self._dims
+
+    def embed_documents(self, texts: Sequence[str]) -> np.ndarray:
+        if isinstance(texts, str):
+            raise TypeError("embed_documents takes a list of texts, not a str")
+        out = np.zeros((len(texts), self._dims), dtype=np.float32)
+        for row, text in enumerate(texts):
+            for word in re.findall(r"\w+", text.lower()):
+                digest = hashlib.blake2b(word.encode(), digest_size=8).digest()
+                bucket = int.from_bytes(digest[:4], "little") % self._dims
+                out[row, bucket] += 1.0 if digest[4] & 1 else -1.0
+            if not out[row].any():
+                seed = hashlib.blake2b(text.encode(), digest_size=4).digest()
+                out[row, int.from_bytes(seed, "little") % self._dims] = 1.0
+        return _l2_normalise(out)
+
+
+HASHING_MODEL_NAME = "local/hashing-256"
+
+
+# ---------------------------------------------------------------------------------------------
 # Factory
 
 
@@ -353,6 +392,8 @@ def get_embedder(model_name: str = LOCAL_ALIAS) -> Embedder:
         if emb is None:
             if key == LOCAL_MODEL_NAME:
                 emb = LocalStaticEmbedder()
+            elif key == HASHING_MODEL_NAME:
+                emb = HashingEmbedder(256)
             elif key.startswith(LOCAL_ALIAS + "/"):
                 raise ValueError(
                     f"unknown local embedding model {model_name!r}; this build ships {LOCAL_MODEL_NAME!r} "

@@ -16,6 +16,7 @@ from sqlalchemy.orm import Session
 from core.embeddings.providers import Embedder
 from core.embeddings.store_models import Embedding
 from core.memories.models import Memory
+from core.metrics import EMBEDDED_TEXTS, EMBEDDING_CALLS, EMBEDDING_FAILURES
 from core.search.render import content_hash, render_memory
 
 MEMORY_PREFIX = "memory:"
@@ -33,9 +34,7 @@ def load_docs(session: Session, *, doc_ids: list[str]) -> tuple[list[Doc], list[
     memory_ids = [d[len(MEMORY_PREFIX) :] for d in doc_ids if d.startswith(MEMORY_PREFIX)]
     docs: list[Doc] = []
     if memory_ids:
-        rows = session.scalars(
-            select(Memory).where(Memory.id.in_(memory_ids), Memory.status != "forgotten")
-        ).all()
+        rows = session.scalars(select(Memory).where(Memory.id.in_(memory_ids), Memory.status != "forgotten")).all()
         docs.extend(Doc(MEMORY_PREFIX + m.id, "memory", render_memory(m)) for m in rows)
     from core.embeddings import catalog_docs
 
@@ -45,12 +44,23 @@ def load_docs(session: Session, *, doc_ids: list[str]) -> tuple[list[Doc], list[
 
 
 def embed_docs(
-    session: Session, *, tenant_id: int, doc_ids: list[str], embedder: Embedder, batch_size: int = 64
+    session: Session,
+    *,
+    tenant_id: int,
+    doc_ids: list[str],
+    embedder: Embedder,
+    batch_size: int = 64,
+    link_similar: bool = True,
 ) -> dict[str, Any]:
-    """Bring the embeddings of `doc_ids` up to date for `embedder`'s model."""
+    """Bring the embeddings of `doc_ids` up to date for `embedder`'s model.
+
+    Memories whose vector was (re)computed are then linked to near-duplicates (core.embeddings.similarity);
+    the result carries the suggestions under "similar" for the synchronous save path.
+    """
     docs, _gone = load_docs(session, doc_ids=doc_ids)
     if not docs:
         return {"embedded": 0, "unchanged": 0}
+    new_memory_vectors: dict[str, Any] = {}
     hashes = {d.canonical_id: content_hash(d.text) for d in docs}
     current = dict(
         session.execute(
@@ -62,7 +72,13 @@ def embed_docs(
     todo = [d for d in docs if current.get(d.canonical_id) != hashes[d.canonical_id]]
     for start in range(0, len(todo), batch_size):
         chunk = todo[start : start + batch_size]
-        vectors = embedder.embed_documents([d.text for d in chunk])
+        EMBEDDING_CALLS.labels(embedder.name).inc()
+        try:
+            vectors = embedder.embed_documents([d.text for d in chunk])
+        except Exception:
+            EMBEDDING_FAILURES.labels(embedder.name).inc()
+            raise
+        EMBEDDED_TEXTS.labels(embedder.name).inc(len(chunk))
         rows = [
             {
                 "tenant_id": tenant_id,
@@ -76,17 +92,33 @@ def embed_docs(
             }
             for d, vector in zip(chunk, vectors, strict=True)
         ]
+        for d, vector in zip(chunk, vectors, strict=True):
+            if d.doc_kind == "memory":
+                new_memory_vectors[d.canonical_id[len(MEMORY_PREFIX) :]] = vector
         stmt = pg_insert(Embedding).values(rows)
         session.execute(
             stmt.on_conflict_do_update(
                 index_elements=["tenant_id", "canonical_id", "model"],
-                set_={
-                    c: stmt.excluded[c]
-                    for c in ("doc_kind", "dims", "content_hash", "embedding", "updated_at")
-                },
+                set_={c: stmt.excluded[c] for c in ("doc_kind", "dims", "content_hash", "embedding", "updated_at")},
             )
         )
-    return {"embedded": len(todo), "unchanged": len(docs) - len(todo)}
+    result: dict[str, Any] = {"embedded": len(todo), "unchanged": len(docs) - len(todo)}
+    if link_similar and new_memory_vectors:
+        from core.config import get_settings
+        from core.embeddings.similarity import link_similar as link
+
+        settings = get_settings()
+        similar = link(
+            session,
+            tenant_id=tenant_id,
+            model=embedder.name,
+            new_vectors=new_memory_vectors,
+            update_threshold=settings.similarity_update_threshold,
+            suggest_threshold=settings.similarity_suggest_threshold,
+        )
+        if similar:
+            result["similar"] = similar
+    return result
 
 
 def delete_embeddings(session: Session, *, canonical_ids: list[str]) -> None:

@@ -14,7 +14,7 @@ from core.jobs.service import PermanentJobError, handler
 
 @handler("embed")
 def run_embed(session: Session, job: Job) -> dict[str, Any]:
-    from core.embeddings.providers import get_embedder
+    from core.embeddings.chaos import embedder_for_settings
     from core.embeddings.refresh import embed_docs
 
     if job.tenant_id is None:
@@ -28,6 +28,9 @@ def run_embed(session: Session, job: Job) -> dict[str, Any]:
         session,
         tenant_id=job.tenant_id,
         doc_ids=[str(d) for d in doc_ids],
-        embedder=get_embedder(settings.embedding_model),
+        embedder=embedder_for_settings(),
         batch_size=settings.embedding_batch_size,
     )
+
+
+import core.entities.jobs  # noqa: E402,F401 - registers ingest, refresh_samples and ingest_cleanup

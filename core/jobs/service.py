@@ -143,6 +143,7 @@ def run_job(
 ) -> RunOutcome:
     """Run one job once: claim it, call its handler in its own transaction, record the outcome."""
     import core.jobs.handlers  # noqa: F401 - registers every handler before the first job runs
+
     with session_factory() as session:
         job = session.get(Job, job_id, with_for_update=True)
         if job is None or job.state in ("succeeded", "failed"):
@@ -166,7 +167,11 @@ def run_job(
     except Exception as exc:
         error = f"{type(exc).__name__}: {exc}"
         # Everything else (provider errors, a database restart) is retried with backoff.
-        final = attempts >= max_attempts or isinstance(exc, PermanentJobError | LookupError)
+        final = (
+            attempts >= max_attempts
+            or isinstance(exc, PermanentJobError | LookupError)
+            or getattr(exc, "retryable", True) is False
+        )
         log.warning("job %s (%s) attempt %d failed: %s", job_id, job.kind, attempts, traceback.format_exc())
         with session_factory() as session:
             session.execute(

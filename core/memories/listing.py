@@ -55,9 +55,7 @@ def _decode_cursor(cursor: str, sort: str) -> list[Any]:
         raise BadRequest("cursor is not one this API returned", field="cursor") from None
 
 
-def list_memories(
-    session: Session, *, caller: Caller, filters: ListFilters
-) -> tuple[list[Memory], str | None]:
+def list_memories(session: Session, *, caller: Caller, filters: ListFilters) -> tuple[list[Memory], str | None]:
     """A page of visible memories, newest/most important/most accessed first, and the next cursor."""
     if filters.status == "forgotten" and not caller.is_admin:
         raise Forbidden("listing forgotten memories needs an admin key")
@@ -80,10 +78,7 @@ def list_memories(
         conditions.append(tuple_(*columns) < tuple_(*after))
     rows = list(
         session.scalars(
-            select(Memory)
-            .where(and_(*conditions))
-            .order_by(*(c.desc() for c in columns))
-            .limit(filters.limit + 1)
+            select(Memory).where(and_(*conditions)).order_by(*(c.desc() for c in columns)).limit(filters.limit + 1)
         ).all()
     )
     next_cursor = None
@@ -105,9 +100,7 @@ def hydrate(session: Session, *, caller: Caller, budget_bytes: int) -> tuple[lis
     taken: list[Memory] = []
     used = 0
     for core_first in (True, False):
-        stmt = base.where(Memory.category == "core" if core_first else Memory.category != "core").order_by(
-            *order
-        )
+        stmt = base.where(Memory.category == "core" if core_first else Memory.category != "core").order_by(*order)
         for memory in session.scalars(stmt.execution_options(yield_per=500)):
             size = len(memory.content.encode("utf-8"))
             if used + size <= budget_bytes:

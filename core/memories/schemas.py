@@ -97,9 +97,7 @@ class SaveMemoryIn(BaseModel):
 class PatchMemoryIn(BaseModel):
     model_config = ConfigDict(extra="ignore", populate_by_name=True)
 
-    content: str | None = Field(
-        default=None, validation_alias=AliasChoices("content", "learning"), min_length=1
-    )
+    content: str | None = Field(default=None, validation_alias=AliasChoices("content", "learning"), min_length=1)
     kind: MemoryKind | None = None
     category: MemoryCategory | None = None
     tags: list[str] | None = None

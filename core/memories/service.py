@@ -34,9 +34,7 @@ def memory_doc_id(memory_id: str) -> str:
     return MEMORY_REF_PREFIX + memory_id
 
 
-def bump_change_seq(
-    session: Session, *, tenant_id: int, auto_ids: int = 0, supplied_max: int = 0
-) -> tuple[int, int]:
+def bump_change_seq(session: Session, *, tenant_id: int, auto_ids: int = 0, supplied_max: int = 0) -> tuple[int, int]:
     """Advance the tenant's change sequence (and reserve `auto_ids` memory ids) under its row lock.
 
     Returns (memory_seq, change_seq) after the update; the reserved ids are
@@ -125,9 +123,7 @@ def save_memories(
             results[p.index] = p.error
         else:
             assert p.memory_id is not None
-            results[p.index] = SaveResult(
-                memory_id=p.memory_id, entities=p.links.entities, warnings=p.links.warnings
-            )
+            results[p.index] = SaveResult(memory_id=p.memory_id, entities=p.links.entities, warnings=p.links.warnings)
     return results
 
 
@@ -244,9 +240,7 @@ def _load_visible(
     return memory
 
 
-def get_memory(
-    session: Session, *, caller: Caller, memory_id: str, include_forgotten: bool = False
-) -> Memory:
+def get_memory(session: Session, *, caller: Caller, memory_id: str, include_forgotten: bool = False) -> Memory:
     """Exact recall by id; counts an access."""
     if include_forgotten and not caller.is_admin:
         raise Forbidden("include_forgotten needs an admin key")
@@ -296,9 +290,7 @@ def patch_memory(session: Session, *, caller: Caller, memory_id: str, patch: Pat
     if memory.status == "stale" and "linked_entities" in patch.model_fields_set:
         memory.status, memory.stale_reason = "active", None
     if content_changed:
-        enqueue(
-            session, tenant_id=caller.tenant_id, kind="embed", payload={"doc_ids": [memory_doc_id(memory.id)]}
-        )
+        enqueue(session, tenant_id=caller.tenant_id, kind="embed", payload={"doc_ids": [memory_doc_id(memory.id)]})
     session.flush()
     return memory
 
@@ -330,18 +322,12 @@ def forget_memory(
         doc_id = memory_doc_id(memory_id)
         session.execute(delete(Embedding).where(Embedding.canonical_id == doc_id))
         session.execute(
-            delete(Association).where(
-                (Association.source_id == memory_id) | (Association.target_id == memory_id)
-            )
+            delete(Association).where((Association.source_id == memory_id) | (Association.target_id == memory_id))
         )
-        session.execute(
-            delete(Memory).where(Memory.id == memory_id).execution_options(synchronize_session=False)
-        )
+        session.execute(delete(Memory).where(Memory.id == memory_id).execution_options(synchronize_session=False))
         stmt = pg_insert(Tombstone).values(tenant_id=caller.tenant_id, doc_id=doc_id, change_seq=change_seq)
         session.execute(
-            stmt.on_conflict_do_update(
-                index_elements=["tenant_id", "doc_id"], set_={"change_seq": change_seq}
-            )
+            stmt.on_conflict_do_update(index_elements=["tenant_id", "doc_id"], set_={"change_seq": change_seq})
         )
         return {"memory_id": memory_id, "status": "purged"}
     memory.status = "forgotten"
@@ -359,9 +345,7 @@ def associations_for(session: Session, memory_ids: Sequence[str]) -> dict[str, l
         select(Association).where(Association.source_id.in_(list(memory_ids))).order_by(Association.target_id)
     ).all()
     for a in rows:
-        out[a.source_id].append(
-            {"target_id": a.target_id, "relation_type": a.relation_type, "weight": a.weight}
-        )
+        out[a.source_id].append({"target_id": a.target_id, "relation_type": a.relation_type, "weight": a.weight})
     return out
 
 

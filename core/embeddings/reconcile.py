@@ -1,0 +1,47 @@
+"""Find embedding gaps (missing rows, changed content, another model) and queue embed jobs for them.
+
+A tenant with embed jobs still queued or running is skipped: those jobs will converge it, and the outbox
+re-dispatch covers their lost messages. So a converged corpus costs two indexed queries per tenant and
+zero embedding calls.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import select
+
+from core.db import scope_to_tenant, system_session
+from core.embeddings.store import catalog_gaps, memory_gaps
+from core.jobs.models import Job
+from core.jobs.service import enqueue
+from core.tenancy.models import Tenant
+
+GAP_JOB_SIZE = 500
+MAX_GAPS_PER_RUN = 50_000
+
+
+def reconcile_embeddings(*, model: str) -> dict[int, int]:
+    """Queue embed jobs for every tenant's gaps; returns {tenant_id: docs queued} for tenants with gaps."""
+    with system_session() as session:
+        tenant_ids = list(session.scalars(select(Tenant.id).order_by(Tenant.id)).all())
+        busy = set(
+            session.scalars(
+                select(Job.tenant_id).where(Job.kind == "embed", Job.state.in_(("queued", "running"))).distinct()
+            ).all()
+        )
+    queued: dict[int, int] = {}
+    for tenant_id in tenant_ids:
+        if tenant_id in busy:
+            continue
+        with system_session() as session:
+            scope_to_tenant(session, tenant_id)
+            gaps = memory_gaps(session, model=model, limit=MAX_GAPS_PER_RUN) + catalog_gaps(session, model=model)
+            for start in range(0, len(gaps), GAP_JOB_SIZE):
+                enqueue(
+                    session,
+                    tenant_id=tenant_id,
+                    kind="embed",
+                    payload={"doc_ids": gaps[start : start + GAP_JOB_SIZE], "reason": "reconcile"},
+                )
+        if gaps:
+            queued[tenant_id] = len(gaps)
+    return queued
