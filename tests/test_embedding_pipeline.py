@@ -25,6 +25,19 @@ def _run_pending_jobs(tenant_id: int) -> int:
     return len(ids)
 
 
+def _converge(client, tenant, model: str) -> dict:  # type: ignore[no-untyped-def]
+    """Run queued jobs in-process until the tenant's memory coverage for `model` is complete (a session
+    worker may be running some of them at the same time)."""
+    from tests.conftest import wait_for
+
+    def complete():  # type: ignore[no-untyped-def]
+        _run_pending_jobs(tenant.tenant_id)
+        row = _coverage(client, tenant)[("memory", model)]
+        return row if row["ratio"] == 1.0 else None
+
+    return wait_for(complete, timeout=60)  # type: ignore[return-value]
+
+
 def _coverage(client, tenant):  # type: ignore[no-untyped-def]
     response = client.get("/v1/ops/coverage", headers=tenant.headers())
     assert response.status_code == 200, response.text
@@ -75,8 +88,7 @@ def test_background_embedding_converges_coverage_and_reconcile_is_free(client, t
     model = get_embedder(get_settings().embedding_model).name
     before = _coverage(client, tenant)[("memory", model)]
     assert before["expected"] == 30 and before["indexed"] < 30
-    _run_pending_jobs(tenant.tenant_id)
-    after = _coverage(client, tenant)[("memory", model)]
+    after = _converge(client, tenant, model)
     assert (after["indexed"], after["expected"], after["ratio"]) == (30, 30, 1.0)
     calls = EMBEDDING_CALLS.labels(model)._value.get()
     queued = reconcile_embeddings(model=model)
@@ -92,7 +104,7 @@ def test_reconcile_finds_changed_content_and_missing_rows(client, tenant):
     model = get_embedder(get_settings().embedding_model).name
     h = tenant.headers()
     mid = client.post("/v1/memories", json={"content": "first text"}, headers=h).json()["memory_id"]
-    _run_pending_jobs(tenant.tenant_id)
+    _converge(client, tenant, model)
     # A content change whose job was lost: the row's hash no longer matches the memory.
     from sqlalchemy import update
 
@@ -102,8 +114,7 @@ def test_reconcile_finds_changed_content_and_missing_rows(client, tenant):
     with tenant_session(tenant.tenant_id) as session:
         session.execute(update(Memory).where(Memory.id == mid).values(content="second text"))
     assert reconcile_embeddings(model=model).get(tenant.tenant_id) == 1
-    _run_pending_jobs(tenant.tenant_id)
-    assert _coverage(client, tenant)[("memory", model)]["ratio"] == 1.0
+    assert _converge(client, tenant, model)["indexed"] == 1
 
 
 def test_model_change_converges_and_old_rows_serve_meanwhile(client, tenant):
@@ -118,16 +129,15 @@ def test_model_change_converges_and_old_rows_serve_meanwhile(client, tenant):
     old_model = get_embedder(settings.embedding_model).name
     items = [{"content": f"memory number {i} on churn"} for i in range(12)]
     client.post("/v1/memories:batch", json={"items": items}, headers=tenant.headers())
-    _run_pending_jobs(tenant.tenant_id)
+    _converge(client, tenant, old_model)
     saved = settings.embedding_model
     settings.embedding_model = HASHING_MODEL_NAME
     try:
         with tenant_session(tenant.tenant_id) as session:
             assert serving_model(session, configured_model=HASHING_MODEL_NAME) == old_model
         assert reconcile_embeddings(model=HASHING_MODEL_NAME)[tenant.tenant_id] == 12
-        _run_pending_jobs(tenant.tenant_id)
+        _converge(client, tenant, HASHING_MODEL_NAME)
         rows = _coverage(client, tenant)
-        assert rows[("memory", HASHING_MODEL_NAME)]["ratio"] == 1.0
         assert rows[("memory", old_model)]["indexed"] == 12  # old rows are kept
         with tenant_session(tenant.tenant_id) as session:
             assert serving_model(session, configured_model=HASHING_MODEL_NAME) == HASHING_MODEL_NAME

@@ -40,7 +40,7 @@ def reconcile_embeddings(*, model: str) -> dict[int, int]:
                     session,
                     tenant_id=tenant_id,
                     kind="embed",
-                    payload={"doc_ids": gaps[start : start + GAP_JOB_SIZE], "reason": "reconcile"},
+                    payload={"doc_ids": gaps[start : start + GAP_JOB_SIZE], "model": model, "reason": "reconcile"},
                 )
         if gaps:
             queued[tenant_id] = len(gaps)

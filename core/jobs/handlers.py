@@ -28,7 +28,7 @@ def run_embed(session: Session, job: Job) -> dict[str, Any]:
         session,
         tenant_id=job.tenant_id,
         doc_ids=[str(d) for d in doc_ids],
-        embedder=embedder_for_settings(),
+        embedder=embedder_for_settings(job.payload.get("model")),
         batch_size=settings.embedding_batch_size,
     )
 

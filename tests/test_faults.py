@@ -1,0 +1,177 @@
+"""Fault drills with real processes: a worker killed mid-batch, Redis down during saves, a flaky provider.
+
+Each drill runs its own Redis, API, worker(s) and beat as subprocesses against the suite's PostgreSQL, and
+ends only when every embedding has landed (ARCHITECTURE principle 2: a committed job is never lost).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from sqlalchemy import text
+
+from core.embedded import EmbeddedRedis, free_port
+from tests.conftest import REPO, WorkerProcess, wait_for
+
+pytestmark = pytest.mark.slow
+
+DRILL_ENV = {
+    "ENGRAM_BROKER_VISIBILITY_TIMEOUT_SECONDS": "5",
+    "ENGRAM_JOB_RUNNING_LEASE_SECONDS": "8",
+    "ENGRAM_OUTBOX_REDISPATCH_SECONDS": "2",
+    "ENGRAM_RECONCILE_INTERVAL_SECONDS": "1",
+    "ENGRAM_EMBEDDING_RETRY_BASE_SECONDS": "0.2",
+}
+
+
+class Drill:
+    def __init__(self, stack, base: Path):  # type: ignore[no-untyped-def]
+        self.base = base
+        self.redis = EmbeddedRedis(data_dir=base / "redis")
+        self.redis_url = self.redis.start()
+        self.env = {**os.environ, **stack.env, **DRILL_ENV, "ENGRAM_REDIS_URL": self.redis_url}
+        self.stack = stack
+        self.processes: list[subprocess.Popen[bytes]] = []
+        self.workers: list[WorkerProcess] = []
+        self.port = free_port()
+        self._spawn("api", ["api", "--port", str(self.port), "--no-migrate"])
+        self._spawn("beat", ["beat"])
+        self.url = f"http://127.0.0.1:{self.port}"
+        wait_for(self._healthy, timeout=60)
+
+    def _healthy(self) -> bool:
+        try:
+            return httpx.get(f"{self.url}/healthz", timeout=1).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    def _spawn(self, name: str, args: list[str]) -> None:
+        log = open(self.base / f"{name}.log", "wb")  # noqa: SIM115
+        self.processes.append(
+            subprocess.Popen([sys.executable, "-m", "api.cli", *args], cwd=REPO, env=self.env, stdout=log, stderr=log)
+        )
+
+    def start_worker(self, **extra_env: str) -> WorkerProcess:
+        stack = type(self.stack)(**{**self.stack.__dict__, "env": {**self.stack.env, **DRILL_ENV}})
+        worker = WorkerProcess(stack, extra_env={"ENGRAM_REDIS_URL": self.redis_url, **extra_env})
+        self.workers.append(worker)
+        return worker
+
+    def stop(self) -> None:
+        for worker in self.workers:
+            worker.stop()
+        for process in self.processes:
+            if process.poll() is None:
+                process.terminate()
+                try:
+                    process.wait(timeout=20)
+                except subprocess.TimeoutExpired:
+                    process.kill()
+        self.redis.stop()
+
+
+@pytest.fixture
+def drill(stack) -> Iterator[Drill]:  # type: ignore[no-untyped-def]
+    base = Path(tempfile.mkdtemp(prefix="engram-drill-", dir="/tmp"))
+    base.chmod(0o755)
+    d = Drill(stack, base)
+    yield d
+    d.stop()
+
+
+def _new_tenant() -> tuple[int, dict[str, str]]:
+    from core.db import system_session
+    from core.tenancy.service import create_tenant, get_tenant_by_name
+
+    name = f"drill-{uuid.uuid4().hex[:8]}"
+    with system_session() as session:
+        key = create_tenant(session, name=name).api_key
+        tenant = get_tenant_by_name(session, name=name)
+        assert tenant is not None
+        return tenant.id, {"Authorization": f"Bearer {key}"}
+
+
+def _embedded_count(tenant_id: int) -> int:
+    from core.db import get_engine
+
+    with get_engine().connect() as connection:
+        return int(
+            connection.execute(
+                text("SELECT count(*) FROM embeddings WHERE tenant_id = :t AND doc_kind = 'memory'"), {"t": tenant_id}
+            ).scalar()
+            or 0
+        )
+
+
+def _save_batches(url: str, headers: dict[str, str], *, total: int, size: int) -> None:
+    with httpx.Client(base_url=url, headers=headers, timeout=60) as http:
+        for start in range(0, total, size):
+            items = [
+                {"content": f"drill memory {i}: the nightly load of orders finished late"}
+                for i in range(start, start + size)
+            ]
+            response = http.post("/v1/memories:batch", json={"items": items})
+            assert response.status_code == 200, response.text
+
+
+def test_worker_killed_mid_batch_loses_no_embedding(drill):
+    """kill -9 a worker while it embeds a batch; a new worker finishes the job and every embedding lands."""
+    tenant_id, headers = _new_tenant()
+    worker = drill.start_worker(ENGRAM_EMBEDDING_BATCH_SIZE="4")
+    _save_batches(drill.url, headers, total=2000, size=1000)
+    wait_for(lambda: 0 < _embedded_count(tenant_id) < 2000, timeout=60, interval=0.02)
+    os.kill(worker.process.pid, signal.SIGKILL)
+    worker.process.wait()
+    landed_at_kill = _embedded_count(tenant_id)
+    assert landed_at_kill < 2000
+    drill.start_worker()
+    wait_for(lambda: _embedded_count(tenant_id) == 2000, timeout=120, interval=0.5)
+
+
+def test_redis_down_during_saves_then_converges(drill):
+    """With Redis stopped, 1,000 saves all succeed; after it returns, coverage reaches 1.0."""
+    tenant_id, headers = _new_tenant()
+    drill.start_worker()
+    drill.redis.stop()
+    started = time.monotonic()
+    with httpx.Client(base_url=drill.url, headers=headers, timeout=30) as http:
+        statuses = [
+            http.post("/v1/memories", json={"content": f"saved while the broker is down #{i}"}).status_code
+            for i in range(1000)
+        ]
+    assert statuses.count(201) == 1000
+    assert time.monotonic() - started < 120
+    assert _embedded_count(tenant_id) == 0
+    drill.redis.start()
+
+    def covered() -> bool:
+        rows = httpx.get(f"{drill.url}/v1/ops/coverage", headers=headers, timeout=10).json()["coverage"]
+        memory = [r for r in rows if r["doc_kind"] == "memory" and r["indexed"]]
+        return bool(memory) and memory[0]["ratio"] == 1.0 and memory[0]["indexed"] == 1000
+
+    wait_for(covered, timeout=180, interval=1)
+
+
+def test_flaky_provider_still_converges(drill):
+    """A provider failing half its calls: jobs retry with backoff and every embedding lands."""
+    from core.db import system_session
+    from core.jobs.models import Job
+
+    tenant_id, headers = _new_tenant()
+    drill.start_worker(ENGRAM_EMBEDDING_FAULT_RATE="0.5", ENGRAM_EMBEDDING_MAX_ATTEMPTS="30")
+    _save_batches(drill.url, headers, total=200, size=20)
+    wait_for(lambda: _embedded_count(tenant_id) == 200, timeout=180, interval=0.5)
+    with system_session() as session:
+        jobs = session.query(Job).filter(Job.tenant_id == tenant_id, Job.kind == "embed").all()
+    assert jobs and all(j.state == "succeeded" for j in jobs)
+    assert any(j.attempts > 1 for j in jobs), "half the calls failed, so some job must have retried"
