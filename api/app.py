@@ -36,9 +36,9 @@ def create_app(*, install_queue: bool = True) -> FastAPI:
                 return error_response(415, "send JSON with 'Content-Type: application/json'")
         return await call_next(request)
 
-    from api.routes import health, jobs, keys, memories
+    from api.routes import catalog, health, jobs, keys, memories, ops
 
-    for module in (health, keys, memories, jobs):
+    for module in (health, keys, memories, jobs, catalog, ops):
         app.include_router(module.router)
     if install_queue:
         from api.broker import install_job_queue

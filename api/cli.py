@@ -146,9 +146,11 @@ def tenant_create(name: str, as_json: bool, admin_user: str, home: str | None) -
 
 
 from api.cli_bench import bench, eval_  # noqa: E402 - registered after the group exists
+from api.cli_catalog import ingest  # noqa: E402
 from api.cli_memory import memory  # noqa: E402
 
 main.add_command(memory)
+main.add_command(ingest)
 main.add_command(bench)
 main.add_command(eval_)
 

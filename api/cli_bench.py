@@ -52,3 +52,57 @@ def bench_write(sizes: str, saves: int, batches: int, port: int, as_json: bool) 
 
     figures = run(sizes=[int(s) for s in sizes.split(",")], saves=saves, batches=batches, port=port or free_port())
     emit_figures(figures, as_json=as_json)
+
+
+@bench.command("search")
+@click.option("--memories", default=10_000, show_default=True, help="memories in the generated tenant")
+@click.option("--entities", default=1_000, show_default=True, help="catalog entities the memories link to")
+@click.option("--queries", default=200, show_default=True, help="timed searches per mode")
+@json_option
+def bench_search(memories: int, entities: int, queries: int, as_json: bool) -> None:
+    """Search p50/p95 per mode on a generated tenant (in-process calls of the service the API uses)."""
+    from core.bench.search import run
+
+    figures = run(memories=memories, entities=entities, queries=queries, log=lambda m: click.echo(m, err=True))
+    emit_figures(figures, as_json=as_json)
+
+
+@eval_.command("retrieval")
+@click.argument("file", type=click.Path(exists=True, dir_okay=False))
+@click.option("--limit", default=0, help="only the first N conversations (0: all)")
+@json_option
+def eval_retrieval(file: str, limit: int, as_json: bool) -> None:
+    """Recall@5/10/20 (overall and per category) and search latency over a LoCoMo-shaped file."""
+    from core.bench.retrieval import run
+
+    figures = run(path=file, limit=limit, log=lambda m: click.echo(m, err=True))
+    emit_figures(figures, as_json=as_json)
+
+
+@bench.command("ingest")
+@click.option("--rows", default=1_000_000, show_default=True, help="rows of the generated 20-column table")
+@click.option(
+    "--pg-url",
+    default="postgresql+psycopg://postgres@127.0.0.1:5432/test",
+    show_default=True,
+    help="PostgreSQL source server (skipped with a message when it does not answer)",
+)
+@json_option
+def bench_ingest(rows: int, pg_url: str, as_json: bool) -> None:
+    """Time ingest + profiling of a generated table in SQLite and PostgreSQL (the job's code path)."""
+    from core.entities.bench import run_ingest_bench
+
+    emit_figures(run_ingest_bench(rows=rows, pg_url=pg_url, figure=figure), as_json=as_json)
+
+
+@bench.command("embed")
+@click.option("--memories", default=10_000, show_default=True)
+@click.option("--batch-size", default=64, show_default=True, help="texts per embedding call")
+@click.option("--port", default=0, type=int, help="API port (default: a free one)")
+@json_option
+def bench_embed(memories: int, batch_size: int, port: int, as_json: bool) -> None:
+    """Raw embedder throughput, and the pipeline end to end (saves until coverage 1.0)."""
+    from core.bench.embed import run
+    from core.embedded import free_port
+
+    emit_figures(run(memories=memories, batch_size=batch_size, port=port or free_port()), as_json=as_json)

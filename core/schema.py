@@ -1,5 +1,6 @@
 """Imports every table module so Base.metadata is complete (Alembic, tests)."""
 
+import core.entities.store  # noqa: F401 - catalog tables, and the snapshot loader memory saves use
 from core.embeddings.store_models import Embedding
 from core.jobs.models import Job
 from core.memories.models import Association, Memory, Tombstone

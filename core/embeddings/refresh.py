@@ -20,6 +20,13 @@ from core.metrics import EMBEDDED_TEXTS, EMBEDDING_CALLS, EMBEDDING_FAILURES
 from core.search.render import content_hash, render_memory
 
 MEMORY_PREFIX = "memory:"
+_table = Embedding.__table__
+_upsert = pg_insert(_table)
+# Compiled once and run as executemany: cheaper than rendering a VALUES list per chunk.
+_UPSERT = _upsert.on_conflict_do_update(
+    index_elements=[_table.c.tenant_id, _table.c.canonical_id, _table.c.model],
+    set_={c: _upsert.excluded[c] for c in ("doc_kind", "dims", "content_hash", "embedding", "updated_at")},
+)
 
 
 @dataclass(frozen=True)
@@ -95,13 +102,7 @@ def embed_docs(
         for d, vector in zip(chunk, vectors, strict=True):
             if d.doc_kind == "memory":
                 new_memory_vectors[d.canonical_id[len(MEMORY_PREFIX) :]] = vector
-        stmt = pg_insert(Embedding).values(rows)
-        session.execute(
-            stmt.on_conflict_do_update(
-                index_elements=["tenant_id", "canonical_id", "model"],
-                set_={c: stmt.excluded[c] for c in ("doc_kind", "dims", "content_hash", "embedding", "updated_at")},
-            )
-        )
+        session.connection().execute(_UPSERT, rows)
     result: dict[str, Any] = {"embedded": len(todo), "unchanged": len(docs) - len(todo)}
     if link_similar and new_memory_vectors:
         from core.config import get_settings

@@ -73,16 +73,21 @@ def _matrix(session: Session, *, tenant_id: int, model: str, dims: int) -> _Matr
     return matrix
 
 
-def _nearest(matrix: _Matrix, vector: np.ndarray, *, exclude: str) -> list[tuple[str, float]]:
+def _nearest(matrix: _Matrix, memory_ids: list[str], block: np.ndarray) -> dict[str, list[tuple[str, float]]]:
+    """The best candidates of each new vector against the whole matrix, in one matrix product."""
     with matrix.lock:
         n = len(matrix.ids)
         if n == 0:
-            return []
-        scores = matrix.vectors[:n] @ vector
+            return {mid: [] for mid in memory_ids}
+        scores = matrix.vectors[:n] @ block.T  # (corpus, new)
         k = min(_CANDIDATES + 1, n)
-        top = np.argpartition(-scores, k - 1)[:k]
-        ranked = sorted(((matrix.ids[i], float(scores[i])) for i in top), key=lambda x: -x[1])
-    return [(mid, score) for mid, score in ranked if mid != exclude]
+        top = np.argpartition(-scores, k - 1, axis=0)[:k]
+        ids = matrix.ids
+    out: dict[str, list[tuple[str, float]]] = {}
+    for col, memory_id in enumerate(memory_ids):
+        pairs = sorted(((ids[i], float(scores[i, col])) for i in top[:, col]), key=lambda x: -x[1])
+        out[memory_id] = [(mid, score) for mid, score in pairs if mid != memory_id]
+    return out
 
 
 def link_similar(
@@ -97,15 +102,20 @@ def link_similar(
     """Link each newly embedded memory to near-duplicates; return the suggestions per memory id."""
     if not new_vectors:
         return {}
-    dims = int(next(iter(new_vectors.values())).shape[0])
-    matrix = _matrix(session, tenant_id=tenant_id, model=model, dims=dims)
-    for memory_id, vector in new_vectors.items():
-        with matrix.lock:
+    memory_ids = list(new_vectors)
+    block = np.stack([np.asarray(new_vectors[m], dtype=np.float32) for m in memory_ids])
+    matrix = _matrix(session, tenant_id=tenant_id, model=model, dims=int(block.shape[1]))
+    with matrix.lock:
+        for memory_id, vector in zip(memory_ids, block, strict=True):
             matrix.upsert(memory_id, vector)
-    nearest = {mid: _nearest(matrix, vec, exclude=mid) for mid, vec in new_vectors.items()}
-    wanted = set(new_vectors) | {cid for pairs in nearest.values() for cid, s in pairs if s >= suggest_threshold}
-    rows = {m.id: m for m in session.scalars(select(Memory).where(Memory.id.in_(wanted), Memory.status != "forgotten"))}
+    nearest = _nearest(matrix, memory_ids, block)
+    wanted = set(memory_ids) | {cid for pairs in nearest.values() for cid, s in pairs if s >= suggest_threshold}
+    rows = {
+        m.id: m
+        for m in session.scalars(select(Memory).where(Memory.id.in_(wanted), Memory.status != "forgotten"))
+    }
     suggestions: dict[str, list[dict[str, Any]]] = {}
+    edges: dict[tuple[str, str], float] = {}
     for memory_id, pairs in nearest.items():
         me = rows.get(memory_id)
         if me is None:
@@ -118,24 +128,22 @@ def link_similar(
                 continue
             if score > update_threshold:
                 newer, older = (me, other) if (me.created_at, me.id) >= (other.created_at, other.id) else (other, me)
-                _link_update(session, tenant_id=tenant_id, newer=newer, older=older, score=score)
+                edges[(newer.id, older.id)] = round(min(max(score, 0.0), 1.0), 4)
+                older.superseded_by = newer.id
             else:
                 suggestions.setdefault(memory_id, []).append(
                     {"memory_id": other_id, "score": round(score, 4), "content": other.content[:200]}
                 )
+    if edges:
+        table = Association.__table__
+        session.connection().execute(
+            pg_insert(table).on_conflict_do_nothing(),
+            [
+                {"tenant_id": tenant_id, "source_id": s, "target_id": t, "relation_type": "updates", "weight": w}
+                for (s, t), w in edges.items()
+            ],
+        )
     return suggestions
-
-
-def _link_update(session: Session, *, tenant_id: int, newer: Memory, older: Memory, score: float) -> None:
-    stmt = pg_insert(Association).values(
-        tenant_id=tenant_id,
-        source_id=newer.id,
-        target_id=older.id,
-        relation_type="updates",
-        weight=round(min(max(score, 0.0), 1.0), 4),
-    )
-    session.execute(stmt.on_conflict_do_nothing())
-    older.superseded_by = newer.id
 
 
 def forget_matrices() -> None:

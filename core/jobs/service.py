@@ -151,11 +151,11 @@ def run_job(
         job.state = "running"
         job.attempts += 1
         job.started_at = job.updated_at = now()
-        attempts = job.attempts
-    fn = _handlers.get(job.kind)
+        attempts, kind = job.attempts, job.kind
+    fn = _handlers.get(kind)
     try:
         if fn is None:
-            raise LookupError(f"no handler for job kind {job.kind!r}")
+            raise LookupError(f"no handler for job kind {kind!r}")
         with session_factory() as session:
             job = session.get(Job, job_id)
             result = fn(session, job)
@@ -172,7 +172,7 @@ def run_job(
             or isinstance(exc, PermanentJobError | LookupError)
             or getattr(exc, "retryable", True) is False
         )
-        log.warning("job %s (%s) attempt %d failed: %s", job_id, job.kind, attempts, traceback.format_exc())
+        log.warning("job %s (%s) attempt %d failed: %s", job_id, kind, attempts, traceback.format_exc())
         with session_factory() as session:
             session.execute(
                 update(Job)

@@ -33,7 +33,8 @@ class Memory(TenantScoped, Base):
     persona: Mapped[str | None] = mapped_column(String(200), nullable=True)
     agent_id: Mapped[str | None] = mapped_column(String(200), nullable=True)
     entities: Mapped[list[str]] = mapped_column(ARRAY(Text), default=list)
-    query: Mapped[dict[str, Any] | None] = mapped_column(JSONB, nullable=True)
+    # none_as_null: "no query" is SQL NULL, not JSON null, so `query IS NULL` finds plain learnings.
+    query: Mapped[dict[str, Any] | None] = mapped_column(JSONB(none_as_null=True), nullable=True)
     status: Mapped[str] = mapped_column(String(20), default="active")
     stale_reason: Mapped[str | None] = mapped_column(Text, nullable=True)
     forget_reason: Mapped[str | None] = mapped_column(Text, nullable=True)

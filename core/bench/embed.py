@@ -1,0 +1,81 @@
+"""`engram bench embed`: the raw embedder's throughput, and the pipeline's end to end (saves through the
+REST API until coverage reaches 1.0, with a real Celery worker doing the embedding)."""
+
+from __future__ import annotations
+
+import os
+import random
+import subprocess
+import sys
+import time
+from typing import Any
+
+import httpx
+
+from core.bench.stack import api_process, bench_stack
+from core.bench.write import _note
+
+_WORDS_SEED = 11
+
+
+def raw_throughput(*, texts: int, batch_size: int) -> float:
+    """Texts per second of the configured embedder alone (in this process)."""
+    from core.config import get_settings
+    from core.embeddings.providers import get_embedder
+
+    embedder = get_embedder(get_settings().embedding_model)
+    rng = random.Random(_WORDS_SEED)
+    corpus = [_note(rng) for _ in range(texts)]
+    embedder.embed_documents(corpus[:batch_size])  # load the model outside the timing
+    started = time.perf_counter()
+    for start in range(0, texts, batch_size):
+        embedder.embed_documents(corpus[start : start + batch_size])
+    return texts / (time.perf_counter() - started)
+
+
+def _coverage_complete(http: httpx.Client, expected: int) -> bool:
+    rows = http.get("/v1/ops/coverage").json()["coverage"]
+    return any(r["doc_kind"] == "memory" and r["indexed"] == expected for r in rows)
+
+
+def run(*, memories: int, batch_size: int, port: int) -> list[dict[str, Any]]:
+    from core.db import system_session
+    from core.tenancy.service import create_tenant
+
+    figures = [_fig("raw_per_s", raw_throughput(texts=memories, batch_size=batch_size), "texts/s", texts=memories)]
+    rng = random.Random(_WORDS_SEED)
+    with bench_stack() as stack, api_process(stack, port=port) as url:
+        with system_session() as session:
+            key = create_tenant(session, name="bench-embed").api_key
+        log = open(stack.home / "worker.log", "wb")  # noqa: SIM115
+        worker = subprocess.Popen(
+            [sys.executable, "-m", "api.cli", "worker", "--concurrency", "2"],
+            env={**os.environ, **stack.env, "ENGRAM_EMBEDDING_BATCH_SIZE": str(batch_size)},
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+        try:
+            deadline = time.monotonic() + 60
+            while b"ready." not in (stack.home / "worker.log").read_bytes():
+                if worker.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError("worker did not start")
+                time.sleep(0.1)
+            items = [{"content": _note(rng)} for _ in range(memories)]
+            with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {key}"}, timeout=120) as http:
+                started = time.perf_counter()
+                for start in range(0, memories, 1000):
+                    http.post("/v1/memories:batch", json={"items": items[start : start + 1000]}).raise_for_status()
+                while not _coverage_complete(http, memories):
+                    time.sleep(0.05)
+                elapsed = time.perf_counter() - started
+        finally:
+            worker.terminate()
+            worker.wait(timeout=30)
+            log.close()
+    figures.append(_fig("pipeline_per_s", memories / elapsed, "memories/s", memories=memories))
+    figures.append(_fig("pipeline_ratio", figures[1]["value"] / figures[0]["value"], "ratio", memories=memories))
+    return figures
+
+
+def _fig(metric: str, value: float, unit: str, **params: Any) -> dict[str, Any]:
+    return {"bench": "embed", "metric": metric, "value": round(value, 3), "unit": unit, "params": params}
