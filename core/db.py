@@ -72,7 +72,9 @@ def get_engine() -> Engine:
                 normalize_url(url),
                 pool_size=10,
                 max_overflow=20,
-                pool_pre_ping=True,
+                # No pre-ping: it costs a round trip per request. A connection broken by a database
+                # restart fails one request with 503 and is discarded with the pool.
+                pool_pre_ping=False,
                 pool_recycle=1800,
             )
             _factory = sessionmaker(bind=_engine, expire_on_commit=False)

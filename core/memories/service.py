@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from functools import lru_cache
 from typing import Any
 
 from sqlalchemy import delete, func, literal, select, text, update
@@ -147,22 +148,34 @@ def _write(session: Session, caller: Caller, valid: list[_Planned]) -> None:
         rows[p.memory_id] = _row_values(
             caller, p, created_at=base_time + timedelta(microseconds=offset), change_seq=change_seq
         )
-    # One statement compiled once and run as executemany (psycopg pipelines it): rendering a 1,000-row
-    # VALUES list costs more than the database work.
-    table = Memory.__table__
-    stmt = pg_insert(table)
-    keep = {"tenant_id", "id", "created_at", "created_by", "access_count", "last_accessed_at"}
-    stmt = stmt.on_conflict_do_update(
-        index_elements=[table.c.tenant_id, table.c.id],
-        set_={c: stmt.excluded[c] for c in rows[next(iter(rows))] if c not in keep},
-    )
-    session.connection().execute(stmt, list(rows.values()))
+    session.connection().execute(_memory_upsert(), list(rows.values()))
     _replace_associations(session, caller=caller, valid=valid)
     enqueue(
         session,
         tenant_id=caller.tenant_id,
         kind="embed",
         payload={"doc_ids": [memory_doc_id(mid) for mid in rows]},
+    )
+
+
+_ROW_COLUMNS = (
+    "tenant_id", "id", "content", "kind", "category", "importance", "occurred_at", "tags", "source", "run_id",
+    "persona", "agent_id", "entities", "query", "status", "stale_reason", "forget_reason", "created_by",
+    "created_at", "updated_at", "access_count", "change_seq",
+)  # fmt: skip
+
+
+@lru_cache(maxsize=1)
+def _memory_upsert() -> Any:
+    """One statement built once and run as executemany (psycopg pipelines it): rendering a 1,000-row VALUES
+    list per batch costs more than the database work. An upsert keeps created_at, created_by and access
+    counters."""
+    table = Memory.__table__
+    stmt = pg_insert(table)
+    keep = {"tenant_id", "id", "created_at", "created_by", "access_count", "last_accessed_at"}
+    written = [c for c in _ROW_COLUMNS if c not in keep]
+    return stmt.on_conflict_do_update(
+        index_elements=[table.c.tenant_id, table.c.id], set_={c: stmt.excluded[c] for c in written}
     )
 
 
