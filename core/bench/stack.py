@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -29,7 +30,7 @@ class BenchStack:
 def bench_stack() -> Iterator[BenchStack]:
     base = Path(tempfile.mkdtemp(prefix="engram-bench-", dir="/tmp"))
     base.chmod(0o755)
-    servers = []
+    servers: list[Any] = []
     saved_env = dict(os.environ)
     try:
         database_url = os.environ.get("ENGRAM_DATABASE_URL", "")

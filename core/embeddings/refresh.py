@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, cast
 
-from sqlalchemy import delete, select
+from sqlalchemy import Table, delete, select
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.orm import Session
 
@@ -20,7 +20,7 @@ from core.metrics import EMBEDDED_TEXTS, EMBEDDING_CALLS, EMBEDDING_FAILURES
 from core.search.render import content_hash, render_memory
 
 MEMORY_PREFIX = "memory:"
-_table = Embedding.__table__
+_table = cast(Table, Embedding.__table__)
 _upsert = pg_insert(_table)
 # Compiled once and run as executemany: cheaper than rendering a VALUES list per chunk.
 _UPSERT = _upsert.on_conflict_do_update(

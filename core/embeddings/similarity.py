@@ -14,10 +14,10 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
-from sqlalchemy import select
+from sqlalchemy import Table, select
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.orm import Session
 
@@ -135,7 +135,7 @@ def link_similar(
                     {"memory_id": other_id, "score": round(score, 4), "content": other.content[:200]}
                 )
     if edges:
-        table = Association.__table__
+        table = cast(Table, Association.__table__)
         session.connection().execute(
             pg_insert(table).on_conflict_do_nothing(),
             [

@@ -196,6 +196,6 @@ def _delete_rows(session: Session, *, kind: str, ids: list[str]) -> None:
     elif kind == "model":
         stmt = delete(CatalogModel).where(tuple_(CatalogModel.datasource, CatalogModel.name).in_(keys))
     else:
-        table = LEAF_TABLES[kind]
+        table: Any = LEAF_TABLES[kind]
         stmt = delete(table).where(tuple_(table.datasource, table.model, table.name).in_(keys))
     session.execute(stmt.execution_options(synchronize_session=False))

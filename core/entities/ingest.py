@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, cast
 
 import sqlalchemy as sa
 from sqlalchemy import delete, select
@@ -80,7 +80,7 @@ def reflect(engine: Engine, *, schema: str | None) -> tuple[list[ReflectedTable]
     tables = []
     for name in sorted(names):
         key = (schema, name)
-        pk_columns = set((pks.get(key) or {}).get("constrained_columns") or [])
+        pk_columns = set((cast(dict[Any, Any], pks).get(key) or {}).get("constrained_columns") or [])
         table = ReflectedTable(name=name)
         for position, col in enumerate(columns.get(key, [])):
             if "." in col["name"]:
@@ -122,8 +122,8 @@ def apply_reflection(
     }
     removal = Removal()
     reflected = {t.name: t for t in tables}
-    for name, model in models.items():
-        if model.origin == "reflected" and name not in reflected:
+    for name, existing in models.items():
+        if existing.origin == "reflected" and name not in reflected:
             removal.add(kind="model", canonical_id=f"{ds}.{name}")
             summary["models_removed"] += 1
     for table in tables:
@@ -225,7 +225,7 @@ def run_ingest(
     result["models"] = len(tables)
     result["warnings"] = warnings
     if follow_up:
-        jobs = {
+        jobs: dict[str, dict[str, Any]] = {
             "refresh_samples": {"datasource": datasource},
             "ingest_cleanup": {"datasource": datasource},
             "embed": {"doc_ids": datasource_doc_ids(session, datasource=datasource)},

@@ -143,17 +143,17 @@ def profile_columns(
             if len(rows) > TOP_VALUES:
                 overflow.setdefault(table, []).append(name)
         counted = {t: pool.submit(profilers[t].distinct_counts, names) for t, names in overflow.items()}
-        for table, future in counted.items():
+        for table, count_future in counted.items():
             try:
-                for name, n in future.result().items():
+                for name, n in count_future.result().items():
                     profiles[(table, name)].distinct_count = n
             except SQLAlchemyError as exc:
                 errors.append(f"{table}: distinct count: {type(exc).__name__}: {str(exc).splitlines()[0]}")
                 for name in overflow[table]:
                     profiles.pop((table, name), None)
-        for table, future in ranged.items():
+        for table, range_future in ranged.items():
             try:
-                profiles.update({(table, n): p for n, p in future.result().items()})
+                profiles.update({(table, n): p for n, p in range_future.result().items()})
             except SQLAlchemyError as exc:
                 errors.append(f"{table}: min/max: {type(exc).__name__}: {str(exc).splitlines()[0]}")
     for profile in profiles.values():

@@ -184,7 +184,7 @@ def inspect_model(session: Session, *, caller: Caller, datasource: str, name: st
         .order_by(CatalogForeignKey.column)
     ).all()
     model_id = f"{datasource}.{name}"
-    entity_set = [model_id] + [f"{model_id}.{leaf.name}" for leaf in (*columns, *measures, *aggregations)]
+    entity_set = [model_id] + [f"{model_id}.{leaf.name}" for leaf in (*columns, *measures, *aggregations)]  # type: ignore[attr-defined]
     return {
         "id": model_id,
         "datasource": datasource,

@@ -10,7 +10,7 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 from collections.abc import Iterable
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from sqlalchemy import select, tuple_
 from sqlalchemy.dialects.postgresql import insert as pg_insert
@@ -135,7 +135,7 @@ def _docs(session: Session, *, where: dict[str, object]) -> list[CatalogDoc]:
                     f"{m.datasource}.{m.name}", "model", render.render_model(m), m.hidden, m.change_seq
                 )
             )
-    leaves = (
+    leaves: tuple[tuple[str, Any, Any], ...] = (
         ("column", CatalogColumn, render.render_column),
         ("measure", CatalogMeasure, render.render_measure),
         ("aggregation", CatalogAggregation, render.render_aggregation),

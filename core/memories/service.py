@@ -12,9 +12,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from functools import lru_cache
-from typing import Any
+from typing import Any, cast
 
-from sqlalchemy import delete, func, literal, select, text, update
+from sqlalchemy import Table, delete, func, literal, select, text, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.orm import Session
 
@@ -170,7 +170,7 @@ def _memory_upsert() -> Any:
     """One statement built once and run as executemany (psycopg pipelines it): rendering a 1,000-row VALUES
     list per batch costs more than the database work. An upsert keeps created_at, created_by and access
     counters."""
-    table = Memory.__table__
+    table = cast(Table, Memory.__table__)
     stmt = pg_insert(table)
     keep = {"tenant_id", "id", "created_at", "created_by", "access_count", "last_accessed_at"}
     written = [c for c in _ROW_COLUMNS if c not in keep]
