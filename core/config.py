@@ -56,6 +56,10 @@ class Settings(BaseSettings):
     conversation_ttl_hours: float = 24.0
     importance_half_life_days: float = 30.0
     agent_entry_cap: int = 10_000
+    # How often beat queues a `prune` pass (expiry, eviction, staleness, decay when due).
+    prune_interval_seconds: float = 300.0
+    # Decay is written to the rows at most this often (core.lifecycle.decay).
+    importance_decay_interval_hours: float = 24.0
 
     # Search.
     dense_exact_max_docs: int = 20_000

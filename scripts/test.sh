@@ -4,6 +4,11 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+# The dashboard's browser test drives Debian's Chromium (no browser download at test time).
+if [ ! -x /usr/bin/chromium ] && command -v apt-get >/dev/null && [ "$(id -u)" = 0 ]; then
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null
+fi
+
 if [ ! -x .venv/bin/python ]; then
   python3 -m venv .venv
 fi

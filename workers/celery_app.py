@@ -35,6 +35,10 @@ def make_celery() -> Celery:
                 "task": "engram.reconcile",
                 "schedule": settings.reconcile_interval_seconds,
             },
+            "prune": {
+                "task": "engram.prune",
+                "schedule": settings.prune_interval_seconds,
+            },
         },
     )
     return app

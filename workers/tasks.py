@@ -53,3 +53,13 @@ def reconcile_task() -> int:
     if gaps:
         log.info("reconcile queued embeddings for %d doc(s) in %d tenant(s)", sum(gaps.values()), len(gaps))
     return len(job_ids) + sum(gaps.values())
+
+
+@app.task(name="engram.prune", acks_late=True)
+def prune_task() -> str | None:
+    """Queue a lifecycle pass as a `prune` job, so it is retried, listed and shown like any other job."""
+    from core.lifecycle.prune import enqueue_prune
+
+    with system_session() as session:
+        job = enqueue_prune(session)
+        return job.id if job is not None else None

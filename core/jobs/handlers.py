@@ -33,4 +33,11 @@ def run_embed(session: Session, job: Job) -> dict[str, Any]:
     )
 
 
+@handler("prune")
+def run_prune(session: Session, job: Job) -> dict[str, Any]:
+    from core.lifecycle.prune import run_prune_job
+
+    return run_prune_job(session, job)
+
+
 import core.entities.jobs  # noqa: E402,F401 - registers ingest, refresh_samples and ingest_cleanup

@@ -1,0 +1,34 @@
+"""Runs: DELETE /v1/runs/{run_id} ends a run, and its `conversation` memories die with it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Depends, Request
+
+from api.auth import require_caller
+from api.routes.memories import _identity
+from core.db import tenant_session
+from core.errors import Invalid
+from core.lifecycle.expiry import end_run
+from core.tenancy.context import Caller
+
+router = APIRouter(prefix="/v1")
+
+
+def _flag(request: Request, name: str) -> bool:
+    raw = request.query_params.get(name, "false").lower()
+    if raw not in ("true", "false", "1", "0"):
+        raise Invalid(f"{name} must be true or false", field=name)
+    return raw in ("true", "1")
+
+
+@router.delete("/runs/{run_id}")
+def delete_run(run_id: str, request: Request, caller: Caller = Depends(require_caller)) -> dict[str, Any]:
+    """Forget the caller-visible `conversation` memories of the run (`?all=true`: every category of it;
+    `?purge=true`: hard delete). 200 `{"run_id", "status", "count", "skipped"}`, also when nothing matched,
+    since ending a run twice is not an error."""
+    caller = _identity(caller, None, request)
+    all_categories, purge = _flag(request, "all"), _flag(request, "purge")
+    with tenant_session(caller.tenant_id) as session:
+        return end_run(session, caller=caller, run_id=run_id, all_categories=all_categories, purge=purge).as_dict()
