@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import random
 from datetime import timedelta
 
 import core.jobs.handlers  # noqa: F401 - registers the job handlers
@@ -20,18 +19,18 @@ log = logging.getLogger(__name__)
 set_job_queue(CeleryJobQueue(app, background=False))
 
 
-def backoff_seconds(attempt: int, *, base: float, cap: float = 300.0) -> float:
-    """Exponential backoff with full jitter."""
-    return random.uniform(0, min(cap, base * (2 ** max(attempt - 1, 0))))
-
-
 @app.task(name="engram.run_job", bind=True, acks_late=True, reject_on_worker_lost=True, max_retries=None)
 def run_job_task(self, job_id: str) -> str:  # type: ignore[no-untyped-def]
     settings = get_settings()
-    outcome = run_job(job_id, session_factory=system_session, max_attempts=settings.embedding_max_attempts)
+    outcome = run_job(
+        job_id,
+        session_factory=system_session,
+        max_attempts=settings.embedding_max_attempts,
+        running_lease=timedelta(seconds=settings.job_running_lease_seconds),
+        retry_base_seconds=settings.embedding_retry_base_seconds,
+    )
     if outcome.state == "retry":
-        countdown = backoff_seconds(outcome.attempts, base=settings.embedding_retry_base_seconds)
-        raise self.retry(countdown=countdown)
+        raise self.retry(countdown=outcome.retry_in)
     return outcome.state
 
 

@@ -9,6 +9,7 @@ idempotent: a job may run more than once.
 from __future__ import annotations
 
 import logging
+import random
 import threading
 import traceback
 import uuid
@@ -17,7 +18,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol
 
-from sqlalchemy import event, or_, select, update
+from sqlalchemy import event, func, or_, select, update
 from sqlalchemy.orm import Session
 
 from core.errors import NotFound
@@ -129,6 +130,12 @@ class RunOutcome:
     state: str  # succeeded | retry | failed | skipped
     attempts: int
     error: str | None = None
+    retry_in: float = 0.0
+
+
+def backoff_seconds(attempt: int, *, base: float, cap: float = 300.0) -> float:
+    """Exponential backoff with full jitter."""
+    return random.uniform(0, min(cap, base * (2 ** max(attempt - 1, 0))))
 
 
 class PermanentJobError(Exception):
@@ -140,14 +147,24 @@ def run_job(
     *,
     session_factory: Callable[[], Any],
     max_attempts: int,
+    running_lease: timedelta = timedelta(minutes=10),
+    retry_base_seconds: float = 1.0,
 ) -> RunOutcome:
-    """Run one job once: claim it, call its handler in its own transaction, record the outcome."""
+    """Run one job once: claim it, call its handler in its own transaction, record the outcome.
+
+    A second delivery of a job that is running now (within its lease) or whose retry is not yet due is
+    skipped, so duplicate messages never run a job twice at once or inflate its attempts.
+    """
     import core.jobs.handlers  # noqa: F401 - registers every handler before the first job runs
 
     with session_factory() as session:
         job = session.get(Job, job_id, with_for_update=True)
         if job is None or job.state in ("succeeded", "failed"):
             return RunOutcome(state="skipped", attempts=job.attempts if job else 0)
+        if job.state == "running" and job.updated_at > now() - running_lease:
+            return RunOutcome(state="skipped", attempts=job.attempts)
+        if job.state == "queued" and job.dispatched_at is not None and job.dispatched_at > now():
+            return RunOutcome(state="skipped", attempts=job.attempts)
         job.state = "running"
         job.attempts += 1
         job.started_at = job.updated_at = now()
@@ -173,7 +190,10 @@ def run_job(
             or getattr(exc, "retryable", True) is False
         )
         log.warning("job %s (%s) attempt %d failed: %s", job_id, kind, attempts, traceback.format_exc())
+        retry_in = 0.0 if final else backoff_seconds(attempts, base=retry_base_seconds)
         with session_factory() as session:
+            # dispatched_at of a queued job is when its next delivery is due: reconcile leaves it alone
+            # until then, and an early duplicate message is skipped.
             session.execute(
                 update(Job)
                 .where(Job.id == job_id)
@@ -181,10 +201,11 @@ def run_job(
                     state="failed" if final else "queued",
                     error=error[:10_000],
                     updated_at=now(),
+                    dispatched_at=None if final else now() + timedelta(seconds=retry_in),
                     finished_at=now() if final else None,
                 )
             )
-        return RunOutcome(state="failed" if final else "retry", attempts=attempts, error=error)
+        return RunOutcome(state="failed" if final else "retry", attempts=attempts, error=error, retry_in=retry_in)
 
 
 def retry_job(session: Session, *, job_id: str, tenant_id: int | None) -> Job:
@@ -193,6 +214,7 @@ def retry_job(session: Session, *, job_id: str, tenant_id: int | None) -> Job:
     job.state = "queued"
     job.attempts = 0
     job.updated_at = now()
+    job.dispatched_at = None
     job.finished_at = None
     session.info.setdefault("outbox", []).append(job.id)
     return job
@@ -206,7 +228,7 @@ def jobs_to_redispatch(session: Session, *, older_than: timedelta, running_lease
         select(Job.id)
         .where(
             or_(
-                (Job.state == "queued") & (Job.updated_at < cutoff),
+                (Job.state == "queued") & (func.coalesce(Job.dispatched_at, Job.updated_at) < cutoff),
                 (Job.state == "running") & (Job.updated_at < lease_cutoff),
             )
         )
@@ -214,6 +236,9 @@ def jobs_to_redispatch(session: Session, *, older_than: timedelta, running_lease
         .limit(5_000)
     ).all()
     if rows:
-        session.execute(update(Job).where(Job.id.in_(rows)).values(updated_at=now(), dispatched_at=now()))
+        # A running job past its lease lost its worker: it is queued again, so the new delivery runs it.
+        session.execute(
+            update(Job).where(Job.id.in_(rows)).values(state="queued", updated_at=now(), dispatched_at=None)
+        )
         session.info.setdefault("outbox", []).extend(rows)
     return list(rows)
