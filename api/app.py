@@ -36,10 +36,13 @@ def create_app(*, install_queue: bool = True) -> FastAPI:
                 return error_response(415, "send JSON with 'Content-Type: application/json'")
         return await call_next(request)
 
-    from api.routes import catalog, health, jobs, keys, memories, ops
+    from api.routes import catalog, dashboard, health, jobs, keys, memories, metrics, ops, runs, search, transfer
 
-    for module in (health, keys, memories, jobs, catalog, ops):
+    for module in (health, keys, transfer, memories, jobs, catalog, search, ops, runs, dashboard, metrics):
         app.include_router(module.router)
+    from api.mcp.http import mount_mcp
+
+    mount_mcp(app)
     if install_queue:
         from api.broker import install_job_queue
 

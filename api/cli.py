@@ -112,6 +112,21 @@ def migrate(home: str | None) -> None:
     click.echo("migrations applied")
 
 
+@main.command()
+@click.option("--agent-id", envvar="ENGRAM_AGENT_ID", default=None, help="default agent identity of the tools")
+@click.option("--persona", envvar="ENGRAM_PERSONA", default=None, help="default persona of the tools")
+@home_option
+def mcp(agent_id: str | None, persona: str | None, home: str | None) -> None:
+    """Run an MCP server over stdio for one agent (key: $ENGRAM_API_KEY), on the same storage as serve."""
+    _set_home(home)
+    from api.mcp.stdio import McpStartupError, run_stdio
+
+    try:
+        run_stdio(agent_id=agent_id, persona=persona)
+    except McpStartupError as exc:
+        raise click.ClickException(str(exc)) from None
+
+
 @main.group()
 def tenant() -> None:
     """Tenants."""
@@ -148,8 +163,11 @@ def tenant_create(name: str, as_json: bool, admin_user: str, home: str | None) -
 from api.cli_bench import bench, eval_  # noqa: E402 - registered after the group exists
 from api.cli_catalog import ingest  # noqa: E402
 from api.cli_memory import memory  # noqa: E402
+from api.cli_ops import jobs, search  # noqa: E402
 
 main.add_command(memory)
+main.add_command(search)
+main.add_command(jobs)
 main.add_command(ingest)
 main.add_command(bench)
 main.add_command(eval_)

@@ -12,6 +12,7 @@ from typing import Any
 import click
 
 from api.client import EngramAPIError, EngramClient
+from api.client_base import dump
 
 TABLE_COLUMNS = ("id", "kind", "category", "importance", "created_at", "content")
 
@@ -118,7 +119,7 @@ def save(
             persona=persona,
             run_id=run_id,
         )
-    emit(result, fmt=fmt, columns=("memory_id", "entities", "warnings"))
+    emit(dump(result), fmt=fmt, columns=("memory_id", "entities", "warnings"))
 
 
 @memory.command("get")
@@ -130,7 +131,7 @@ def save(
 def get(ctx: click.Context, memory_id: str, agent_id: str | None, persona: str | None, fmt: str) -> None:
     """Recall one memory by id."""
     with _client(ctx) as client:
-        emit(client.get_memory(memory_id, agent_id=agent_id, persona=persona), fmt=fmt)
+        emit(dump(client.get_memory(memory_id, agent_id=agent_id, persona=persona)), fmt=fmt)
 
 
 @memory.command("forget")
@@ -143,8 +144,8 @@ def get(ctx: click.Context, memory_id: str, agent_id: str | None, persona: str |
 def forget(ctx: click.Context, memory_id: str, reason: str | None, purge: bool, agent_id: str | None, fmt: str) -> None:
     """Forget a memory (soft delete; --purge removes it for good)."""
     with _client(ctx) as client:
-        result = client.forget_memory(memory_id, reason=reason, purge="true" if purge else None, agent_id=agent_id)
-    emit(result, fmt=fmt, columns=("memory_id", "status"))
+        result = client.forget_memory(memory_id, reason=reason, purge=purge, agent_id=agent_id)
+    emit(dump(result), fmt=fmt, columns=("memory_id", "status"))
 
 
 @memory.command("list")
@@ -174,17 +175,64 @@ def list_(
 ) -> None:
     """List memories."""
     with _client(ctx) as client:
-        page = client.list_memories(
-            kind=kind,
-            category=category,
-            tags=",".join(tags) or None,
-            status=status,
-            entity=entity,
-            sort=sort,
-            limit=limit,
-            cursor=cursor,
-            agent_id=agent_id,
+        page = dump(
+            client.list_memories(
+                kind=kind,
+                category=category,
+                tags=",".join(tags) or None,
+                status=status,
+                entity=entity,
+                sort=sort,
+                limit=limit,
+                cursor=cursor,
+                agent_id=agent_id,
+            )
         )
     emit(page, fmt=fmt, rows=page["memories"])
     if fmt == "table" and page.get("next_cursor"):
         click.echo(f"next cursor: {page['next_cursor']}")
+
+
+@memory.command("export")
+@click.option(
+    "--output", "-o", type=click.Path(dir_okay=False, writable=True), default=None, help="file (default stdout)"
+)
+@click.option("--agent-id", default=None)
+@click.option("--persona", default=None)
+@click.pass_context
+def export(ctx: click.Context, output: str | None, agent_id: str | None, persona: str | None) -> None:
+    """Export the memories this key sees as markdown with YAML front matter (active and stale ones)."""
+    with _client(ctx) as client:
+        markdown = client.export_memories(agent_id=agent_id, persona=persona)
+    if output is None:
+        click.echo(markdown, nl=False)
+        return
+    with open(output, "w", encoding="utf-8", newline="") as handle:
+        handle.write(markdown)
+    from core.memories.transfer import parse_markdown
+
+    click.echo(f"exported {len(parse_markdown(markdown))} memories to {output}", err=True)
+
+
+@memory.command("import")
+# Binary, so a carriage return inside a memory is not turned into a newline by text-mode reading.
+@click.argument("file", type=click.File("rb"))
+@click.option("--agent-id", default=None)
+@click.option("--persona", default=None)
+@format_option
+@click.pass_context
+def import_(ctx: click.Context, file: Any, agent_id: str | None, persona: str | None, fmt: str) -> None:
+    """Import a markdown export (FILE, or - for stdin) in one transaction."""
+    try:
+        markdown = file.read().decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise click.ClickException(f"{file.name} is not UTF-8: {exc}") from None
+    with _client(ctx) as client:
+        result = client.import_memories(markdown, agent_id=agent_id, persona=persona)
+    data = dump(result)
+    if fmt == "json":
+        emit(data, fmt=fmt)
+    else:
+        click.echo(f"imported {data['imported']} memories")
+        for warning in data["warnings"]:
+            click.echo(f"warning: {warning}")

@@ -175,8 +175,10 @@ class WorkerProcess:
         self._log.close()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def worker(stack: Stack) -> Iterator[WorkerProcess]:
+    """A worker for one test module only: later modules (search, say) must not see their memories embedded
+    in the background at a moment of its choosing."""
     process = WorkerProcess(stack)
     yield process
     process.stop()

@@ -183,9 +183,10 @@ class ChangeLog:
                 "SELECT seq, doc_id, doc_kind, text, deleted FROM changes WHERE seq > ? ORDER BY seq",
                 (since,),
             ).fetchall()
-            high = int(db.execute("SELECT coalesce(max(seq), 0) FROM changes").fetchone()[0])
         changes = [DocChange(doc_id=d, doc_kind=k, text=t, deleted=bool(x), seq=s) for s, d, k, t, x in rows]
-        return changes, max(high, since)
+        # The high-water mark is the last change read: reading max(seq) separately could skip a change
+        # written in between (the database feed reads both in one snapshot).
+        return changes, max([since, *(c.seq for c in changes)])
 
 
 def test_catch_up_fast_path_opens_no_writer(tmp_path: Path) -> None:

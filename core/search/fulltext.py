@@ -37,8 +37,11 @@ from pathlib import Path
 
 import tantivy
 
-SCHEMA_VERSION = 1
-DOC_KINDS = frozenset({"memory", "datasource", "model", "column", "measure", "aggregation"})
+SCHEMA_VERSION = 2
+# A query-bearing memory is indexed as ``example_query`` so each search bucket is its own kind query.
+MEMORY_KINDS = frozenset({"memory", "example_query"})
+ENTITY_KINDS = frozenset({"datasource", "model", "column", "measure", "aggregation"})
+DOC_KINDS = MEMORY_KINDS | ENTITY_KINDS
 TOKENIZER_NAME = "engram_en"
 # A query equal to a doc id (a pasted canonical string) gets that doc on top.
 EXACT_ID_BOOST = 5.0
@@ -204,11 +207,7 @@ class FulltextIndex:
     def _ensure_current_locked(self) -> _State:
         """Under the lock: reopen if the directory was replaced, deleted or damaged."""
         state = self._read_state()
-        if (
-            state is None
-            or state.generation != self._generation
-            or not tantivy.Index.exists(str(self._index_dir))
-        ):
+        if state is None or state.generation != self._generation or not tantivy.Index.exists(str(self._index_dir)):
             self._index = self._open_or_recreate_locked()
             state = self._read_state()
             assert state is not None
@@ -256,9 +255,7 @@ class FulltextIndex:
                     writer.delete_documents_by_term("doc_id", change.doc_id)
                 if not change.deleted:
                     writer.add_document(
-                        tantivy.Document(
-                            doc_id=change.doc_id, doc_kind=change.doc_kind, text=change.text or ""
-                        )
+                        tantivy.Document(doc_id=change.doc_id, doc_kind=change.doc_kind, text=change.text or "")
                     )
             writer.commit()
             # Let the merges this commit triggered finish; a dropped writer would abandon them and
@@ -330,9 +327,7 @@ class FulltextIndex:
         terms = self.query_terms(text)
         if not terms or limit <= 0 or (doc_kinds is not None and not doc_kinds):
             return []
-        clauses = [
-            (tantivy.Occur.Should, tantivy.Query.term_query(self._schema, "text", term)) for term in terms
-        ]
+        clauses = [(tantivy.Occur.Should, tantivy.Query.term_query(self._schema, "text", term)) for term in terms]
         literal = text.strip()
         if len(literal) <= MAX_EXACT_ID_CHARS and not any(ch.isspace() for ch in literal):
             exact = tantivy.Query.term_query(self._schema, "doc_id", literal)

@@ -7,9 +7,7 @@ from collections.abc import Mapping, Sequence
 RRF_K = 60
 
 
-def rrf(
-    rankings: Mapping[str, Sequence[str]] | Sequence[Sequence[str]], *, k: int = RRF_K
-) -> list[tuple[str, float]]:
+def rrf(rankings: Mapping[str, Sequence[str]] | Sequence[Sequence[str]], *, k: int = RRF_K) -> list[tuple[str, float]]:
     """Fuse rankings (best first) into [(doc_id, score)], score = sum of 1 / (k + rank), rank from 1.
 
     A doc repeated within one ranking counts at its first (best) position only. Ties on score are

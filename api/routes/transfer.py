@@ -1,0 +1,74 @@
+"""Markdown export and import of memories: thin adapters from HTTP to core.memories.transfer."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from fastapi import APIRouter, Depends, Request
+from fastapi.responses import Response
+from starlette.concurrency import run_in_threadpool
+
+from api.auth import require_caller
+from api.routes.memories import _identity
+from core.db import tenant_session
+from core.errors import BadRequest, EngramError, Invalid
+from core.memories import transfer
+from core.tenancy.context import Caller
+
+router = APIRouter(prefix="/v1")
+
+EXPORT_FORMATS = ("markdown",)
+_MARKDOWN_MEDIA = ("text/markdown", "text/x-markdown", "text/plain")
+
+
+class UnsupportedMedia(EngramError):
+    status, code = 415, "unsupported_media_type"
+
+
+@router.get("/memories:export")
+def export_memories(request: Request, format: str = "markdown", caller: Caller = Depends(require_caller)) -> Response:
+    if format not in EXPORT_FORMATS:
+        raise Invalid(f"format must be one of {', '.join(EXPORT_FORMATS)}", field="format")
+    caller = _identity(caller, None, request)
+    with tenant_session(caller.tenant_id) as session:
+        text = transfer.export_markdown(session, caller=caller)
+    return Response(
+        text,
+        media_type=f"{transfer.MEDIA_TYPE}; charset=utf-8",
+        headers={"Content-Disposition": 'attachment; filename="engram-memories.md"'},
+    )
+
+
+async def _markdown_body(request: Request) -> str:
+    """The markdown of an import: a text/markdown body, or JSON ``{"markdown": "..."}``."""
+    media = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    raw = await request.body()
+    if media == "application/json" or media.endswith("+json"):
+        try:
+            body: Any = json.loads(raw)
+        except ValueError:
+            raise BadRequest("the request body is not valid JSON") from None
+        if not isinstance(body, dict) or not isinstance(body.get("markdown"), str):
+            raise Invalid('send {"markdown": "..."} or the markdown itself as text/markdown', field="markdown")
+        return str(body["markdown"])
+    if media not in _MARKDOWN_MEDIA:
+        raise UnsupportedMedia("send the export as 'Content-Type: text/markdown' or JSON {\"markdown\": ...}")
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise BadRequest("the markdown is not valid UTF-8") from None
+
+
+@router.post("/memories:import")
+async def import_memories(request: Request, caller: Caller = Depends(require_caller)) -> dict[str, Any]:
+    text = await _markdown_body(request)
+    if not text.strip():
+        raise Invalid("the markdown holds no memory blocks", field="markdown")
+    caller = _identity(caller, None, request)
+    return await run_in_threadpool(_import, caller, text)
+
+
+def _import(caller: Caller, text: str) -> dict[str, Any]:
+    with tenant_session(caller.tenant_id) as session:
+        return transfer.import_markdown(session, caller=caller, text=text)

@@ -1,0 +1,221 @@
+"""A generated tenant for search benchmarks: a catalog of M entities and N data-agent notes linked to it.
+
+Everything is bulk-loaded: the catalog through the catalog's own editing service (one transaction per
+model batch), memories and embeddings with COPY (the statement-level triggers of migration 0003 keep
+the search statistics exact, as they do for API writes), vectors from the configured embedder's
+``embed_documents`` (the same rendered text the embed worker would use). The HNSW index of the model's
+dimension is dropped during the load and rebuilt after it, which is how a bulk import should be done.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from psycopg.types.json import Jsonb
+from sqlalchemy import text
+
+from core.memories.schemas import DEFAULT_IMPORTANCE
+
+COLUMNS_PER_MODEL = 19  # + the model itself = 20 entities per model
+_SUBJECTS = (
+    "revenue refunds discount shipping tax margin churn signup session invoice payment customer region "
+    "warehouse inventory supplier campaign conversion retention subscription ticket latency fraud"
+).split()
+_COLUMN_WORDS = (
+    "amount status created updated country currency channel plan tier score count price cost quantity "
+    "duration rating segment source device weight balance fee"
+).split()
+_TEMPLATES = (
+    "{col} in {model} is stored in cents; divide by 100 before summing {subject}.",
+    "Exclude test accounts when reporting {subject}: filter {col} on {model}.",
+    "{model}.{col} has NULLs before 2021; treat NULL {col} as unknown when computing {subject}.",
+    "The finance team defines {subject} net of refunds; use {col} from {model}, not the raw total.",
+    "Join {model} on customer_id, not email: {col} duplicates otherwise and {subject} doubles.",
+    "{col} is reported in UTC; convert to the account timezone for daily {subject} dashboards.",
+    "Weekly {subject} uses fiscal weeks starting Sunday; {model}.{col} carries the fiscal week.",
+    "Deprecated: {col} on {model} stopped updating in March; prefer the newer column for {subject}.",
+    "When {subject} spikes, check {model} for duplicate loads; {col} repeats on reprocessed days.",
+    "The {subject} KPI excludes cancelled orders: filter {col} != 'cancelled' on {model}.",
+)
+_KINDS = ("fact", "decision", "preference", "observation", "knowledge", "todo", "event")
+_QUESTIONS = (
+    "how do we compute {subject}",
+    "why does {subject} look doubled",
+    "which column holds {col} for {subject}",
+    "are there nulls in {col}",
+    "what timezone is {col} in",
+    "{subject} excluding refunds",
+)
+
+
+@dataclass
+class Corpus:
+    tenant_id: int
+    entity_ids: list[str] = field(default_factory=list)
+    subjects: tuple[str, ...] = tuple(_SUBJECTS)
+
+    def question(self, rng: random.Random) -> str:
+        col = rng.choice(_COLUMN_WORDS)
+        return rng.choice(_QUESTIONS).format(subject=rng.choice(self.subjects), col=col)
+
+    def entities(self, rng: random.Random, k: int = 2) -> list[str]:
+        return rng.sample(self.entity_ids, k=min(k, len(self.entity_ids)))
+
+
+def _model_name(i: int) -> str:
+    return f"{_SUBJECTS[i % len(_SUBJECTS)]}_{i}"
+
+
+def build_catalog(*, tenant_id: int, entities: int, sqlite_path: str) -> list[str]:
+    """A datasource `bench` with entities // 20 models of 19 columns; returns every canonical id."""
+    from core.db import tenant_session
+    from core.entities import editing, service
+    from core.entities.schemas import ColumnIn, DatasourceIn, ModelPutIn
+
+    ids: list[str] = []
+    with tenant_session(tenant_id) as session:
+        service.create_datasource(
+            session, tenant_id=tenant_id, body=DatasourceIn(name="bench", url=f"sqlite:///{sqlite_path}")
+        )
+    n_models = max(1, entities // (COLUMNS_PER_MODEL + 1))
+    for start in range(0, n_models, 50):
+        with tenant_session(tenant_id) as session:
+            for i in range(start, min(start + 50, n_models)):
+                name = _model_name(i)
+                columns = [
+                    ColumnIn(
+                        name=f"{_COLUMN_WORDS[j % len(_COLUMN_WORDS)]}_{j}",
+                        type="INTEGER" if j % 3 else "TEXT",
+                        description=f"{_COLUMN_WORDS[j % len(_COLUMN_WORDS)]} of the {name.split('_')[0]}",
+                    )
+                    for j in range(COLUMNS_PER_MODEL)
+                ]
+                editing.put_model(
+                    session,
+                    tenant_id=tenant_id,
+                    datasource="bench",
+                    name=name,
+                    body=ModelPutIn(description=f"{name.split('_')[0]} facts", columns=columns),
+                )
+                ids.append(f"bench.{name}")
+                ids.extend(f"bench.{name}.{c.name}" for c in columns)
+    return ids
+
+
+def _note(rng: random.Random, entity_ids: list[str]) -> tuple[str, list[str]]:
+    k = rng.choice((1, 1, 2, 2, 3))
+    # Skewed towards a popular head, as real notes are.
+    tags = list(dict.fromkeys(entity_ids[int(len(entity_ids) * rng.random() ** 2)] for _ in range(k)))
+    leaf = tags[0].split(".")
+    model, col = leaf[1], (leaf[2] if len(leaf) > 2 else "id")
+    content = rng.choice(_TEMPLATES).format(model=model, col=col, subject=rng.choice(_SUBJECTS))
+    return content, tags
+
+
+def load_memories(*, tenant_id: int, count: int, entity_ids: list[str], seed: int = 7) -> list[tuple[str, str]]:
+    """COPY ``count`` memories into the tenant; returns (memory id, content) for embedding."""
+    from core.db import get_engine
+
+    rng = random.Random(seed)
+    now = datetime.now(UTC)
+    raw = get_engine().raw_connection()
+    docs: list[tuple[str, str]] = []
+    try:
+        conn: Any = raw.driver_connection
+        with conn.cursor() as cur:
+            cur.execute(
+                "UPDATE tenants SET change_seq = change_seq + 1, memory_seq = greatest(memory_seq, %s) "
+                "WHERE id = %s RETURNING change_seq",
+                (count, tenant_id),
+            )
+            seq = cur.fetchone()[0]
+            columns = (
+                "tenant_id, id, content, kind, category, importance, occurred_at, tags, persona, agent_id, "
+                "entities, query, status, created_by, created_at, updated_at, access_count, change_seq"
+            )
+            with cur.copy(f"COPY memories ({columns}) FROM STDIN") as copy:
+                for i in range(1, count + 1):
+                    content, tags = _note(rng, entity_ids)
+                    kind = rng.choice(_KINDS)
+                    created = now - timedelta(minutes=count - i)
+                    query = (
+                        Jsonb({"source_model": tags[0].rsplit(".", 1)[0], "measures": ["*:count"]})
+                        if i % 20 == 0
+                        else None
+                    )
+                    agent = "agent-2" if i % 10 == 0 else None
+                    category = "workspace" if i % 4 == 0 else "core"
+                    copy.write_row(
+                        (
+                            tenant_id,
+                            str(i),
+                            content,
+                            kind,
+                            category,
+                            DEFAULT_IMPORTANCE[kind],
+                            created,
+                            [],
+                            None,
+                            agent,
+                            tags,
+                            query,
+                            "active",
+                            "bench@localhost",
+                            created,
+                            created,
+                            0,
+                            seq,
+                        )
+                    )
+                    docs.append((str(i), content))
+        conn.commit()
+    finally:
+        raw.close()
+    return docs
+
+
+def load_embeddings(*, tenant_id: int, docs: list[tuple[str, str, str]], batch: int = 2048) -> None:
+    """Embed (canonical id, doc kind, text) with the configured embedder and COPY the vectors in."""
+    from core.config import get_settings
+    from core.db import get_engine
+    from core.embeddings.providers import get_embedder
+    from core.search.dense import HNSW_DIMS
+    from core.search.render import content_hash
+
+    embedder = get_embedder(get_settings().embedding_model)
+    dims = embedder.dims
+    raw = get_engine().raw_connection()
+    try:
+        conn: Any = raw.driver_connection
+        with conn.cursor() as cur:
+            rebuild_index = dims in HNSW_DIMS
+            if rebuild_index:
+                cur.execute(f"DROP INDEX IF EXISTS ix_embeddings_hnsw_{dims}")
+            with cur.copy(
+                "COPY embeddings (tenant_id, canonical_id, model, doc_kind, dims, content_hash, embedding) FROM STDIN"
+            ) as copy:
+                for start in range(0, len(docs), batch):
+                    chunk = docs[start : start + batch]
+                    vectors = embedder.embed_documents([t for _, _, t in chunk])
+                    for (doc_id, kind, body), vector in zip(chunk, vectors, strict=True):
+                        literal = "[" + ",".join(f"{x:.6g}" for x in vector.tolist()) + "]"
+                        copy.write_row((tenant_id, doc_id, embedder.name, kind, dims, content_hash(body), literal))
+            cur.execute("SET maintenance_work_mem = '512MB'")
+            if rebuild_index:
+                cur.execute(
+                    f"CREATE INDEX ix_embeddings_hnsw_{dims} ON embeddings "
+                    f"USING hnsw ((embedding::vector({dims})) vector_cosine_ops) WHERE dims = {dims}"
+                )
+        conn.commit()
+    finally:
+        raw.close()
+
+
+def analyze() -> None:
+    from core.db import system_session
+
+    with system_session() as session:
+        session.execute(text("ANALYZE"))

@@ -1,0 +1,141 @@
+"""`engram eval retrieval FILE`: recall@k of question-only search over LoCoMo-shaped conversations.
+
+Each conversation becomes its own tenant on a throwaway stack. Its turns are saved through the memory
+service's batch path (the one behind ``POST /v1/memories:batch``): the turn id is the memory id, the
+content is kept as given (it starts with the speaker), the session date becomes ``occurred_at`` and
+the session name a tag. Embeddings are computed by the embed pipeline's own ``embed_docs`` with the
+configured model. Every question is then asked through ``core.search.service.search`` (what the API
+calls) with ``question`` only; recall@k is the share of a question's gold turns among the top k
+memory hits, averaged over questions, overall and per category.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from collections import defaultdict
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import Any
+
+KS = (5, 10, 20)
+BATCH = 500
+
+
+def parse_session_date(value: str | None) -> datetime | None:
+    """'1:56 pm on 8 May, 2023' -> an aware datetime (UTC); None when absent or unreadable."""
+    if not value:
+        return None
+    for fmt in ("%I:%M %p on %d %B, %Y", "%I:%M %p on %d %b, %Y", "%d %B, %Y", "%Y-%m-%d"):
+        try:
+            return datetime.strptime(value.strip(), fmt).replace(tzinfo=UTC)
+        except ValueError:
+            continue
+    return None
+
+
+def load_conversation(*, tenant_id: int, conversation: dict[str, Any]) -> None:
+    from core.config import get_settings
+    from core.db import tenant_session
+    from core.embeddings.providers import get_embedder
+    from core.embeddings.refresh import embed_docs
+    from core.errors import EngramError
+    from core.memories.schemas import SaveMemoryIn
+    from core.memories.service import save_memories
+    from core.tenancy.context import Caller
+
+    caller = Caller(tenant_id=tenant_id, tenant_name="eval", user="eval@localhost", role="admin", key_id="eval")
+    turns = conversation["memories"]
+    for start in range(0, len(turns), BATCH):
+        items = [
+            SaveMemoryIn(
+                id=turn["id"],
+                content=turn["content"],
+                kind="event",
+                category="workspace",
+                occurred_at=parse_session_date(turn.get("session_date")),
+                tags=[turn["session"]] if turn.get("session") else [],
+                run_id=f"{conversation['conversation']}-{turn['session']}" if turn.get("session") else None,
+                source=turn.get("speaker"),
+            )
+            for turn in turns[start : start + BATCH]
+        ]
+        with tenant_session(tenant_id) as session:
+            results = save_memories(session, caller=caller, items=items)
+        errors = [r for r in results if isinstance(r, EngramError)]
+        if errors:
+            raise RuntimeError(f"save failed: {errors[0].message}")
+    embedder = get_embedder(get_settings().embedding_model)
+    with tenant_session(tenant_id) as session:
+        embed_docs(
+            session,
+            tenant_id=tenant_id,
+            doc_ids=[f"memory:{t['id']}" for t in turns],
+            embedder=embedder,
+            batch_size=256,
+        )
+
+
+def ask(*, tenant_id: int, question: str) -> tuple[list[str], float]:
+    """(memory ids best first, milliseconds) for a question-only search of depth max(KS)."""
+    from core.db import tenant_session
+    from core.search.schemas import SearchRequest
+    from core.search.service import search
+    from core.tenancy.context import Caller
+
+    caller = Caller(tenant_id=tenant_id, tenant_name="eval", user="eval@localhost", role="admin", key_id="eval")
+    request = SearchRequest(question=question, max_memories=max(KS), max_example_queries=0, max_entities=0)
+    started = time.perf_counter()
+    with tenant_session(tenant_id) as session:
+        response = search(session, caller=caller, request=request)
+    return [h.id for h in response.memories], (time.perf_counter() - started) * 1000
+
+
+def evaluate(*, conversations: list[dict[str, Any]], log: Callable[[str], None]) -> list[dict[str, Any]]:
+    """Figures for already-started services: recall per k and category, and search_p50_ms."""
+    from api.cli_bench import figure
+    from core.db import system_session
+    from core.tenancy.service import create_tenant, get_tenant_by_name
+
+    recalls: dict[str, dict[int, list[float]]] = defaultdict(lambda: {k: [] for k in KS})
+    latencies: list[float] = []
+    for conversation in conversations:
+        name = f"eval-{conversation['conversation']}-{int(time.time() * 1000)}"
+        with system_session() as session:
+            create_tenant(session, name=name)
+            tenant = get_tenant_by_name(session, name=name)
+            assert tenant is not None
+            tenant_id = tenant.id
+        load_conversation(tenant_id=tenant_id, conversation=conversation)
+        ask(tenant_id=tenant_id, question="warm up")
+        for item in conversation["questions"]:
+            gold = set(item["gold"])
+            if not gold:
+                continue
+            ranked, ms = ask(tenant_id=tenant_id, question=item["question"])
+            latencies.append(ms)
+            for k in KS:
+                hit = len(gold.intersection(ranked[:k])) / len(gold)
+                recalls["all"][k].append(hit)
+                recalls[item.get("category", "unknown")][k].append(hit)
+        log(f"conversation {conversation['conversation']}: {len(conversation['questions'])} questions")
+    figures = []
+    for category in ["all", *sorted(c for c in recalls if c != "all")]:
+        for k in KS:
+            values = recalls[category][k]
+            figures.append(figure("eval", f"recall_at_{k}", statistics.fmean(values), "ratio", category=category))
+    figures.append(figure("eval", "search_p50_ms", statistics.median(latencies), "ms"))
+    figures.append(figure("eval", "search_p95_ms", sorted(latencies)[int(0.95 * (len(latencies) - 1))], "ms"))
+    return figures
+
+
+def run(*, path: str, limit: int, log: Callable[[str], None]) -> list[dict[str, Any]]:
+    from core.bench.stack import bench_stack
+
+    with open(path) as handle:
+        conversations = json.load(handle)["conversations"]
+    if limit:
+        conversations = conversations[:limit]
+    with bench_stack():
+        return evaluate(conversations=conversations, log=log)

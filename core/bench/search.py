@@ -1,0 +1,113 @@
+"""`engram bench search`: search latency per mode on a generated tenant.
+
+Calls go through ``core.search.service.search`` in-process, in a ``tenant_session`` exactly as the
+``POST /v1/search`` route does (the route adds only JSON parsing and serialisation), so the figures are
+the service's, without HTTP. The caller is a member key acting as an agent, so visibility applies.
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+import random
+import statistics
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from core.bench.corpus import Corpus, analyze, build_catalog, load_embeddings, load_memories
+from core.config import reset_settings_cache
+
+MODES: dict[str, Callable[[Corpus, random.Random], dict[str, Any]]] = {
+    "hybrid": lambda c, r: {"entities": c.entities(r), "question": c.question(r)},
+    "entities": lambda c, r: {"entities": c.entities(r)},
+    "question": lambda c, r: {"question": c.question(r)},
+    "recent": lambda c, r: {"mode": "recent"},
+    "important": lambda c, r: {"mode": "important"},
+    "typed": lambda c, r: {"mode": "typed", "kind": r.choice(("decision", "todo", "fact"))},
+}
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
+
+
+def build(*, memories: int, entities: int, log: Callable[[str], None]) -> Corpus:
+    """Create a tenant and fill it; the full-text index is built by a first search (timed in the log)."""
+    from core.db import system_session, tenant_session
+    from core.embeddings import catalog_docs
+    from core.tenancy.service import create_tenant, get_tenant_by_name
+
+    with system_session() as session:
+        create_tenant(session, name="bench-search")
+        tenant = get_tenant_by_name(session, name="bench-search")
+        assert tenant is not None
+        tenant_id = tenant.id
+    started = time.perf_counter()
+    sqlite_path = Path(tempfile.mkdtemp(prefix="engram-bench-ds-")) / "bench.db"
+    sqlite_path.touch()
+    entity_ids = build_catalog(tenant_id=tenant_id, entities=entities, sqlite_path=str(sqlite_path))
+    log(f"catalog: {len(entity_ids)} entities in {time.perf_counter() - started:.1f}s")
+    started = time.perf_counter()
+    docs = load_memories(tenant_id=tenant_id, count=memories, entity_ids=entity_ids)
+    log(f"memories: {len(docs)} in {time.perf_counter() - started:.1f}s")
+    started = time.perf_counter()
+    with tenant_session(tenant_id) as session:
+        catalog = [(d.canonical_id, d.doc_kind, d.text) for d in catalog_docs.all_docs(session)]
+    load_embeddings(tenant_id=tenant_id, docs=[(f"memory:{i}", "memory", t) for i, t in docs] + catalog)
+    log(f"embeddings: {len(docs) + len(catalog)} in {time.perf_counter() - started:.1f}s")
+    analyze()
+    return Corpus(tenant_id=tenant_id, entity_ids=entity_ids)
+
+
+def measure(corpus: Corpus, *, mode: str, queries: int, seed: int = 11) -> list[float]:
+    """Milliseconds per search call for ``queries`` generated requests of ``mode``."""
+    from core.db import tenant_session
+    from core.search.schemas import SearchRequest
+    from core.search.service import search
+    from core.tenancy.context import Caller
+
+    caller = Caller(
+        tenant_id=corpus.tenant_id,
+        tenant_name="bench-search",
+        user="bench@localhost",
+        role="member",
+        key_id="bench",
+        agent_id="agent-1",
+    )
+    rng = random.Random(seed)
+    timings = []
+    for _ in range(queries):
+        request = SearchRequest(**MODES[mode](corpus, rng))
+        started = time.perf_counter()
+        with tenant_session(corpus.tenant_id) as session:
+            search(session, caller=caller, request=request)
+        timings.append((time.perf_counter() - started) * 1000)
+    return timings
+
+
+def run(*, memories: int, entities: int, queries: int, log: Callable[[str], None]) -> list[dict[str, Any]]:
+    """Figures p50_ms / p95_ms per mode, params memories, entities, mode."""
+    from api.cli_bench import figure
+    from core.bench.stack import bench_stack
+
+    figures = []
+    with bench_stack():
+        if not os.environ.get("ENGRAM_SECRET_KEY"):
+            # The throwaway home needs a key to store the generated datasource's (empty) credentials.
+            os.environ["ENGRAM_SECRET_KEY"] = base64.urlsafe_b64encode(os.urandom(32)).decode()
+            reset_settings_cache()
+        corpus = build(memories=memories, entities=entities, log=log)
+        started = time.perf_counter()
+        measure(corpus, mode="question", queries=1)
+        log(f"full-text index built by the first search in {time.perf_counter() - started:.1f}s")
+        for mode in MODES:
+            measure(corpus, mode=mode, queries=max(5, queries // 10))  # warm caches
+            timings = measure(corpus, mode=mode, queries=queries)
+            params = {"memories": memories, "entities": len(corpus.entity_ids), "mode": mode}
+            figures.append(figure("search", "p50_ms", statistics.median(timings), "ms", **params))
+            figures.append(figure("search", "p95_ms", percentile(timings, 0.95), "ms", **params))
+    return figures

@@ -1,0 +1,104 @@
+"""The catalog as search sees it: snapshot, change feed and entity docs, behind one seam.
+
+The catalog lives in ``core.entities``. Search needs three things from it and imports them lazily, so
+search works (over memories only) on a tenant or a build without catalog:
+
+* the tenant's :class:`CatalogSnapshot` (resolution, rooting, hidden flags), through the loader the
+  catalog installs in ``core.memories.links``;
+* ``catalog_changes(session, *, since) -> [(doc_id, doc_kind, text | None, hidden, change_seq)]``,
+  the change feed the full-text index catches up from;
+* the rendered text of entity docs, through ``core.embeddings.catalog_docs.load`` (the one renderer).
+"""
+
+from __future__ import annotations
+
+import importlib
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from sqlalchemy.orm import Session
+
+from core.entities.canonical import CatalogSnapshot
+from core.search.fulltext import DocChange
+
+# Modules that may define the catalog; importing them also installs the snapshot loader.
+_CATALOG_MODULES = ("core.entities.store", "core.entities.catalog", "core.entities.service")
+_feed: Callable[..., Iterable[tuple[str, str, str | None, bool, int]]] | None = None
+_probed = False
+
+
+def _probe() -> None:
+    global _feed, _probed
+    if _probed:
+        return
+    for name in _CATALOG_MODULES:
+        try:
+            module: Any = importlib.import_module(name)
+        except ImportError:
+            continue
+        if _feed is None and callable(getattr(module, "catalog_changes", None)):
+            _feed = module.catalog_changes
+    _probed = True
+
+
+def load_snapshot(session: Session, *, tenant_id: int) -> CatalogSnapshot:
+    """The tenant's catalog (empty when no catalog is installed)."""
+    _probe()
+    from core.memories import links
+
+    return links._snapshot_loader(session, tenant_id)
+
+
+def catalog_changes(session: Session, *, since: int) -> list[DocChange]:
+    """Catalog docs changed after ``since`` as full-text changes; hidden docs come out as deletions."""
+    _probe()
+    if _feed is None:
+        return []
+    return [
+        DocChange(doc_id=doc_id, doc_kind=kind, text=text, deleted=text is None or hidden, seq=seq)
+        for doc_id, kind, text, hidden, seq in _feed(session, since=since)
+    ]
+
+
+def entity_docs(session: Session, *, tenant_id: int, doc_ids: list[str]) -> dict[str, tuple[str, str]]:
+    """doc id -> (kind, rendered text) for the visible catalog docs among ``doc_ids``.
+
+    Rendered docs are cached per tenant and catalog version (moved by every catalog write), so hits
+    on a hot catalog cost no rendering queries.
+    """
+    if not doc_ids:
+        return {}
+    from core.embeddings import catalog_docs
+
+    version = _catalog_version(session)
+    with _docs_lock:
+        cached = _docs_cache.get(tenant_id)
+        if cached is None or cached[0] != version:
+            cached = (version, {})
+            _docs_cache[tenant_id] = cached
+        _docs_cache.move_to_end(tenant_id)
+        while len(_docs_cache) > _DOCS_CACHE_TENANTS:
+            _docs_cache.popitem(last=False)
+        known = cached[1]
+        missing = [d for d in doc_ids if d not in known]
+    if missing:
+        loaded = {doc.canonical_id: (doc.doc_kind, doc.text) for doc in catalog_docs.load(session, doc_ids=missing)}
+        with _docs_lock:
+            for doc_id in missing:
+                known[doc_id] = loaded.get(doc_id)
+    return {d: known[d] for d in doc_ids if known.get(d) is not None}  # type: ignore[misc]
+
+
+def _catalog_version(session: Session) -> int | None:
+    try:
+        from core.entities.store import catalog_version
+    except ImportError:
+        return None
+    return catalog_version(session)
+
+
+_DOCS_CACHE_TENANTS = 64
+_docs_cache: OrderedDict[int, tuple[int | None, dict[str, tuple[str, str] | None]]] = OrderedDict()
+_docs_lock = threading.Lock()

@@ -1,0 +1,89 @@
+"""Channel 1 on the memory side: BM25Plus of the input entities against memory entity tags.
+
+The corpus is the tenant's memories of the searched statuses (``active``, plus ``stale`` with
+``include_stale``), restricted to the datasource scope when one is given: statistics are taken over
+that corpus (pre-filter), while visibility and the field filters (kind, category, event time) only
+remove hits from the ranking. Each memory's tokens are its tags plus ``memory:<id>``.
+
+Nothing here reads the corpus: N and the total token count come from ``search_corpus_stats``
+(maintained by triggers in the writing transaction, migration 0003), and the rows carrying a query
+entity come from the GIN index on ``memories.entities``; every such row is a candidate, so the
+document frequency of each query entity is counted exactly from them.
+
+Stale tags (naming an entity that no longer exists) never match: every query entity was resolved
+against the current catalog and memories, so a stale tag is never equal to one. Until the cleanup
+job strips them they still count in their memory's length, as the statistics count stored tags.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from sqlalchemy import or_, select, text
+from sqlalchemy.orm import Session
+
+from core.entities.canonical import is_memory_ref, memory_id_of
+from core.memories.models import Memory
+from core.search import entity_bm25
+from core.search.filters import EXAMPLE_QUERIES, MEMORIES, Eligibility, MemoryFilter, any_of, has_query
+
+_CORPUS_SQL = text(
+    "SELECT coalesce(sum(docs), 0), coalesce(sum(tokens), 0) FROM search_corpus_stats "
+    "WHERE tenant_id = :tenant_id AND scope = :scope AND status = ANY(:statuses)"
+)
+
+
+def corpus_size(session: Session, *, tenant_id: int, memory_filter: MemoryFilter) -> tuple[int, int]:
+    """(N, total tokens) of the searched corpus."""
+    row = session.execute(
+        _CORPUS_SQL,
+        {
+            "tenant_id": tenant_id,
+            "scope": memory_filter.datasource or "",
+            "statuses": memory_filter.statuses,
+        },
+    ).one()
+    return int(row[0]), int(row[1])
+
+
+def rank_memories(
+    session: Session,
+    *,
+    tenant_id: int,
+    query_entities: list[str],
+    eligibility: Eligibility,
+) -> tuple[list[tuple[str, float]], dict[str, list[str]]]:
+    """[(memory id, BM25Plus score)] best first over every memory sharing an entity with the query
+    (eligible or not: the buckets filter later), and memory id -> matched input entities."""
+    if not query_entities:
+        return [], {}
+    memory_filter = eligibility.memory_filter
+    self_ids = [memory_id_of(e) for e in query_entities if is_memory_ref(e)]
+    overlap = Memory.entities.overlap(query_entities)
+    rows = session.execute(
+        select(Memory.id, Memory.entities, has_query(), memory_filter.caller_predicate()).where(
+            *memory_filter.corpus_clauses(),
+            or_(overlap, any_of(Memory.id, self_ids)) if self_ids else overlap,
+        )
+    ).all()
+    size, total = corpus_size(session, tenant_id=tenant_id, memory_filter=memory_filter)
+    wanted = set(query_entities)
+    postings: dict[str, dict[str, int]] = {entity: {} for entity in wanted}
+    doc_len: dict[str, int] = {}
+    verdicts: dict[str, str | None] = {}
+    for memory_id, entities, carries_query, eligible in rows:
+        tokens = Counter(entity_bm25.memory_tokens(memory_id, entities))
+        doc_len[memory_id] = sum(tokens.values())
+        for entity in wanted.intersection(tokens):
+            postings[entity][memory_id] = tokens[entity]
+        verdicts[memory_id] = (EXAMPLE_QUERIES if carries_query else MEMORIES) if eligible else None
+    eligibility.learn(verdicts)
+    stats = entity_bm25.StatsSnapshot(
+        corpus_size=max(size, len(rows)),
+        total_len=max(total, sum(doc_len.values())),
+        doc_freq={entity: len(docs) for entity, docs in postings.items() if docs},
+        doc_len=doc_len,
+    )
+    scores = entity_bm25.score(stats, query_entities=query_entities, candidate_postings=postings)
+    matched = {memory_id: [e for e in query_entities if memory_id in postings.get(e, {})] for memory_id in scores}
+    return entity_bm25.ranked(scores), matched

@@ -1,0 +1,85 @@
+"""Turn ranked ids into response hits: one query for the memories, the one renderer for the text."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from core.entities.canonical import CatalogSnapshot
+from core.entities.resolver import extract_query_entities, stale_references
+from core.memories.models import Memory
+from core.search.catalog import entity_docs
+from core.search.filters import EXAMPLE_QUERIES, any_of
+from core.search.render import render_memory
+from core.search.schemas import EntityHit, ExampleQueryHit, MemoryHit
+
+
+def load_memories(session: Session, *, memory_ids: Sequence[str]) -> dict[str, Memory]:
+    if not memory_ids:
+        return {}
+    rows = session.scalars(select(Memory).where(any_of(Memory.id, memory_ids))).all()
+    return {m.id: m for m in rows}
+
+
+def _iso(value: datetime) -> str:
+    return value.isoformat()
+
+
+def memory_hits(
+    *,
+    ranked: Sequence[tuple[str, float]],
+    memories: dict[str, Memory],
+    bucket: str,
+    matched: dict[str, list[str]],
+) -> list[MemoryHit] | list[ExampleQueryHit]:
+    """Hits in ranking order; ``matched`` gives each memory's matched input entities."""
+    hits: list[Any] = []
+    for memory_id, score in ranked:
+        memory = memories.get(memory_id)
+        if memory is None:
+            continue
+        fields: dict[str, Any] = {
+            "id": memory.id,
+            "score": score,
+            "text": render_memory(memory),
+            "matched_entities": matched.get(memory_id, []),
+            "kind": memory.kind,
+            "category": memory.category,
+            "importance": memory.importance,
+            "created_at": _iso(memory.created_at),
+        }
+        if bucket == EXAMPLE_QUERIES:
+            hits.append(ExampleQueryHit(**fields, query=memory.query or {}))
+        else:
+            hits.append(MemoryHit(**fields))
+    return hits  # type: ignore[return-value]
+
+
+def entity_hits(
+    session: Session, *, tenant_id: int, ranked: Sequence[tuple[str, float]], snapshot: CatalogSnapshot
+) -> list[EntityHit]:
+    docs = entity_docs(session, tenant_id=tenant_id, doc_ids=[doc_id for doc_id, _ in ranked])
+    hits = []
+    for doc_id, score in ranked:
+        kind, text = docs.get(doc_id) or (snapshot.kind_of(doc_id) or "entity", doc_id)
+        hits.append(EntityHit(id=doc_id, kind=kind, score=score, text=text))
+    return hits
+
+
+def stale_query_warning(memory: Memory, *, snapshot: CatalogSnapshot) -> str | None:
+    """The warning for a query-bearing memory whose attached query names entities that are gone."""
+    if not memory.query:
+        return None
+    stale = stale_references(snapshot, memory.entities or [])
+    if snapshot.datasources:
+        resolution = extract_query_entities(snapshot, memory.query)
+        stale += [w for w in resolution.warnings if w.startswith("entity '") and w not in stale]
+    if not stale:
+        return None
+    return (
+        f"example_query memory:{memory.id}: attached query has stale references ({'; '.join(stale)}); re-save to clean."
+    )

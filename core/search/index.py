@@ -1,0 +1,169 @@
+"""Each tenant's full-text index and the change feed it catches up from.
+
+The index of tenant T lives in ``<index_dir>/tenant-<T>`` (one directory per tenant, so tantivy's
+statistics never mix tenants). Before a search answers, :func:`catch_up` compares the index's applied
+change seq with the tenant's ``change_seq`` and, when behind, applies what changed in between:
+
+* memories with ``change_seq > applied`` (active and stale ones are indexed, forgotten ones removed),
+* tombstones with ``change_seq > applied`` (purged memories, deleted catalog docs),
+* catalog docs from the catalog's change feed (hidden ones removed).
+
+The feed is read in one REPEATABLE READ snapshot together with the tenant's ``change_seq``: every
+write bumps that seq under the tenant row lock, so all changes up to it are visible in that snapshot
+and none is skipped. Any process can do this (the index serialises writers with a file lock), so a
+memory saved through one API process is found by the next search in any other.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from core.config import get_settings
+from core.db import tenant_session
+from core.entities.canonical import is_memory_ref
+from core.memories.models import Memory, Tombstone
+from core.search.catalog import catalog_changes
+from core.search.filters import any_of, has_query
+from core.search.fulltext import DocChange, FulltextIndex
+from core.search.render import render_memory
+from core.tenancy.models import Tenant
+
+MEMORY_DOC_PREFIX = "memory:"
+# How many memories before and after a memory of the same run lend it their text.
+CONTEXT_TURNS = 2
+_indexes: dict[str, FulltextIndex] = {}
+_lock = threading.Lock()
+
+
+def memory_fulltext_text(*, content: str, entities: list[str], tags: list[str], context: Sequence[str] = ()) -> str:
+    """What a memory contributes to full-text: its rendered text, its catalog entity tags, its tags,
+    and the text of its neighbours in the same run.
+
+    Entity tags are written out (``mydb.orders.amount`` is analysed into ``mydb``, ``order``,
+    ``amount``) so a question naming a column finds the notes tagged with it; ``memory:<id>`` refs
+    are left out, they carry no words. A turn of a conversation ("Yes, last Friday!") is often only
+    findable through the turn it answers, so memories sharing a ``run_id`` carry the text of the
+    memory before and after them (by event time, then save order).
+    """
+    extra = [e for e in entities if not is_memory_ref(e)] + list(tags)
+    parts = [content]
+    if extra:
+        parts.append(" ".join(extra))
+    parts.extend(context)
+    return "\n".join(parts)
+
+
+def memory_doc_kind(carries_query: bool) -> str:
+    """The full-text kind of a memory: its search bucket."""
+    return "example_query" if carries_query else "memory"
+
+
+def tenant_index(tenant_id: int) -> FulltextIndex:
+    """The process-wide handle on a tenant's index (opened once per process and directory)."""
+    path = Path(get_settings().index_dir) / f"tenant-{tenant_id}"
+    key = str(path)
+    with _lock:
+        index = _indexes.get(key)
+        if index is None:
+            index = FulltextIndex(path)
+            _indexes[key] = index
+        return index
+
+
+def forget_open_indexes() -> None:
+    """Drop the process's index handles (tests that delete index directories)."""
+    with _lock:
+        _indexes.clear()
+
+
+def fetch_changes(tenant_id: int, since: int) -> tuple[list[DocChange], int]:
+    """Every doc change of the tenant after ``since``, and the seq they bring the index to."""
+    with tenant_session(tenant_id) as session:
+        session.connection(execution_options={"isolation_level": "REPEATABLE READ"})
+        high_water = int(session.scalar(select(Tenant.change_seq).where(Tenant.id == tenant_id)) or 0)
+        changes = _memory_changes(session, since=since)
+        changes.extend(
+            DocChange(doc_id=doc_id, doc_kind=_kind_of_doc(doc_id), text=None, deleted=True, seq=seq)
+            for doc_id, seq in session.execute(
+                select(Tombstone.doc_id, Tombstone.change_seq).where(Tombstone.change_seq > since)
+            ).all()
+        )
+        changes.extend(catalog_changes(session, since=since))
+    return changes, high_water
+
+
+def _kind_of_doc(doc_id: str) -> str:
+    # A deletion needs only the doc id; the kind just has to be one the index knows.
+    return "memory" if is_memory_ref(doc_id) else "datasource"
+
+
+_COLUMNS = (
+    Memory.id,
+    Memory.content,
+    Memory.entities,
+    Memory.tags,
+    Memory.status,
+    Memory.change_seq,
+    Memory.run_id,
+    Memory.occurred_at,
+    Memory.created_at,
+)
+
+
+def _memory_changes(session: Session, *, since: int) -> list[DocChange]:
+    """Memories changed after ``since``, plus the other memories of their runs (their context changed)."""
+    rows = {r.id: r for r in session.execute(select(*_COLUMNS, has_query()).where(Memory.change_seq > since))}
+    run_seq: dict[str, int] = {}
+    for row in rows.values():
+        if row.run_id is not None:
+            run_seq[row.run_id] = max(run_seq.get(row.run_id, 0), row.change_seq)
+    context: dict[str, list[str]] = {}
+    seq_of = {memory_id: row.change_seq for memory_id, row in rows.items()}
+    if run_seq:
+        members = session.execute(
+            select(*_COLUMNS, has_query())
+            .where(any_of(Memory.run_id, list(run_seq)), Memory.status != "forgotten")
+            .order_by(Memory.run_id, Memory.occurred_at, Memory.created_at, Memory.id)
+        ).all()
+        by_run: dict[str, list[Any]] = {}
+        for row in members:
+            by_run.setdefault(row.run_id, []).append(row)
+            rows.setdefault(row.id, row)
+            # A neighbour's doc changes with the run: stamp it with the run's newest change.
+            seq_of[row.id] = max(row.change_seq, run_seq[row.run_id])
+        for run in by_run.values():
+            for n, row in enumerate(run):
+                window = [*range(n - CONTEXT_TURNS, n), *range(n + 1, n + 1 + CONTEXT_TURNS)]
+                context[row.id] = [_rendered(run[k].content) for k in window if 0 <= k < len(run)]
+    changes = []
+    for memory_id, row in rows.items():
+        deleted = row.status == "forgotten"
+        text = None
+        if not deleted:
+            text = memory_fulltext_text(
+                content=_rendered(row.content), entities=row.entities, tags=row.tags, context=context.get(memory_id, [])
+            )
+        kind = memory_doc_kind(row[-1])
+        changes.append(
+            DocChange(
+                doc_id=MEMORY_DOC_PREFIX + memory_id, doc_kind=kind, text=text, deleted=deleted, seq=seq_of[memory_id]
+            )
+        )
+    return changes
+
+
+def _rendered(content: str) -> str:
+    return render_memory(Memory(content=content))
+
+
+def catch_up(*, tenant_id: int, current_seq: int) -> FulltextIndex:
+    """The tenant's index, brought up to ``current_seq`` (the tenant's change seq read by the caller)."""
+    index = tenant_index(tenant_id)
+    index.catch_up(lambda since: fetch_changes(tenant_id, since), current_seq=current_seq)
+    return index

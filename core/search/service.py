@@ -1,0 +1,371 @@
+"""Search (CONTRACT section 6, reference search.md): channels, per-bucket fusion, modes, warnings.
+
+Three buckets are ranked independently: ``memories`` (no attached query), ``example_queries``
+(query-bearing memories) and ``entities`` (catalog docs). For each bucket every active channel yields
+its own ranking of that bucket's eligible docs, to a depth that depends only on the bucket's cap
+(``max(2 * cap, 30)``); the rankings are fused with RRF (k = 60), or, when a single channel is active,
+keep that channel's raw scores; the cap then slices. Graph seeds are a bucket's own fused top hits.
+So a bucket depends on the corpus, the inputs and its own cap, never on the other caps.
+
+Channels: 1 entity BM25Plus (when ``entities`` or ``query`` is given), 2 full-text and 3 dense (when a
+``question`` is given), 4 graph (when a question is given). Dense failing with a question present is a
+warning plus ``degraded``, never an error. Hybrid with no input falls back to recency with a warning;
+``recent`` / ``important`` / ``typed`` are orderings (see core.search.modes).
+
+Channels look past ineligible docs (other agents', filtered out, the other bucket) at most
+``MAX_SCAN`` deep each, so a rare bucket cannot make a query scan a whole large corpus.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from functools import cached_property
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from core.entities.canonical import CatalogSnapshot, is_memory_ref, memory_id_of, rooted_in
+from core.entities.resolver import extract_query_entities, resolve_entities
+from core.errors import BadRequest
+from core.memories.models import Memory
+from core.memories.visibility import visible_clause
+from core.search import graph, hits
+from core.search.catalog import load_snapshot
+from core.search.dense import ENTITIES, DenseSearch, DenseUnavailable
+from core.search.entity_channel import rank_memories
+from core.search.filters import EXAMPLE_QUERIES, MEMORIES, Eligibility, MemoryFilter, any_of
+from core.search.fulltext import ENTITY_KINDS
+from core.search.fusion import RRF_K, rrf
+from core.search.index import MEMORY_DOC_PREFIX, catch_up, memory_doc_kind
+from core.search.modes import ordered_buckets
+from core.search.schemas import SearchRequest, SearchResponse
+from core.tenancy.context import Caller
+from core.tenancy.models import Tenant
+
+DEPTH_FLOOR = 30
+FIRST_LOOK = 3  # a channel first looks this many times a bucket's depth down its ranking
+MAX_SCAN = 1000
+FALLBACK_WARNING = "no entities, query or question given; returning the most recent memories"
+
+Ranking = list[tuple[str, float]]
+Fetch = Callable[[int], Ranking]
+BucketFetch = Callable[[str, int], Ranking]
+
+
+# Function words of questions: they match nearly every note, so full-text ignores them when the question
+# has other words (a question made only of them is kept as is).
+QUESTION_STOPWORDS = frozenset(
+    "a an and are as at be been but by can could did do does for from had has have he her hers him his how i "
+    "if in into is it its me my of on or our she so that the their them they this to was we were what when "
+    "where which who whom whose why will with would you your".split()
+)
+
+
+def fulltext_query(question: str) -> str:
+    """The question without its function words, for full-text."""
+    words = question.split()
+    kept = [w for w in words if w.strip("?!.,;:'\"()").lower() not in QUESTION_STOPWORDS]
+    return " ".join(kept) if kept and QUESTION_STOPWORDS else question
+
+
+def bucket_depth(cap: int) -> int:
+    """How deep each channel ranks a bucket: a function of that bucket's cap only."""
+    return 0 if cap <= 0 else max(2 * cap, DEPTH_FLOOR)
+
+
+class _Memo:
+    """A channel's ranking fetched once as deep as any bucket needed it."""
+
+    def __init__(self, fetch: Fetch) -> None:
+        self._fetch = fetch
+        self._ranking: Ranking = []
+        self._limit = 0
+
+    def __call__(self, limit: int) -> Ranking:
+        if limit > self._limit and len(self._ranking) >= self._limit:
+            self._ranking = self._fetch(limit)
+            self._limit = limit
+        return self._ranking[:limit]
+
+
+Keep = Callable[[list[str]], Callable[[str], bool]]
+
+
+def filtered_ranking(fetch: Fetch, *, keep: Keep, depth: int) -> Ranking:
+    """The first ``depth`` docs of a channel's ranking that ``keep`` accepts, at most MAX_SCAN deep."""
+    if depth <= 0:
+        return []
+    limit = min(FIRST_LOOK * depth, MAX_SCAN)
+    while True:
+        ranking = fetch(limit)
+        accept = keep([doc_id for doc_id, _ in ranking])
+        picked = [(doc_id, score) for doc_id, score in ranking if accept(doc_id)][:depth]
+        if len(picked) >= depth or len(ranking) < limit or limit >= MAX_SCAN:
+            return picked
+        limit = min(limit * 4, MAX_SCAN)
+
+
+def fuse(rankings: dict[str, Ranking], *, active: int) -> Ranking:
+    """RRF over the channels' rankings; a lone active channel keeps its raw scores."""
+    if active == 1:
+        return next((r for r in rankings.values() if r), [])
+    return rrf({name: [doc_id for doc_id, _ in ranking] for name, ranking in rankings.items()}, k=RRF_K)
+
+
+@dataclass
+class _Inputs:
+    resolved: list[str] = field(default_factory=list)
+    bm25_tokens: list[str] = field(default_factory=list)
+    entity_refs: list[str] = field(default_factory=list)
+
+
+class _Search:
+    def __init__(self, session: Session, *, caller: Caller, request: SearchRequest) -> None:
+        self.session = session
+        self.caller = caller
+        self.request = request
+        self.response = SearchResponse()
+        self.memory_filter = MemoryFilter(
+            caller=caller,
+            include_stale=request.include_stale,
+            kind=request.kind,
+            category=request.category,
+            occurred_after=request.occurred_after,
+            occurred_before=request.occurred_before,
+            datasource=request.datasource,
+        )
+        self.eligibility = Eligibility(session=session, memory_filter=self.memory_filter)
+        self.caps = {MEMORIES: request.max_memories, EXAMPLE_QUERIES: request.max_example_queries}
+
+    @cached_property
+    def snapshot(self) -> CatalogSnapshot:
+        return load_snapshot(self.session, tenant_id=self.caller.tenant_id)
+
+    def warn(self, message: str) -> None:
+        if message not in self.response.warnings:
+            self.response.warnings.append(message)
+
+    def run(self) -> SearchResponse:
+        request = self.request
+        if request.datasource is not None and request.datasource not in self.snapshot.datasources:
+            raise BadRequest(f"unknown datasource '{request.datasource}'", field="datasource")
+        if request.mode != "hybrid":
+            if request.has_entity_input or request.question_text:
+                self.warn(f"mode '{request.mode}' ignores entities, query and question")
+            return self._ordered(request.mode)
+        inputs = self._resolve()
+        if not request.has_entity_input and not request.question_text:
+            self.warn(FALLBACK_WARNING)
+            return self._ordered("recent")
+        self._hybrid(inputs)
+        return self.response
+
+    # -- inputs ---------------------------------------------------------------------------
+
+    def _resolve(self) -> _Inputs:
+        request, inputs = self.request, _Inputs()
+        raw = list(request.entities or [])
+        refs = [memory_id_of(e) for e in raw if isinstance(e, str) and is_memory_ref(e)]
+        named = self._named_memories(refs)
+        needs_catalog = request.query is not None or any(not (isinstance(e, str) and is_memory_ref(e)) for e in raw)
+        snapshot = self.snapshot if needs_catalog else CatalogSnapshot()
+        resolution = resolve_entities(snapshot, raw, strict=False, memory_exists=named.__contains__)
+        for warning in resolution.warnings:
+            self.warn(warning)
+        inputs.resolved = list(resolution.entities)
+        if request.query:
+            extracted = extract_query_entities(snapshot, request.query)
+            inputs.resolved += [e for e in extracted.entities if e not in inputs.resolved]
+            for warning in extracted.warnings:
+                self.warn(warning)
+        self.response.resolved_input_entities = list(inputs.resolved)
+        ds: str | None = request.datasource
+        for entity in inputs.resolved:
+            if is_memory_ref(entity):
+                memory = named[memory_id_of(entity)]
+                if ds is not None and not any(rooted_in(entity=e, datasource=ds) for e in memory.entities):
+                    self.warn(f"{entity} is not rooted at datasource '{ds}'; dropped.")
+                    continue
+                stale_warning = hits.stale_query_warning(memory, snapshot=self.snapshot)
+                if stale_warning:
+                    self.warn(stale_warning)
+            elif ds is not None and not rooted_in(entity=entity, datasource=ds):
+                self.warn(f"entity '{entity}' is not rooted at datasource '{ds}'; dropped from entities bucket.")
+            elif self.snapshot.is_hidden(entity):
+                self.warn(f"entity '{entity}' is on a hidden model/column; dropped from entities bucket.")
+            else:
+                inputs.entity_refs.append(entity)
+            inputs.bm25_tokens.append(entity)
+        return inputs
+
+    def _named_memories(self, memory_ids: list[str]) -> dict[str, Memory]:
+        """Memories named by ``memory:<id>`` refs that exist for this caller (visible, not forgotten)."""
+        if not memory_ids:
+            return {}
+        rows = self.session.scalars(
+            select(Memory).where(
+                any_of(Memory.id, memory_ids), Memory.status != "forgotten", visible_clause(self.caller)
+            )
+        ).all()
+        return {m.id: m for m in rows}
+
+    # -- hybrid ---------------------------------------------------------------------------
+
+    def _hybrid(self, inputs: _Inputs) -> None:
+        request, channels = self.request, self.response.channels
+        question = request.question_text
+        memory_fetch: dict[str, BucketFetch] = {}
+        entity_rankings: dict[str, Ranking] = {}
+        entity_depth = bucket_depth(request.max_entities)
+        if request.has_entity_input:
+            channels.entity_bm25 = True
+            bm25, _ = rank_memories(
+                self.session,
+                tenant_id=self.caller.tenant_id,
+                query_entities=inputs.bm25_tokens,
+                eligibility=self.eligibility,
+            )
+            # BM25 saw every candidate with its verdict, so its bucket rankings need no deeper look.
+            memory_fetch["entity_bm25"] = lambda bucket, limit: [
+                (d, score) for d, score in bm25 if self.eligibility.bucket(d) == bucket
+            ][:limit]
+            entity_rankings["entity_bm25"] = [
+                (e, 1.0 / (RRF_K + rank)) for rank, e in enumerate(inputs.entity_refs, start=1)
+            ][:entity_depth]
+        dense: DenseSearch | None = None
+        if question:
+            channels.fulltext = channels.graph = True
+            change_seq = self._change_seq()
+            index = catch_up(tenant_id=self.caller.tenant_id, current_seq=change_seq)
+            ft_question = fulltext_query(question)
+
+            def fulltext(bucket: str, limit: int) -> Ranking:
+                kind = memory_doc_kind(bucket == EXAMPLE_QUERIES)
+                found = index.search(ft_question, limit=limit, doc_kinds={kind})
+                return [(doc_id[len(MEMORY_DOC_PREFIX) :], s) for doc_id, s in found]
+
+            memory_fetch["fulltext"] = fulltext
+            try:
+                dense = DenseSearch(
+                    self.session, tenant_id=self.caller.tenant_id, question=question, change_seq=change_seq
+                )
+                channels.dense = True
+                memory_fetch["dense"] = dense.rank
+            except DenseUnavailable as exc:
+                self.warn(str(exc))
+                self.response.degraded = True
+            if entity_depth:
+                keep = self._entity_keep
+                entity_rankings["fulltext"] = filtered_ranking(
+                    _Memo(lambda limit: index.search(ft_question, limit=limit, doc_kinds=ENTITY_KINDS)),
+                    keep=keep,
+                    depth=entity_depth,
+                )
+                if dense is not None:
+                    entity_rankings["dense"] = filtered_ranking(
+                        _Memo(lambda limit: dense.rank(ENTITIES, limit)), keep=keep, depth=entity_depth
+                    )
+        buckets = self._memory_buckets(memory_fetch)
+        entity_active = sum(1 for name in ("entity_bm25", "fulltext", "dense") if name in entity_rankings)
+        entities = fuse(entity_rankings, active=entity_active)[: request.max_entities]
+        self._hydrate(buckets, tokens=inputs.bm25_tokens)
+        if entities:
+            self.response.entities = hits.entity_hits(
+                self.session, tenant_id=self.caller.tenant_id, ranked=entities, snapshot=self.snapshot
+            )
+
+    def _memory_buckets(self, memory_fetch: dict[str, BucketFetch]) -> dict[str, Ranking]:
+        """Each memory bucket fused from every channel's ranking of that bucket's eligible docs.
+
+        Channels rank each bucket on its own (full-text and dense know which memories carry a query).
+        A channel's bucket ranking is its first ``depth`` eligible docs among its top MAX_SCAN for that
+        bucket; looking ``FIRST_LOOK * depth`` deep first and at MAX_SCAN only when visibility or the
+        filters left a bucket short gives the same list, with at most two eligibility queries.
+        """
+        depths = {bucket: bucket_depth(cap) for bucket, cap in self.caps.items()}
+        live = [bucket for bucket, depth in depths.items() if depth]
+        out: dict[str, Ranking] = {bucket: [] for bucket in self.caps}
+        if not live or not memory_fetch:
+            return out
+        firsts = {bucket: min(FIRST_LOOK * depths[bucket], MAX_SCAN) for bucket in live}
+        rankings = {
+            (name, bucket): fetch(bucket, firsts[bucket]) for name, fetch in memory_fetch.items() for bucket in live
+        }
+        self.eligibility.check(d for ranking in rankings.values() for d, _ in ranking)
+        short = [
+            (name, bucket)
+            for (name, bucket), ranking in rankings.items()
+            if len(ranking) == firsts[bucket] < MAX_SCAN
+            and len(self._pick(ranking, bucket, depths[bucket])) < depths[bucket]
+        ]
+        if short:
+            rankings.update({key: memory_fetch[key[0]](key[1], MAX_SCAN) for key in short})
+            self.eligibility.check(d for key in short for d, _ in rankings[key])
+        per_bucket: dict[str, dict[str, Ranking]] = {bucket: {} for bucket in live}
+        for (name, bucket), ranking in rankings.items():
+            per_bucket[bucket][name] = self._pick(ranking, bucket, depths[bucket])
+        if self.response.channels.graph:
+            seeds = {
+                bucket: [d for d, _ in fuse(per_bucket[bucket], active=len(memory_fetch))[: graph.SEEDS]]
+                for bucket in live
+            }
+            hops = graph.neighbours(self.session, seeds=seeds)
+            self.eligibility.check(d for ranking in hops.values() for d, _ in ranking)
+            for bucket in live:
+                per_bucket[bucket]["graph"] = self._pick(hops[bucket], bucket, depths[bucket])
+        for bucket in live:
+            out[bucket] = fuse(per_bucket[bucket], active=len(per_bucket[bucket]))[: self.caps[bucket]]
+        return out
+
+    def _pick(self, ranking: Ranking, bucket: str, depth: int) -> Ranking:
+        return [(d, s) for d, s in ranking if self.eligibility.bucket(d) == bucket][:depth]
+
+    def _entity_keep(self, doc_ids: list[str]) -> Callable[[str], bool]:
+        ds, snapshot = self.request.datasource, self.snapshot
+
+        def accept(doc_id: str) -> bool:
+            if ds is not None and not rooted_in(entity=doc_id, datasource=ds):
+                return False
+            return snapshot.contains(doc_id) and not snapshot.is_hidden(doc_id)
+
+        return accept
+
+    def _change_seq(self) -> int:
+        tenant_id = self.caller.tenant_id
+        return int(self.session.scalar(select(Tenant.change_seq).where(Tenant.id == tenant_id)) or 0)
+
+    # -- output ---------------------------------------------------------------------------
+
+    def _ordered(self, mode: str) -> SearchResponse:
+        buckets = ordered_buckets(self.session, memory_filter=self.memory_filter, mode=mode, caps=self.caps)
+        self._hydrate(buckets, tokens=[])
+        return self.response
+
+    def _hydrate(self, buckets: dict[str, Ranking], *, tokens: list[str]) -> None:
+        ids = [doc_id for ranking in buckets.values() for doc_id, _ in ranking]
+        memories = hits.load_memories(self.session, memory_ids=ids)
+        matched = {
+            memory_id: [t for t in tokens if t in (memory.entities or []) or t == MEMORY_DOC_PREFIX + memory_id]
+            for memory_id, memory in memories.items()
+        }
+        self.response.memories = hits.memory_hits(  # type: ignore[assignment]
+            ranked=buckets.get(MEMORIES, []), memories=memories, bucket=MEMORIES, matched=matched
+        )
+        self.response.example_queries = hits.memory_hits(  # type: ignore[assignment]
+            ranked=buckets.get(EXAMPLE_QUERIES, []),
+            memories=memories,
+            bucket=EXAMPLE_QUERIES,
+            matched=matched,
+        )
+        for hit in self.response.example_queries:
+            warning = hits.stale_query_warning(memories[hit.id], snapshot=self.snapshot)
+            if warning:
+                self.warn(warning)
+
+
+def search(session: Session, *, caller: Caller, request: SearchRequest) -> SearchResponse:
+    """Run one search for ``caller`` in the caller's session (read-only)."""
+    request.check()
+    session.connection(execution_options={"isolation_level": "REPEATABLE READ"})
+    return _Search(session, caller=caller, request=request).run()
