@@ -3,7 +3,8 @@
 import core.entities.store  # noqa: F401 - catalog tables, and the snapshot loader memory saves use
 from core.embeddings.store_models import Embedding
 from core.jobs.models import Job
+from core.lifecycle.definitions import EntityDefinition
 from core.memories.models import Association, Memory, Tombstone
 from core.tenancy.models import ApiKey, Tenant, User
 
-__all__ = ["ApiKey", "Association", "Embedding", "Job", "Memory", "Tenant", "Tombstone", "User"]
+__all__ = ["ApiKey", "Association", "Embedding", "EntityDefinition", "Job", "Memory", "Tenant", "Tombstone", "User"]

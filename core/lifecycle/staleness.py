@@ -8,6 +8,8 @@ those paths left behind: a probe that failed during ingest cleanup, entities rem
 memory saved leniently with an entity that never existed. It reads the catalog through the resolver's
 snapshot, so it never marks a memory stale while the catalog still knows the entity.
 
+It also marks memories whose linked entities changed definition (core.lifecycle.definitions).
+
 A tenant is checked only when its change_seq moved since the previous check (every memory and catalog
 write moves it), so an idle tenant costs one comparison.
 """
@@ -45,8 +47,11 @@ def watch_tenant(session: Session, *, tenant_id: int) -> int:
         gone = [e for e in entities if not e.startswith(MEMORY_REF_PREFIX) and not snapshot.contains(e)]
         if gone:
             vanished[memory_id] = gone
+    from core.lifecycle.definitions import watch_definitions
+
+    changed_definitions = watch_definitions(session, tenant_id=tenant_id)
     if not vanished:
-        return 0
+        return changed_definitions
     _, change_seq = bump_change_seq(session, tenant_id=tenant_id)
     for memory_id, gone in vanished.items():
         session.execute(
@@ -59,4 +64,4 @@ def watch_tenant(session: Session, *, tenant_id: int) -> int:
             )
             .execution_options(synchronize_session=False)
         )
-    return len(vanished)
+    return len(vanished) + changed_definitions
