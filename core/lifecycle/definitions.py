@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import json
 from datetime import UTC, datetime
+from typing import cast
 
-from sqlalchemy import BigInteger, DateTime, String, Text, func, select, tuple_, update
+from sqlalchemy import DateTime, String, Table, Text, func, select, tuple_, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.orm import Mapped, Session, mapped_column
 
@@ -87,7 +88,7 @@ def watch_definitions(session: Session, *, tenant_id: int) -> int:
     changed = {e: (stored[e], d) for e, d in current.items() if e in stored and stored[e] != d}
     fresh = [e for e in current if e not in stored or e in changed]
     if fresh:
-        table = EntityDefinition.__table__
+        table = cast(Table, EntityDefinition.__table__)
         stmt = pg_insert(table)
         session.connection().execute(
             stmt.on_conflict_do_update(
