@@ -193,3 +193,15 @@ def test_refresh_samples_on_demand(client, shop):
     assert results["refresh_samples"][0]["profiled"] == 8 and results["refresh_samples"][0]["changed"] == 0
     missing = client.post("/v1/datasources/shop/refresh-samples", json={"models": ["nope"]}, headers=shop.headers())
     assert missing.status_code == 404
+
+
+def test_inspect_learnings_follow_the_calls_agent(client, shop, member_key):
+    """Learnings in inspect obey visibility: an agent-scoped learning shows only to calls naming that agent."""
+    member = member_key("agent-owner@example.com")
+    h = shop.headers(member)
+    body = {"content": "agent A's note on amount", "linked_entities": ["shop.orders.amount"], "agent_id": "A"}
+    assert client.post("/v1/memories", json=body, headers=h).status_code == 201
+    as_a = client.get("/v1/models/shop/orders", params={"agent_id": "A"}, headers=h).json()["learnings"]
+    as_b = client.get("/v1/models/shop/orders", params={"agent_id": "B"}, headers=h).json()["learnings"]
+    assert [m["content"] for m in as_a] == ["agent A's note on amount"]
+    assert as_b == []

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from fastapi import APIRouter, Body, Depends
+from fastapi import APIRouter, Body, Depends, Request
 from fastapi.responses import JSONResponse
 
 from api.auth import require_admin, require_caller
@@ -79,7 +79,13 @@ def refresh_samples(
 
 
 @router.get("/models/{datasource}/{name}")
-def inspect_model(datasource: str, name: str, caller: Caller = Depends(require_caller)) -> dict[str, Any]:
+def inspect_model(
+    datasource: str, name: str, request: Request, caller: Caller = Depends(require_caller)
+) -> dict[str, Any]:
+    from api.routes.memories import acting_identity
+
+    # Learnings follow the memory visibility rules, so the agent and persona of the call matter.
+    caller = acting_identity(caller, None, request)
     with tenant_session(caller.tenant_id) as session:
         return service.inspect_model(session, caller=caller, datasource=datasource, name=name)
 

@@ -24,7 +24,7 @@ from core.tenancy.context import Caller
 router = APIRouter(prefix="/v1")
 
 
-def _identity(caller: Caller, body: dict[str, Any] | None, request: Request) -> Caller:
+def acting_identity(caller: Caller, body: dict[str, Any] | None, request: Request) -> Caller:
     """The agent and persona a call acts for: body fields, else query parameters."""
     source: dict[str, Any] = dict(request.query_params)
     if isinstance(body, dict):
@@ -48,7 +48,7 @@ def save_memory(
     request: Request, body: Any = Body(default=None), caller: Caller = Depends(require_caller)
 ) -> JSONResponse:
     item: SaveMemoryIn = parse_model(SaveMemoryIn, body)
-    caller = _identity(caller, body, request)
+    caller = acting_identity(caller, body, request)
     with tenant_session(caller.tenant_id) as session:
         result = service.save_memory(session, caller=caller, item=item)
     if item.sync_embed:
@@ -65,7 +65,7 @@ def save_batch(
     raw_items = body["items"]
     if len(raw_items) > MAX_BATCH_ITEMS:
         raise Invalid(f"a batch holds at most {MAX_BATCH_ITEMS} items, got {len(raw_items)}", field="items")
-    caller = _identity(caller, body, request)
+    caller = acting_identity(caller, body, request)
     items: list[SaveMemoryIn | EngramError] = []
     for i, raw in enumerate(raw_items):
         try:
@@ -90,7 +90,7 @@ def list_memories(
     params: dict[str, Any] = {k: v for k, v in request.query_params.items() if k not in ("tags", "agent_id", "persona")}
     params["tags"] = [t for raw in tags for t in raw.split(",") if t]
     filters: ListFilters = parse_model(ListFilters, params)
-    caller = _identity(caller, None, request)
+    caller = acting_identity(caller, None, request)
     with tenant_session(caller.tenant_id) as session:
         rows, next_cursor = listing.list_memories(session, caller=caller, filters=filters)
         memories = service.memories_to_dicts(session, rows)
@@ -104,7 +104,7 @@ def get_memory(
     include_forgotten: bool = False,
     caller: Caller = Depends(require_caller),
 ) -> dict[str, Any]:
-    caller = _identity(caller, None, request)
+    caller = acting_identity(caller, None, request)
     with tenant_session(caller.tenant_id) as session:
         memory = service.get_memory(session, caller=caller, memory_id=memory_id, include_forgotten=include_forgotten)
         return service.memories_to_dicts(session, [memory])[0]
@@ -115,7 +115,7 @@ def patch_memory(
     memory_id: str, request: Request, body: Any = Body(default=None), caller: Caller = Depends(require_caller)
 ) -> dict[str, Any]:
     patch: PatchMemoryIn = parse_model(PatchMemoryIn, body)
-    caller = _identity(caller, body, request)
+    caller = acting_identity(caller, body, request)
     with tenant_session(caller.tenant_id) as session:
         memory = service.patch_memory(session, caller=caller, memory_id=memory_id, patch=patch)
         return service.memories_to_dicts(session, [memory])[0]
@@ -129,7 +129,7 @@ def forget_memory(
     purge: bool = False,
     caller: Caller = Depends(require_caller),
 ) -> dict[str, Any]:
-    caller = _identity(caller, None, request)
+    caller = acting_identity(caller, None, request)
     with tenant_session(caller.tenant_id) as session:
         return service.forget_memory(session, caller=caller, memory_id=memory_id, reason=reason, purge=purge)
 
@@ -143,7 +143,7 @@ def hydrate(
     budget = body.get("budget_bytes")
     if not isinstance(budget, int) or isinstance(budget, bool) or budget < 0:
         raise Invalid("budget_bytes must be a non-negative integer", field="budget_bytes")
-    caller = _identity(caller, body, request)
+    caller = acting_identity(caller, body, request)
     with tenant_session(caller.tenant_id) as session:
         rows, used = listing.hydrate(session, caller=caller, budget_bytes=budget)
         return {"memories": service.memories_to_dicts(session, rows), "bytes": used}

@@ -7,7 +7,7 @@ from typing import Any
 from fastapi import APIRouter, Depends, Request
 
 from api.auth import require_caller
-from api.routes.memories import _identity
+from api.routes.memories import acting_identity
 from core.db import tenant_session
 from core.errors import Invalid
 from core.lifecycle.expiry import end_run
@@ -28,7 +28,7 @@ def delete_run(run_id: str, request: Request, caller: Caller = Depends(require_c
     """Forget the caller-visible `conversation` memories of the run (`?all=true`: every category of it;
     `?purge=true`: hard delete). 200 `{"run_id", "status", "count", "skipped"}`, also when nothing matched,
     since ending a run twice is not an error."""
-    caller = _identity(caller, None, request)
+    caller = acting_identity(caller, None, request)
     all_categories, purge = _flag(request, "all"), _flag(request, "purge")
     with tenant_session(caller.tenant_id) as session:
         return end_run(session, caller=caller, run_id=run_id, all_categories=all_categories, purge=purge).as_dict()

@@ -7,7 +7,7 @@ from typing import Any
 from fastapi import APIRouter, Body, Depends, Request
 
 from api.auth import require_caller
-from api.routes.memories import _identity
+from api.routes.memories import acting_identity
 from core.db import tenant_session
 from core.memories.schemas import parse_model
 from core.search import service
@@ -22,7 +22,7 @@ def search(
     request: Request, body: Any = Body(default=None), caller: Caller = Depends(require_caller)
 ) -> dict[str, Any]:
     search_request: SearchRequest = parse_model(SearchRequest, body)
-    caller = _identity(caller, body, request)
+    caller = acting_identity(caller, body, request)
     with tenant_session(caller.tenant_id) as session:
         response = service.search(session, caller=caller, request=search_request)
     return response.model_dump()

@@ -10,7 +10,7 @@ from fastapi.responses import Response
 from starlette.concurrency import run_in_threadpool
 
 from api.auth import require_caller
-from api.routes.memories import _identity
+from api.routes.memories import acting_identity
 from core.db import tenant_session
 from core.errors import BadRequest, EngramError, Invalid
 from core.memories import transfer
@@ -30,7 +30,7 @@ class UnsupportedMedia(EngramError):
 def export_memories(request: Request, format: str = "markdown", caller: Caller = Depends(require_caller)) -> Response:
     if format not in EXPORT_FORMATS:
         raise Invalid(f"format must be one of {', '.join(EXPORT_FORMATS)}", field="format")
-    caller = _identity(caller, None, request)
+    caller = acting_identity(caller, None, request)
     with tenant_session(caller.tenant_id) as session:
         text = transfer.export_markdown(session, caller=caller)
     return Response(
@@ -65,7 +65,7 @@ async def import_memories(request: Request, caller: Caller = Depends(require_cal
     text = await _markdown_body(request)
     if not text.strip():
         raise Invalid("the markdown holds no memory blocks", field="markdown")
-    caller = _identity(caller, None, request)
+    caller = acting_identity(caller, None, request)
     return await run_in_threadpool(_import, caller, text)
 
 
