@@ -58,9 +58,7 @@ def is_valid_memory_id(memory_id: str) -> bool:
     """Ids are 1..200 chars without ``: / ? #``, whitespace or control characters."""
     if not memory_id or len(memory_id) > MAX_MEMORY_ID_LENGTH:
         return False
-    return not any(
-        ch in _FORBIDDEN_ID_CHARS or ch.isspace() or ord(ch) < 32 or ord(ch) == 127 for ch in memory_id
-    )
+    return not any(ch in _FORBIDDEN_ID_CHARS or ch.isspace() or ord(ch) < 32 or ord(ch) == 127 for ch in memory_id)
 
 
 def memory_ref(memory_id: str) -> str:

@@ -78,9 +78,7 @@ def query_mentions(query: Mapping[str, Any] | None, entity: str) -> bool:
     return entity.rsplit(".", 1)[-1] in words
 
 
-def strip_memory_refs(
-    session: Session, *, tenant_id: int, removed: Sequence[str], change_seq: int
-) -> CascadeResult:
+def strip_memory_refs(session: Session, *, tenant_id: int, removed: Sequence[str], change_seq: int) -> CascadeResult:
     """Strip references to ``removed`` (and their descendants) from every memory, in one UPDATE."""
     result = CascadeResult()
     if not removed:
@@ -102,7 +100,7 @@ def strip_memory_refs(
         Memory.tenant_id == tenant_id, func.jsonb_typeof(Memory.query) == "object", has_match("q")
     )
     stale: dict[str, list[str]] = {}
-    for memory_id, entities, query, status in session.execute(touched).tuples():
+    for memory_id, entities, query, status in session.execute(touched):
         gone = [e for e in entities if any(entity_matches_cascade(entry=e, canonical_id=r) for r in removed)]
         mentioned = [e for e in gone if query_mentions(query, e)]
         if mentioned and status == "active":
@@ -167,9 +165,7 @@ def write_tombstones(session: Session, *, tenant_id: int, doc_ids: Iterable[str]
     if rows:
         stmt = pg_insert(Tombstone).values(rows)
         session.execute(
-            stmt.on_conflict_do_update(
-                index_elements=["tenant_id", "doc_id"], set_={"change_seq": change_seq}
-            )
+            stmt.on_conflict_do_update(index_elements=["tenant_id", "doc_id"], set_={"change_seq": change_seq})
         )
 
 

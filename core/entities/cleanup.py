@@ -37,14 +37,11 @@ def cleanup_datasource_refs(
     if probe is None:
         probe = load_snapshot(session, tenant_id).contains
     rooted = text(
-        "EXISTS (SELECT 1 FROM unnest(memories.entities) AS e"
-        " WHERE e = :cleanup_ds OR e LIKE :cleanup_pattern)"
+        "EXISTS (SELECT 1 FROM unnest(memories.entities) AS e WHERE e = :cleanup_ds OR e LIKE :cleanup_pattern)"
     ).bindparams(cleanup_ds=datasource, cleanup_pattern=escape_like(datasource) + ".%")
     rows = session.execute(
-        select(Memory.id, Memory.entities, Memory.query, Memory.status).where(
-            Memory.tenant_id == tenant_id, rooted
-        )
-    ).tuples()
+        select(Memory.id, Memory.entities, Memory.query, Memory.status).where(Memory.tenant_id == tenant_id, rooted)
+    )
     updates: list[tuple[str, list[str], list[str]]] = []
     for memory_id, entities, query, status in rows:
         gone = [e for e in entities if rooted_in(entity=e, datasource=datasource) and not _intact(probe, e)]

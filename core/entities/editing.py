@@ -149,9 +149,7 @@ def _apply_column(session: Session, edit: _Edit, existing: dict[str, CatalogColu
         edit.resample.append(column.name)
 
 
-def _upsert_named(
-    session: Session, edit: _Edit, *, table: Any, existing: dict[str, Any], specs: list[Any]
-) -> None:
+def _upsert_named(session: Session, edit: _Edit, *, table: Any, existing: dict[str, Any], specs: list[Any]) -> None:
     for spec in specs:
         values = spec.model_dump(exclude={"name"})
         row = existing.get(spec.name)
@@ -188,15 +186,11 @@ def _check_unique_leaves(edit: _Edit, *groups: dict[str, Any]) -> None:
     for index, group in enumerate(groups):
         for name in group:
             if name in seen and seen[name] != index:
-                raise Conflict(
-                    f"{edit.leaf_id(name)} is already a {('column', 'measure', 'aggregation')[seen[name]]}"
-                )
+                raise Conflict(f"{edit.leaf_id(name)} is already a {('column', 'measure', 'aggregation')[seen[name]]}")
             seen[name] = index
 
 
-def _begin(
-    session: Session, *, tenant_id: int, datasource: str, name: str, create: ModelPutIn | None
-) -> _Edit:
+def _begin(session: Session, *, tenant_id: int, datasource: str, name: str, create: ModelPutIn | None) -> _Edit:
     _, change_seq = bump_change_seq(session, tenant_id=tenant_id)
     try:
         model = get_model(session, datasource=datasource, name=name, lock=True)
@@ -227,9 +221,7 @@ def _begin(
 
 def put_model(session: Session, *, tenant_id: int, datasource: str, name: str, body: ModelPutIn) -> None:
     edit = _begin(session, tenant_id=tenant_id, datasource=datasource, name=name, create=body)
-    _set_model_fields(
-        session, edit, {"label": body.label, "description": body.description, "hidden": body.hidden}
-    )
+    _set_model_fields(session, edit, {"label": body.label, "description": body.description, "hidden": body.hidden})
     columns = _leaves(session, CatalogColumn, edit.model)
     if body.columns is not None:
         listed = {c.name for c in body.columns}
@@ -297,9 +289,7 @@ def _finish(session: Session, edit: _Edit, *leaf_groups: dict[str, Any]) -> None
         # Hidden docs must leave the dense channel too; a hidden model takes its subtree with it.
         doc_ids = [d for d in edit.changed if any(d == h or d.startswith(h + ".") for h in edit.hidden_now)]
         session.execute(
-            delete(Embedding)
-            .where(Embedding.canonical_id.in_(doc_ids))
-            .execution_options(synchronize_session=False)
+            delete(Embedding).where(Embedding.canonical_id.in_(doc_ids)).execution_options(synchronize_session=False)
         )
     touch_catalog(session, tenant_id=edit.tenant_id, change_seq=edit.change_seq)
     ds = edit.model.datasource

@@ -117,8 +117,7 @@ def apply_reflection(
     )
     models = {m.name: m for m in session.scalars(select(CatalogModel).where(CatalogModel.datasource == ds))}
     columns = {
-        (c.model, c.name): c
-        for c in session.scalars(select(CatalogColumn).where(CatalogColumn.datasource == ds))
+        (c.model, c.name): c for c in session.scalars(select(CatalogColumn).where(CatalogColumn.datasource == ds))
     }
     removal = Removal()
     reflected = {t.name: t for t in tables}
@@ -179,9 +178,7 @@ def apply_reflection(
     return {**summary, "memories_updated": cascade.memories_updated, "change_seq": change_seq}
 
 
-def _replace_foreign_keys(
-    session: Session, *, tenant_id: int, datasource: str, tables: list[ReflectedTable]
-) -> bool:
+def _replace_foreign_keys(session: Session, *, tenant_id: int, datasource: str, tables: list[ReflectedTable]) -> bool:
     current = set(
         session.execute(
             select(
@@ -190,7 +187,7 @@ def _replace_foreign_keys(
                 CatalogForeignKey.target_model,
                 CatalogForeignKey.target_column,
             ).where(CatalogForeignKey.datasource == datasource)
-        ).tuples()
+        )
     )
     wanted = {(t.name, col, target, target_col) for t in tables for col, target, target_col in t.foreign_keys}
     if current == wanted:
@@ -213,9 +210,7 @@ def _replace_foreign_keys(
     return True
 
 
-def run_ingest(
-    session: Session, *, tenant_id: int, datasource: str, follow_up: bool = True
-) -> dict[str, Any]:
+def run_ingest(session: Session, *, tenant_id: int, datasource: str, follow_up: bool = True) -> dict[str, Any]:
     """Reflect the source and converge the catalog; with ``follow_up``, queue the jobs that come after."""
     row = get_datasource(session, name=datasource, lock=True)
     url = make_url(source_url(row))
@@ -231,7 +226,6 @@ def run_ingest(
             "embed": {"doc_ids": datasource_doc_ids(session, datasource=datasource)},
         }
         result["follow_up_jobs"] = {
-            kind: enqueue(session, tenant_id=tenant_id, kind=kind, payload=payload).id
-            for kind, payload in jobs.items()
+            kind: enqueue(session, tenant_id=tenant_id, kind=kind, payload=payload).id for kind, payload in jobs.items()
         }
     return result

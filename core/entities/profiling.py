@@ -114,9 +114,7 @@ def profile_columns(
     """Profiles keyed by (table, column), and errors (a failing column is skipped, the rest goes on)."""
     profiles: dict[tuple[str, str], Profile] = {}
     errors: list[str] = []
-    profilers = {
-        t: _TableProfiler(engine, schema=schema, table=t, columns=cols) for t, cols in tables.items()
-    }
+    profilers = {t: _TableProfiler(engine, schema=schema, table=t, columns=cols) for t, cols in tables.items()}
     with ThreadPoolExecutor(max_workers=parallel) as pool:
         tops = {
             (t, c.name): pool.submit(p.top_values, c.name)
@@ -179,7 +177,7 @@ def refresh_samples(
     )
     if models is not None:
         model_stmt = model_stmt.where(CatalogModel.name.in_(models))
-    table_of = dict(session.execute(model_stmt).tuples().all())
+    table_of = dict(session.execute(model_stmt).all())
     col_stmt = select(CatalogColumn).where(
         CatalogColumn.datasource == datasource,
         CatalogColumn.model.in_(list(table_of)),

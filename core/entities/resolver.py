@@ -197,9 +197,7 @@ def is_hidden(snapshot: CatalogSnapshot, canonical: str) -> bool:
 _LITERAL_RE = re.compile(r"'(?:[^']|'')*'|\"[^\"]*\"|\{[^}]*\}")
 # A (dotted) identifier, or a model wildcard, with an optional aggregation suffix whose parameters
 # are consumed as opaque. The lookbehind keeps ``x::date`` casts and ``1e5`` numbers out.
-_TOKEN_RE = re.compile(
-    r"(?<![\w.:])(?:[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*(?:\.\*(?=:))?|\*(?=:))(?::\w+(?:\([^()]*\))?)?"
-)
+_TOKEN_RE = re.compile(r"(?<![\w.:])(?:[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*(?:\.\*(?=:))?|\*(?=:))(?::\w+(?:\([^()]*\))?)?")
 _SQL_WORDS = frozenset(
     "and or not is null in like ilike between true false case when then else end exists as asc desc "
     "distinct interval date time timestamp from select where any all some over partition by order "

@@ -24,9 +24,7 @@ def check_datasource_name(value: str) -> str:
 
 def check_leaf_name(value: str) -> str:
     if not LEAF_NAME_RE.match(value):
-        raise ValueError(
-            "a name starts with a letter or '_', then letters, digits or '_', at most 200 characters"
-        )
+        raise ValueError("a name starts with a letter or '_', then letters, digits or '_', at most 200 characters")
     return value
 
 

@@ -126,9 +126,7 @@ def datasource_to_dict(datasource: Datasource, *, models: list[str] | None = Non
 
 def list_datasources(session: Session) -> list[dict[str, Any]]:
     counts = dict(
-        session.execute(select(CatalogModel.datasource, func.count()).group_by(CatalogModel.datasource))
-        .tuples()
-        .all()
+        session.execute(select(CatalogModel.datasource, func.count()).group_by(CatalogModel.datasource)).all()
     )
     rows = session.scalars(select(Datasource).order_by(Datasource.name)).all()
     return [{**datasource_to_dict(d), "model_count": counts.get(d.name, 0)} for d in rows]
@@ -234,9 +232,7 @@ def query_absent() -> ColumnElement[bool]:
 
 def learnings(session: Session, *, caller: Caller, entity_set: list[str]) -> list[dict[str, Any]]:
     """Visible active query-less memories whose entities overlap ``entity_set`` (GIN-indexed ``&&``)."""
-    overlap = Memory.entities.op("&&")(
-        cast(bindparam("entity_set", entity_set, type_=ARRAY(Text)), ARRAY(Text))
-    )
+    overlap = Memory.entities.op("&&")(cast(bindparam("entity_set", entity_set, type_=ARRAY(Text)), ARRAY(Text)))
     rows = session.scalars(
         select(Memory)
         .where(overlap, query_absent(), Memory.status == "active", visible_clause(caller))

@@ -84,18 +84,14 @@ def load_snapshot(session: Session, tenant_id: int) -> CatalogSnapshot:
 def _read_snapshot(session: Session) -> CatalogSnapshot:
     return CatalogSnapshot.from_rows(
         datasources=[(name, False) for name in session.scalars(select(Datasource.name)).all()],
-        models=session.execute(
-            select(CatalogModel.datasource, CatalogModel.name, CatalogModel.hidden)
-        ).tuples(),
+        models=session.execute(select(CatalogModel.datasource, CatalogModel.name, CatalogModel.hidden)),
         columns=session.execute(
             select(CatalogColumn.datasource, CatalogColumn.model, CatalogColumn.name, CatalogColumn.hidden)
-        ).tuples(),
-        measures=session.execute(
-            select(CatalogMeasure.datasource, CatalogMeasure.model, CatalogMeasure.name)
-        ).tuples(),
+        ),
+        measures=session.execute(select(CatalogMeasure.datasource, CatalogMeasure.model, CatalogMeasure.name)),
         aggregations=session.execute(
             select(CatalogAggregation.datasource, CatalogAggregation.model, CatalogAggregation.name)
-        ).tuples(),
+        ),
         foreign_keys=session.execute(
             select(
                 CatalogForeignKey.datasource,
@@ -104,7 +100,7 @@ def _read_snapshot(session: Session) -> CatalogSnapshot:
                 CatalogForeignKey.target_datasource,
                 CatalogForeignKey.target_model,
             )
-        ).tuples(),
+        ),
     )
 
 
@@ -115,9 +111,7 @@ set_snapshot_loader(load_snapshot)
 
 
 def _hidden_models(session: Session) -> set[tuple[str, str]]:
-    rows = session.execute(
-        select(CatalogModel.datasource, CatalogModel.name).where(CatalogModel.hidden.is_(True))
-    ).tuples()
+    rows = session.execute(select(CatalogModel.datasource, CatalogModel.name).where(CatalogModel.hidden.is_(True)))
     return set(rows)
 
 
@@ -130,11 +124,7 @@ def _docs(session: Session, *, where: dict[str, object]) -> list[CatalogDoc]:
             docs.append(CatalogDoc(ds.name, "datasource", render.render_datasource(ds), False, ds.change_seq))
     if "model" in where:
         for m in session.scalars(select(CatalogModel).where(where["model"])):  # type: ignore[arg-type]
-            docs.append(
-                CatalogDoc(
-                    f"{m.datasource}.{m.name}", "model", render.render_model(m), m.hidden, m.change_seq
-                )
-            )
+            docs.append(CatalogDoc(f"{m.datasource}.{m.name}", "model", render.render_model(m), m.hidden, m.change_seq))
     leaves: tuple[tuple[str, Any, Any], ...] = (
         ("column", CatalogColumn, render.render_column),
         ("measure", CatalogMeasure, render.render_measure),
@@ -179,7 +169,7 @@ def catalog_changes(session: Session, *, since: int) -> list[CatalogChange]:
         select(Tombstone.doc_id, Tombstone.change_seq).where(
             Tombstone.change_seq > since, Tombstone.doc_id.not_like("memory:%")
         )
-    ).tuples()
+    )
     for doc_id, seq in tombstones:
         if doc_id not in live:
             changes.append((doc_id, _kind_of_deleted(doc_id), None, False, int(seq)))
@@ -229,5 +219,5 @@ def datasource_doc_ids(session: Session, *, datasource: str, models: list[str] |
         stmt = select(table.model, table.name).where(table.datasource == datasource)
         if models is not None:
             stmt = stmt.where(table.model.in_(models))
-        ids += [f"{datasource}.{m}.{n}" for m, n in session.execute(stmt).tuples()]
+        ids += [f"{datasource}.{m}.{n}" for m, n in session.execute(stmt)]
     return list(dict.fromkeys(ids))
