@@ -143,31 +143,38 @@ def _job_command(ctx: click.Context, method: str, path: str) -> Any:
         client.close()
 
 
+sub_format = click.option("--format", "fmt", type=click.Choice(["json", "table"]), default=None)
+
+
 @jobs.command("show")
 @click.argument("job_id")
+@sub_format
 @click.pass_context
-def jobs_show(ctx: click.Context, job_id: str) -> None:
+def jobs_show(ctx: click.Context, job_id: str, fmt: str | None) -> None:
     """One job with its attempts and error."""
     emit(
         _job_command(ctx, "GET", f"/v1/jobs/{job_id}"),
-        fmt=ctx.obj["fmt"],
+        fmt=fmt or ctx.obj["fmt"],
         columns=("id", "kind", "state", "attempts", "error"),
     )
 
 
 @jobs.command("retry")
 @click.argument("job_id")
+@sub_format
 @click.pass_context
-def jobs_retry(ctx: click.Context, job_id: str) -> None:
+def jobs_retry(ctx: click.Context, job_id: str, fmt: str | None) -> None:
     """Queue a failed job again."""
-    emit(_job_command(ctx, "POST", f"/v1/jobs/{job_id}/retry"), fmt=ctx.obj["fmt"], columns=("id", "kind", "state"))
+    job = _job_command(ctx, "POST", f"/v1/jobs/{job_id}/retry")
+    emit(job, fmt=fmt or ctx.obj["fmt"], columns=("id", "kind", "state"))
 
 
 @jobs.command("wait")
 @click.argument("job_id")
 @click.option("--timeout", default=600.0, show_default=True)
+@sub_format
 @click.pass_context
-def jobs_wait(ctx: click.Context, job_id: str, timeout: float) -> None:
+def jobs_wait(ctx: click.Context, job_id: str, timeout: float, fmt: str | None) -> None:
     """Wait until a job succeeds or fails (exit 1 on failure)."""
     deadline = time.monotonic() + timeout
     while True:
@@ -175,6 +182,6 @@ def jobs_wait(ctx: click.Context, job_id: str, timeout: float) -> None:
         if job["state"] in ("succeeded", "failed") or time.monotonic() > deadline:
             break
         time.sleep(0.5)
-    emit(job, fmt=ctx.obj["fmt"], columns=("id", "kind", "state", "attempts", "error"))
+    emit(job, fmt=fmt or ctx.obj["fmt"], columns=("id", "kind", "state", "attempts", "error"))
     if job["state"] != "succeeded":
         sys.exit(1)

@@ -112,6 +112,20 @@ def test_tenant_create_while_serve_runs(served):
     assert again.returncode != 0 and "already exists" in again.stderr
 
 
+def test_cli_search_and_jobs_against_serve(served):
+    env = {**served["env"], "ENGRAM_API_KEY": served["key"]}
+    _engram("memory", "save", "the warehouse closes at six on fridays", "--format", "json", env=env)
+    found = json.loads(_engram("search", "when does the warehouse close", "--format", "json", env=env).stdout)
+    assert any("warehouse" in hit["text"] for hit in found["memories"])
+    assert set(found["channels"]) == {"entity_bm25", "fulltext", "dense", "graph"}
+    jobs = json.loads(_engram("jobs", "--format", "json", env=env).stdout)["jobs"]
+    assert jobs and {"id", "kind", "state", "attempts"} <= set(jobs[0])
+    shown = json.loads(_engram("jobs", "show", jobs[0]["id"], "--format", "json", env=env).stdout)
+    assert shown["id"] == jobs[0]["id"]
+    bad = _engram("search", "--mode", "typed", "--format", "json", env=env, check=False)
+    assert bad.returncode != 0 and json.loads(bad.stderr)["error"]["code"] == "validation_error"
+
+
 def test_sigterm_stops_everything(served):
     """SIGTERM stops the API, worker, beat, PostgreSQL and Redis that serve started: nothing is left."""
     process = served["process"]
