@@ -7,6 +7,7 @@ import threading
 import time
 
 from fastapi import Request
+from starlette.concurrency import run_in_threadpool
 
 from core.config import get_settings
 from core.db import system_session
@@ -69,14 +70,17 @@ class _TokenBucket:
 _buckets = _TokenBucket()
 
 
-def require_caller(request: Request) -> Caller:
-    """FastAPI dependency: the tenant caller behind the Authorization header (401 otherwise)."""
+def caller_from_request(request: Request) -> Caller:
+    """The tenant caller behind the Authorization header (401 otherwise); may query the database."""
     token = bearer_token(request)
     if token is None:
         raise Unauthorized("missing API key: send 'Authorization: Bearer <api_key>'")
     if is_operator_key(token):
         raise Forbidden("the operator key has no tenant; use a tenant API key for /v1 data calls")
-    caller = caller_for_key(token)
+    return _rate_limited(caller_for_key(token))
+
+
+def _rate_limited(caller: Caller) -> Caller:
     settings = get_settings()
     if settings.rate_limit_per_second > 0 and not _buckets.allow(
         caller.key_id, rate=settings.rate_limit_per_second, burst=settings.rate_limit_burst
@@ -85,8 +89,27 @@ def require_caller(request: Request) -> Caller:
     return caller
 
 
-def require_admin(request: Request) -> Caller:
-    caller = require_caller(request)
+def _cached_caller(request: Request) -> Caller | None:
+    token = bearer_token(request)
+    if token is None or is_operator_key(token):
+        return None
+    hit = _cache.get(hash_key(token))
+    if hit is None or hit[0] <= time.monotonic():
+        return None
+    return _rate_limited(hit[1])
+
+
+async def require_caller(request: Request) -> Caller:
+    """FastAPI dependency. A cached key is answered on the event loop; only a miss goes to the threadpool
+    (a sync dependency would cost a thread hop on every request)."""
+    cached = _cached_caller(request)
+    if cached is not None:
+        return cached
+    return await run_in_threadpool(caller_from_request, request)
+
+
+async def require_admin(request: Request) -> Caller:
+    caller = await require_caller(request)
     if not caller.is_admin:
         raise Forbidden("this call needs an admin key")
     return caller

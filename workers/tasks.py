@@ -51,6 +51,11 @@ def reconcile_task() -> int:
     gaps = reconcile_embeddings(model=get_embedder(settings.embedding_model).name)
     if gaps:
         log.info("reconcile queued embeddings for %d doc(s) in %d tenant(s)", sum(gaps.values()), len(gaps))
+    from core.embeddings.hnsw import ensure_hnsw_indexes
+
+    built = ensure_hnsw_indexes(threshold=settings.dense_exact_max_docs)
+    if built:
+        log.info("reconcile built HNSW indexes for %s dimensions", built)
     return len(job_ids) + sum(gaps.values())
 
 

@@ -65,11 +65,11 @@ class McpEndpoint:
                 self._manager = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        from api.auth import require_caller
+        from api.auth import caller_from_request
 
         request = Request(scope, receive)
         try:
-            caller = await run_in_threadpool(require_caller, request)
+            caller = await run_in_threadpool(caller_from_request, request)
         except EngramError as exc:
             headers = {"WWW-Authenticate": "Bearer"} if exc.status == 401 else None
             await error_response(exc.status, exc.message, code=exc.code, headers=headers)(scope, receive, send)

@@ -9,7 +9,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
-from api.auth import bearer_token, is_operator_key, require_caller
+from api.auth import bearer_token, caller_from_request, is_operator_key
 from core.config import get_settings
 from core.db import system_session
 from core.errors import Forbidden
@@ -23,7 +23,7 @@ def tenant_scope(request: Request) -> int | None:
     """None for the operator (all tenants), else the caller's tenant id."""
     if is_operator_key(bearer_token(request)):
         return None
-    return require_caller(request).tenant_id
+    return caller_from_request(request).tenant_id
 
 
 @router.get("/jobs")
@@ -68,6 +68,6 @@ def retry_as(*, job_id: str, scope: int | None) -> JSONResponse:
 @router.post("/jobs/{job_id}/retry")
 def retry(job_id: str, request: Request) -> JSONResponse:
     scope = tenant_scope(request)
-    if scope is not None and not require_caller(request).is_admin:
+    if scope is not None and not caller_from_request(request).is_admin:
         raise Forbidden("retrying a job needs an admin key")
     return retry_as(job_id=job_id, scope=scope)

@@ -124,11 +124,7 @@ def upgrade() -> None:
     _triggers("embeddings", _EMBEDDING_DELTA)
     op.execute(_CORPUS_DELTA.format(rows=_ROWS["memories"]["insert"].replace("new_rows", "memories")))
     op.execute(_EMBEDDING_DELTA.format(rows=_ROWS["embeddings"]["insert"].replace("new_rows", "embeddings")))
-    for dims in HNSW_DIMS:
-        op.execute(
-            f"CREATE INDEX ix_embeddings_hnsw_{dims} ON embeddings "
-            f"USING hnsw ((embedding::vector({dims})) vector_cosine_ops) WHERE dims = {dims}"
-        )
+    # HNSW indexes are built by reconcile once a tenant outgrows exact search (core.embeddings.hnsw).
     op.create_index("ix_memories_tenant_importance", "memories", ["tenant_id", "importance", "created_at"])
     op.create_index("ix_memories_tenant_kind_created", "memories", ["tenant_id", "kind", "created_at"])
     op.execute(

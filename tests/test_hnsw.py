@@ -1,0 +1,45 @@
+"""HNSW indexes appear only when a tenant outgrows exact search (core.embeddings.hnsw)."""
+
+from __future__ import annotations
+
+from sqlalchemy import text
+
+from core.db import get_engine
+
+
+def _indexes() -> set[str]:
+    with get_engine().connect() as connection:
+        return set(
+            connection.execute(text("SELECT indexname FROM pg_indexes WHERE tablename = 'embeddings'")).scalars()
+        )
+
+
+def test_index_is_built_once_a_tenant_passes_the_threshold(client, tenant):
+    from core.embeddings.hnsw import ensure_hnsw_indexes, hnsw_index_name
+    from core.embeddings.providers import get_embedder
+
+    dims = get_embedder("local").dims
+    name = hnsw_index_name(dims)
+    with get_engine().begin() as connection:
+        connection.execute(text(f"DROP INDEX IF EXISTS {name}"))
+    client.post("/v1/memories", json={"content": "one vector", "sync_embed": True}, headers=tenant.headers())
+    client.post("/v1/memories", json={"content": "two vectors", "sync_embed": True}, headers=tenant.headers())
+    assert ensure_hnsw_indexes(threshold=1_000_000) == []
+    assert name not in _indexes()
+    try:
+        assert ensure_hnsw_indexes(threshold=1) == [dims]
+        assert name in _indexes()
+        assert ensure_hnsw_indexes(threshold=1) == []  # already there
+        with get_engine().connect() as connection:
+            connection.execute(text("SET enable_seqscan = off"))  # the table is tiny; ask whether it could
+            plan = connection.execute(
+                text(
+                    f"EXPLAIN SELECT canonical_id FROM embeddings WHERE dims = {dims} "
+                    f"ORDER BY (embedding::vector({dims})) <=> (SELECT embedding::vector({dims}) FROM embeddings "
+                    f"WHERE dims = {dims} LIMIT 1) LIMIT 5"
+                )
+            ).scalars()
+            assert any(name in line for line in plan)
+    finally:
+        with get_engine().begin() as connection:
+            connection.execute(text(f"DROP INDEX IF EXISTS {name}"))
