@@ -17,7 +17,7 @@ MAX_BODY_BYTES = 64 * 1024 * 1024
 _BODY_METHODS = ("POST", "PUT", "PATCH")
 
 
-def create_app(*, install_queue: bool = True) -> FastAPI:
+def create_app(*, install_queue: bool = False) -> FastAPI:
     app = FastAPI(title="engram", version="0.1.0", docs_url="/docs", redoc_url=None)
     install_error_handlers(app)
 
@@ -30,6 +30,9 @@ def create_app(*, install_queue: bool = True) -> FastAPI:
     from api.mcp.http import mount_mcp
 
     mount_mcp(app)
+    # Writes only commit job rows; the outbox relay in each worker publishes them (core.jobs.relay), so a
+    # request never waits on the broker. `install_queue` also publishes from this process, for setups
+    # without a worker relay (the in-process client, MCP over stdio).
     if install_queue:
         from api.broker import install_job_queue
 

@@ -102,26 +102,31 @@ def test_job_visibility_is_per_tenant(client, make_tenant):
 
 
 def test_reconcile_redispatches_a_lost_job(client, tenant, stack, worker):
-    """A committed job whose message never reached the broker is dispatched again by reconcile."""
+    """A job the relay handed to the broker whose message was then lost (claimed, never run) is dispatched
+    again by reconcile and runs."""
     from datetime import timedelta
 
     from core.db import system_session
     from core.jobs.models import Job
-    from core.jobs.service import enqueue, get_job_queue, jobs_to_redispatch, set_job_queue
+    from core.jobs.service import jobs_to_redispatch, now
 
     mid = client.post("/v1/memories", json={"content": "lost message"}, headers=tenant.headers()).json()["memory_id"]
-    original = get_job_queue()
-    set_job_queue(None)  # the broker "drops" this job's message
-    try:
-        with system_session() as session:
-            job = enqueue(session, tenant_id=tenant.tenant_id, kind="embed", payload={"doc_ids": [f"memory:{mid}"]})
-            job_id = job.id
-    finally:
-        set_job_queue(original)
+    with system_session() as session:
+        job = Job(
+            id=f"lost-{mid}-{tenant.tenant_id}",
+            tenant_id=tenant.tenant_id,
+            kind="embed",
+            state="queued",
+            payload={"doc_ids": [f"memory:{mid}"]},
+            attempts=0,
+            created_at=now() - timedelta(minutes=5),
+            updated_at=now() - timedelta(minutes=5),
+            dispatched_at=now() - timedelta(minutes=5),  # "published" long ago; the message never arrived
+        )
+        session.add(job)
+        job_id = job.id
     with system_session() as session:
         assert session.get(Job, job_id).state == "queued"
-        session.get(Job, job_id).updated_at -= timedelta(minutes=5)
-    with system_session() as session:
         assert job_id in jobs_to_redispatch(
             session, older_than=timedelta(seconds=30), running_lease=timedelta(minutes=10)
         )

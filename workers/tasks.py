@@ -5,6 +5,8 @@ from __future__ import annotations
 import logging
 from datetime import timedelta
 
+from celery.signals import worker_ready
+
 import core.jobs.handlers  # noqa: F401 - registers the job handlers
 import core.schema  # noqa: F401 - every table known to the ORM
 from core.config import get_settings
@@ -17,6 +19,16 @@ log = logging.getLogger(__name__)
 # Jobs that workers enqueue (ingest queues sample refresh, reconcile re-dispatches) are published
 # synchronously: a worker has no request latency to protect.
 set_job_queue(CeleryJobQueue(app, background=False))
+
+
+@worker_ready.connect
+def start_outbox_relay(**_: object) -> None:
+    """Publish the job rows writers commit (the API never talks to the broker on a write)."""
+    from core.db import get_engine
+    from core.jobs.relay import OutboxRelay
+
+    dsn = get_engine().url.render_as_string(hide_password=False).replace("postgresql+psycopg://", "postgresql://")
+    OutboxRelay(dsn=dsn, publish=CeleryJobQueue(app, background=False).send).start()
 
 
 @app.task(name="engram.run_job", bind=True, acks_late=True, reject_on_worker_lost=True, max_retries=None)
