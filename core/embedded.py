@@ -19,7 +19,8 @@ import stat
 import subprocess
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import IO
 
@@ -134,9 +135,7 @@ def _spawn(
     )
 
 
-def _wait_ready(
-    process: subprocess.Popen[bytes], *, ready: Callable[[], bool], log_path: Path, what: str
-) -> bool:
+def _wait_ready(process: subprocess.Popen[bytes], *, ready: Callable[[], bool], log_path: Path, what: str) -> bool:
     """Poll `ready` until the server answers. False if it exited because another process took its port."""
     deadline = time.monotonic() + START_TIMEOUT_S
     while time.monotonic() < deadline:
@@ -302,12 +301,8 @@ class EmbeddedPostgres(_ChildServer):
             argv += ["-c", f"{name}={value}"]
         with self.log_path.open("ab") as log:
             # SIGINT, not SIGTERM, on parent death: a "smart" shutdown would wait for orphaned clients.
-            self._process = _spawn(
-                argv, cwd=self.data_dir, log=log, run_as=self._run_as, death_signal=signal.SIGINT
-            )
-        return _wait_ready(
-            self._process, ready=self._accepts_connections, log_path=self.log_path, what="PostgreSQL"
-        )
+            self._process = _spawn(argv, cwd=self.data_dir, log=log, run_as=self._run_as, death_signal=signal.SIGINT)
+        return _wait_ready(self._process, ready=self._accepts_connections, log_path=self.log_path, what="PostgreSQL")
 
     def _dsn(self, database: str) -> str:
         return f"host=127.0.0.1 port={self.port} user=postgres dbname={database}"
@@ -355,9 +350,7 @@ class EmbeddedRedis(_ChildServer):
             argv += ["--dir", str(self.data_dir.resolve()), "--save", "", "--appendonly", "yes"]
             argv += ["--daemonize", "no", "--pidfile", str(self.pidfile.resolve())]
             argv += ["--logfile", str(self.log_path.resolve())]
-            self._process = _spawn(
-                argv, cwd=self.data_dir, log=None, run_as=None, death_signal=signal.SIGTERM
-            )
+            self._process = _spawn(argv, cwd=self.data_dir, log=None, run_as=None, death_signal=signal.SIGTERM)
             if _wait_ready(self._process, ready=self._answers_ping, log_path=self.log_path, what="Redis"):
                 return self.url
         raise EmbeddedServiceError(f"Redis found no free port:\n{_log_tail(self.log_path)}")
@@ -371,3 +364,25 @@ class EmbeddedRedis(_ChildServer):
             return False
         finally:
             client.close()
+
+
+@contextmanager
+def embedded_services(
+    base: Path, *, database_url: str = "", redis_url: str = "", durable: bool = True
+) -> Iterator[tuple[str, str]]:
+    """PostgreSQL and Redis under `base` for a throwaway stack (tests, benchmarks), unless URLs are given;
+    yields (database_url, redis_url) and stops what it started."""
+    servers: list[EmbeddedPostgres | EmbeddedRedis] = []
+    try:
+        if not database_url:
+            pg = EmbeddedPostgres(data_dir=base / "pg", durable=durable)
+            servers.append(pg)
+            database_url = pg.start()
+        if not redis_url:
+            redis_server = EmbeddedRedis(data_dir=base / "redis")
+            servers.append(redis_server)
+            redis_url = redis_server.start()
+        yield database_url, redis_url
+    finally:
+        for server in reversed(servers):
+            server.stop()

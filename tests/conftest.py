@@ -34,48 +34,41 @@ class Stack:
 
 @pytest.fixture(scope="session")
 def stack() -> Iterator[Stack]:
+    from core.db import dispose_engine
+    from core.embedded import embedded_services
+
     base = Path(tempfile.mkdtemp(prefix="engram-test-", dir="/tmp"))
     base.chmod(0o755)
-    servers = []
-    database_url = os.environ.get("ENGRAM_TEST_DATABASE_URL", "")
-    redis_url = os.environ.get("ENGRAM_TEST_REDIS_URL", "")
     try:
-        if not database_url:
-            from core.embedded import EmbeddedPostgres
+        # durable=False: no fsync for a throwaway cluster (the suite does not measure speed).
+        with embedded_services(
+            base,
+            durable=False,
+            database_url=os.environ.get("ENGRAM_TEST_DATABASE_URL", ""),
+            redis_url=os.environ.get("ENGRAM_TEST_REDIS_URL", ""),
+        ) as (database_url, redis_url):
+            env = {
+                "ENGRAM_DATABASE_URL": database_url,
+                "ENGRAM_REDIS_URL": redis_url,
+                "ENGRAM_HOME": str(base / "home"),
+                "ENGRAM_OPERATOR_KEY": OPERATOR_KEY,
+                "ENGRAM_SECRET_KEY": "dGVzdC1zZWNyZXQta2V5LWZvci1lbmdyYW0tdGVzdHM9",
+                "ENGRAM_OUTBOX_REDISPATCH_SECONDS": "2",
+                "ENGRAM_RECONCILE_INTERVAL_SECONDS": "1",
+            }
+            os.environ.update(env)
+            (base / "home").mkdir()
+            from core.config import reset_settings_cache
 
-            pg = EmbeddedPostgres(data_dir=base / "pg", durable=False)
-            servers.append(pg)
-            database_url = pg.start()
-        if not redis_url:
-            from core.embedded import EmbeddedRedis
+            reset_settings_cache()
+            from core.migrate import upgrade
 
-            redis_server = EmbeddedRedis(data_dir=base / "redis")
-            servers.append(redis_server)
-            redis_url = redis_server.start()
-        env = {
-            "ENGRAM_DATABASE_URL": database_url,
-            "ENGRAM_REDIS_URL": redis_url,
-            "ENGRAM_HOME": str(base / "home"),
-            "ENGRAM_OPERATOR_KEY": OPERATOR_KEY,
-            "ENGRAM_SECRET_KEY": "dGVzdC1zZWNyZXQta2V5LWZvci1lbmdyYW0tdGVzdHM9",
-            "ENGRAM_OUTBOX_REDISPATCH_SECONDS": "2",
-            "ENGRAM_RECONCILE_INTERVAL_SECONDS": "1",
-        }
-        os.environ.update(env)
-        (base / "home").mkdir()
-        from core.config import reset_settings_cache
-
-        reset_settings_cache()
-        from core.migrate import upgrade
-
-        upgrade()
-        yield Stack(database_url=database_url, redis_url=redis_url, home=base / "home", env=env)
+            upgrade()
+            try:
+                yield Stack(database_url=database_url, redis_url=redis_url, home=base / "home", env=env)
+            finally:
+                dispose_engine()
     finally:
-        from core.db import dispose_engine
-
-        dispose_engine()
-        for server in reversed(servers):
-            server.stop()
         shutil.rmtree(base, ignore_errors=True)
 
 

@@ -13,7 +13,6 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import httpx
 
@@ -28,45 +27,34 @@ class BenchStack:
 
 @contextmanager
 def bench_stack() -> Iterator[BenchStack]:
+    from core.db import dispose_engine
+    from core.embedded import embedded_services
+    from core.migrate import upgrade
+
     base = Path(tempfile.mkdtemp(prefix="engram-bench-", dir="/tmp"))
     base.chmod(0o755)
-    servers: list[Any] = []
     saved_env = dict(os.environ)
     try:
-        database_url = os.environ.get("ENGRAM_DATABASE_URL", "")
-        redis_url = os.environ.get("ENGRAM_REDIS_URL", "")
-        if not database_url:
-            from core.embedded import EmbeddedPostgres
-
-            pg = EmbeddedPostgres(data_dir=base / "pg")
-            servers.append(pg)
-            database_url = pg.start()
-        if not redis_url:
-            from core.embedded import EmbeddedRedis
-
-            redis_server = EmbeddedRedis(data_dir=base / "redis")
-            servers.append(redis_server)
-            redis_url = redis_server.start()
-        env = {
-            "ENGRAM_DATABASE_URL": database_url,
-            "ENGRAM_REDIS_URL": redis_url,
-            "ENGRAM_HOME": str(base / "home"),
-        }
-        os.environ.update(env)
-        (base / "home").mkdir()
-        reset_settings_cache()
-        from core.db import dispose_engine
-        from core.migrate import upgrade
-
-        dispose_engine()
-        upgrade()
-        yield BenchStack(home=base / "home", env=env)
+        with embedded_services(
+            base,
+            database_url=os.environ.get("ENGRAM_DATABASE_URL", ""),
+            redis_url=os.environ.get("ENGRAM_REDIS_URL", ""),
+        ) as (database_url, redis_url):
+            env = {
+                "ENGRAM_DATABASE_URL": database_url,
+                "ENGRAM_REDIS_URL": redis_url,
+                "ENGRAM_HOME": str(base / "home"),
+            }
+            os.environ.update(env)
+            (base / "home").mkdir()
+            reset_settings_cache()
+            dispose_engine()
+            upgrade()
+            try:
+                yield BenchStack(home=base / "home", env=env)
+            finally:
+                dispose_engine()
     finally:
-        from core.db import dispose_engine
-
-        dispose_engine()
-        for server in reversed(servers):
-            server.stop()
         os.environ.clear()
         os.environ.update(saved_env)
         reset_settings_cache()
