@@ -91,8 +91,10 @@ def _print_job_timings() -> None:
                 " extract(epoch FROM max(finished_at) - min(created_at)) FROM jobs WHERE kind = 'embed'"
             )
         ).one()
-    print(f"embed jobs: {row[0]}, mean run {row[1] or 0:.3f}s, first queued to last done {row[2] or 0:.2f}s",
-          file=sys.stderr)
+    print(
+        f"embed jobs: {row[0]}, mean run {row[1] or 0:.3f}s, first queued to last done {row[2] or 0:.2f}s",
+        file=sys.stderr,
+    )
 
 
 def _fig(metric: str, value: float, unit: str, **params: Any) -> dict[str, Any]:

@@ -62,11 +62,15 @@ def catalog_changes(session: Session, *, since: int) -> list[DocChange]:
     ]
 
 
-def entity_docs(session: Session, *, tenant_id: int, doc_ids: list[str]) -> dict[str, tuple[str, str]]:
+def entity_docs(
+    session: Session, *, tenant_id: int, doc_ids: list[str], small_catalog: Callable[[], bool] | None = None
+) -> dict[str, tuple[str, str]]:
     """doc id -> (kind, rendered text) for the visible catalog docs among ``doc_ids``.
 
     Rendered docs are cached per tenant and catalog version (moved by every catalog write), so hits
-    on a hot catalog cost no rendering queries.
+    on a hot catalog cost no rendering queries. When the first miss of a version comes and
+    ``small_catalog()`` says the catalog is small, every doc is rendered at once (a few queries), so
+    later searches never pay a rendering round trip per new hit.
     """
     if not doc_ids:
         return {}
@@ -83,9 +87,14 @@ def entity_docs(session: Session, *, tenant_id: int, doc_ids: list[str]) -> dict
             _docs_cache.popitem(last=False)
         known = cached[1]
         missing = [d for d in doc_ids if d not in known]
+        prefetch = bool(missing) and not known and small_catalog is not None
+    prefetch = prefetch and small_catalog is not None and small_catalog()
     if missing:
-        loaded = {doc.canonical_id: (doc.doc_kind, doc.text) for doc in catalog_docs.load(session, doc_ids=missing)}
+        docs = catalog_docs.all_docs(session) if prefetch else catalog_docs.load(session, doc_ids=missing)
+        loaded = {doc.canonical_id: (doc.doc_kind, doc.text) for doc in docs}
         with _docs_lock:
+            if prefetch:
+                known.update(loaded)
             for doc_id in missing:
                 known[doc_id] = loaded.get(doc_id)
     return {d: known[d] for d in doc_ids if known.get(d) is not None}  # type: ignore[misc]

@@ -12,16 +12,30 @@ chosen by the number of stored vectors of the tenant and model (``search_embeddi
 
 Either way each doc kind side (memories, catalog entities) is ranked on its own, so one side never
 takes the other's depth. Any reason the channel cannot run raises :class:`DenseUnavailable`.
+
+On the exact path, two query-side refinements (stored vectors stay the embedding of a memory's content
+alone, so content hashes and convergence are untouched):
+
+* run context: a memory's cosine is blended with the mean cosine of its neighbours in the same run (the
+  window full-text lends it, ``CONTEXT_TURNS``), as a conversation turn often makes sense only with the
+  turns around it (``with_context``);
+* feedback: the question's vector is moved towards the mean vector of the bucket's first eligible
+  full-text hits (Rocchio pseudo-relevance feedback), which the caller gives per bucket.
+
+Both need the memory layout (bucket and run neighbours of every row), read in one query and cached per
+(embeddings version, tenant change seq); the approximate path uses neither.
 """
 
 from __future__ import annotations
 
 import threading
 from collections import OrderedDict
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
-from sqlalchemy import select, text
+from sqlalchemy import or_, select, text
 from sqlalchemy.orm import Session
 
 from core.config import get_settings
@@ -29,6 +43,7 @@ from core.embeddings.providers import EmbeddingProviderError, get_embedder
 from core.embeddings.store_models import Embedding
 from core.memories.models import Memory
 from core.search.filters import EXAMPLE_QUERIES, HAS_QUERY_SQL, MEMORIES, has_query
+from core.search.index import CONTEXT_TURNS
 
 MEMORY_KIND = "memory"
 ENTITIES = "entities"
@@ -37,16 +52,32 @@ HNSW_DIMS = frozenset({256, 384, 512, 768, 1024, 1536})
 CACHE_ENTRIES = 16
 # Depth of the single approximate query above dense_exact_max_docs (see DenseSearch._hnsw_pool).
 HNSW_POOL = 200
+# How much a memory's exact-path score takes from its run neighbours' mean cosine (see with_context).
+CONTEXT_WEIGHT = 0.5
+# Pseudo-relevance feedback (Rocchio): the exact path moves the question's vector towards the mean
+# vector of a bucket's top full-text hits by this much (see DenseSearch.rank).
+FEEDBACK_WEIGHT = 0.5
 
 
 class DenseUnavailable(Exception):
-    """The dense channel cannot run; the message is the warning shown to the caller."""
+    """The dense channel cannot run; the message is the warning shown to the caller.
+
+    ``change_seq`` is the tenant's change seq when it was read on the way (see ``DenseSearch``).
+    """
+
+    def __init__(self, message: str, *, change_seq: int | None = None) -> None:
+        super().__init__(message)
+        self.change_seq = change_seq
 
 
 @dataclass(frozen=True)
 class _Side:
     ids: list[str]
     matrix: np.ndarray
+
+    @cached_property
+    def row_of(self) -> dict[str, int]:
+        return {doc_id: n for n, doc_id in enumerate(self.ids)}
 
 
 @dataclass(frozen=True)
@@ -60,12 +91,18 @@ _cache: OrderedDict[tuple[int, str], _Matrix] = OrderedDict()
 _cache_lock = threading.Lock()
 
 
-def _stats(session: Session, *, tenant_id: int, model: str) -> tuple[int, int]:
+def _stats(session: Session, *, tenant_id: int, model: str) -> tuple[int, int, int]:
+    """(stored vectors, embeddings version) of the tenant and model, and the tenant's change seq, in one query."""
     row = session.execute(
-        text("SELECT docs, version FROM search_embedding_stats WHERE tenant_id = :t AND model = :m"),
+        text(
+            "SELECT t.change_seq, s.docs, s.version FROM tenants AS t LEFT JOIN search_embedding_stats AS s "
+            "ON s.tenant_id = t.id AND s.model = :m WHERE t.id = :t"
+        ),
         {"t": tenant_id, "m": model},
     ).first()
-    return (int(row[0]), int(row[1])) if row else (0, 0)
+    if row is None:
+        return 0, 0, 0
+    return int(row[1] or 0), int(row[2] or 0), int(row[0] or 0)
 
 
 def _load_matrix(session: Session, *, model: str, dims: int, version: int) -> _Matrix:
@@ -109,35 +146,107 @@ def _cached_matrix(session: Session, *, tenant_id: int, model: str, dims: int, v
 def clear_cache() -> None:
     with _cache_lock:
         _cache.clear()
+        _layouts.clear()
 
 
-_masks: OrderedDict[tuple[int, str], tuple[int, int, np.ndarray]] = OrderedDict()
+MEMORY_BUCKETS = (MEMORIES, EXAMPLE_QUERIES)
 
 
-def _example_mask(session: Session, *, tenant_id: int, model: str, matrix: _Matrix, change_seq: int) -> np.ndarray:
-    """Which memory rows of the matrix carry a query (the example_queries bucket), cached per version."""
+@dataclass(frozen=True)
+class _Layout:
+    """What the memory rows of a matrix need beyond their vectors, for one (version, change_seq).
+
+    ``rows``: per memory bucket, the matrix rows of its memories (example_queries: those carrying a
+    query). ``neighbours``: per bucket and aligned with ``rows``, the rows of the memories up to
+    ``CONTEXT_TURNS`` before and after each one in its run (the window full-text lends a memory, see
+    core.search.index), -1 where there is none; ``has_context`` is False when no row has any.
+    """
+
+    version: int
+    change_seq: int
+    rows: dict[str, np.ndarray]
+    neighbours: dict[str, np.ndarray]
+    has_context: bool
+
+
+_layouts: OrderedDict[tuple[int, str], _Layout] = OrderedDict()
+
+
+def _layout(session: Session, *, tenant_id: int, model: str, matrix: _Matrix, change_seq: int) -> _Layout:
+    """The matrix's memory layout, from one query, cached per (embeddings version, change seq)."""
     key = (tenant_id, model)
     with _cache_lock:
-        hit = _masks.get(key)
-        if hit is not None and hit[0] == matrix.version and hit[1] == change_seq:
-            return hit[2]
-    example_ids = {
-        MEMORY_PREFIX + memory_id
-        for memory_id in session.scalars(select(Memory.id).where(has_query(), Memory.status != "forgotten"))
-    }
-    ids = matrix.memories.ids
-    mask = np.fromiter((doc_id in example_ids for doc_id in ids), dtype=bool, count=len(ids))
+        hit = _layouts.get(key)
+        if hit is not None and hit.version == matrix.version and hit.change_seq == change_seq:
+            return hit
+    found = session.execute(
+        select(Memory.id, Memory.run_id, has_query())
+        .where(Memory.status != "forgotten", or_(has_query(), Memory.run_id.is_not(None)))
+        .order_by(Memory.run_id, Memory.occurred_at, Memory.created_at, Memory.id)
+    ).all()
+    row_of = matrix.memories.row_of
+    mask = np.zeros(len(row_of), dtype=bool)
+    neighbours = np.full((len(row_of), 2 * CONTEXT_TURNS), -1, dtype=np.int64)
+    runs: dict[str, list[int]] = {}
+    for memory_id, run_id, carries_query in found:
+        row = row_of.get(MEMORY_PREFIX + memory_id, -1)
+        if carries_query and row >= 0:
+            mask[row] = True
+        if run_id is not None:
+            runs.setdefault(run_id, []).append(row)
+    for run in runs.values():
+        for n, row in enumerate(run):
+            if row < 0:
+                continue
+            window = [*range(n - CONTEXT_TURNS, n), *range(n + 1, n + 1 + CONTEXT_TURNS)]
+            for slot, k in enumerate(window):
+                if 0 <= k < len(run):
+                    neighbours[row, slot] = run[k]
+    rows = {MEMORIES: np.flatnonzero(~mask), EXAMPLE_QUERIES: np.flatnonzero(mask)}
+    layout = _Layout(
+        version=matrix.version,
+        change_seq=change_seq,
+        rows=rows,
+        neighbours={bucket: neighbours[bucket_rows] for bucket, bucket_rows in rows.items()},
+        has_context=bool((neighbours >= 0).any()),
+    )
     with _cache_lock:
-        _masks[key] = (matrix.version, change_seq, mask)
-        while len(_masks) > CACHE_ENTRIES:
-            _masks.popitem(last=False)
-    return mask
+        _layouts[key] = layout
+        _layouts.move_to_end(key)
+        while len(_layouts) > CACHE_ENTRIES:
+            _layouts.popitem(last=False)
+    return layout
+
+
+def with_context(scores: np.ndarray, neighbours: np.ndarray, rows: np.ndarray | None = None) -> np.ndarray:
+    """Blend each row's cosine with the mean cosine of its run neighbours (weight ``CONTEXT_WEIGHT``).
+
+    ``scores`` covers every row; the result covers ``rows`` (all when None), ``neighbours`` is aligned
+    with it. A turn of a conversation is often only recognisable through the turns around it, as on
+    the full-text side; a row without neighbours keeps its own cosine.
+    """
+    own = scores if rows is None else scores[rows]
+    valid = neighbours >= 0
+    counts = valid.sum(axis=1)
+    if not counts.any():
+        return own
+    gathered = np.where(valid, scores[np.maximum(neighbours, 0)], 0.0).sum(axis=1)
+    context = np.where(counts > 0, gathered / np.maximum(counts, 1), own)
+    return ((own + CONTEXT_WEIGHT * context) / (1.0 + CONTEXT_WEIGHT)).astype(np.float32)
 
 
 class DenseSearch:
     """One question against one tenant's vectors, ranked per search bucket (see ``rank``)."""
 
-    def __init__(self, session: Session, *, tenant_id: int, question: str, change_seq: int) -> None:
+    def __init__(
+        self,
+        session: Session,
+        *,
+        tenant_id: int,
+        question: str,
+        change_seq: int | None = None,
+        feedback: Mapping[str, Sequence[str]] | None = None,
+    ) -> None:
         model_name = get_settings().embedding_model
         try:
             embedder = get_embedder(model_name)
@@ -148,12 +257,18 @@ class DenseSearch:
         self._tenant_id = tenant_id
         self._model = embedder.name
         self._dims = int(self._query.shape[0])
-        docs, version = _stats(session, tenant_id=tenant_id, model=self._model)
+        docs, version, tenant_seq = _stats(session, tenant_id=tenant_id, model=self._model)
+        # The tenant's change seq (keys the memory layout): the caller's, else the one just read.
+        self.change_seq = tenant_seq if change_seq is None else change_seq
         if docs <= 0:
-            raise DenseUnavailable(f"dense channel skipped: no embeddings stored for model '{self._model}'")
+            raise DenseUnavailable(
+                f"dense channel skipped: no embeddings stored for model '{self._model}'", change_seq=self.change_seq
+            )
         self._exact = docs <= get_settings().dense_exact_max_docs or self._dims not in HNSW_DIMS
-        self._change_seq = change_seq
-        self._scores: dict[bool, np.ndarray] = {}
+        self._feedback = feedback if feedback is not None else {}
+        self._entity_scores: np.ndarray | None = None
+        self._bucket_scores: dict[str, np.ndarray] = {}
+        self._feedback_key: tuple[tuple[str, ...], ...] | None = None
         self._pool: dict[str, list[tuple[str, float]]] | None = None
         if self._exact:
             self._matrix = _cached_matrix(
@@ -162,40 +277,73 @@ class DenseSearch:
             if not self._matrix.memories.ids and not self._matrix.entities.ids:
                 raise DenseUnavailable(
                     f"dense channel skipped: stored embeddings of '{self._model}' do not have "
-                    f"the question's {self._dims} dimensions"
+                    f"the question's {self._dims} dimensions",
+                    change_seq=self.change_seq,
                 )
 
     def rank(self, bucket: str, limit: int) -> list[tuple[str, float]]:
-        """[(id, cosine)] best first, at most ``limit``, of one bucket: ``memories`` and
-        ``example_queries`` give memory ids, ``entities`` canonical ids of catalog docs."""
+        """[(id, score)] best first, at most ``limit``, of one bucket: ``memories`` and
+        ``example_queries`` give memory ids, ``entities`` canonical ids of catalog docs.
+
+        ``feedback`` (given at construction, read at the first memory ranking): per memory bucket, memory
+        ids taken as relevant (the bucket's top full-text hits). On the exact path the question's vector
+        is moved towards their mean vector (Rocchio pseudo-relevance feedback), which lets the static
+        model see the vocabulary of the turns that answer; the approximate path ignores it. Scores are
+        cosines, for memories blended with their run context (``with_context``).
+        """
         if limit <= 0:
             return []
-        hits = self._exact_rank(bucket, limit) if self._exact else self._hnsw_rank(bucket, limit)
+        if self._exact:
+            hits = self._exact_rank(bucket, limit)
+        else:
+            hits = self._hnsw_rank(bucket, limit)
         if bucket == ENTITIES:
             return hits
         return [(doc_id[len(MEMORY_PREFIX) :], score) for doc_id, score in hits]
 
+    def _query_for(self, side: _Side, feedback: Sequence[str]) -> np.ndarray:
+        rows = [side.row_of[r] for r in (MEMORY_PREFIX + f for f in feedback) if r in side.row_of]
+        if not rows:
+            return self._query
+        moved = self._query + FEEDBACK_WEIGHT * side.matrix[rows].mean(axis=0)
+        norm = float(np.linalg.norm(moved))
+        return self._query if norm < 1e-12 else (moved / norm).astype(np.float32)
+
+    def _scores_of(self, bucket: str) -> tuple[np.ndarray, np.ndarray]:
+        """(matrix rows of the bucket, their scores), computed once per search and side."""
+        if bucket == ENTITIES:
+            if self._entity_scores is None:
+                self._entity_scores = self._matrix.entities.matrix @ self._query
+            return np.arange(len(self._entity_scores)), self._entity_scores
+        layout = _layout(
+            self._session,
+            tenant_id=self._tenant_id,
+            model=self._model,
+            matrix=self._matrix,
+            change_seq=self.change_seq,
+        )
+        feedback = tuple(tuple(self._feedback.get(b, ())) for b in MEMORY_BUCKETS)
+        if feedback != self._feedback_key:
+            # Both memory buckets in one product of fixed shape, so a bucket's scores never depend on
+            # whether the other bucket was asked for; a change of feedback recomputes them.
+            self._feedback_key = feedback
+            self._bucket_scores = {}
+            side = self._matrix.memories
+            queries = np.stack([self._query_for(side, f) for f in feedback], axis=1)
+            product = side.matrix @ queries
+            for column, name in enumerate(MEMORY_BUCKETS):
+                scores = np.ascontiguousarray(product[:, column])
+                if layout.has_context:
+                    self._bucket_scores[name] = with_context(scores, layout.neighbours[name], layout.rows[name])
+                else:
+                    self._bucket_scores[name] = scores[layout.rows[name]]
+        return layout.rows[bucket], self._bucket_scores[bucket]
+
     def _exact_rank(self, bucket: str, limit: int) -> list[tuple[str, float]]:
-        is_entity = bucket == ENTITIES
-        side = self._matrix.entities if is_entity else self._matrix.memories
+        side = self._matrix.entities if bucket == ENTITIES else self._matrix.memories
         if not side.ids:
             return []
-        if is_entity not in self._scores:
-            # One product per side and search; buckets and deeper looks reuse it.
-            self._scores[is_entity] = side.matrix @ self._query
-        scores = self._scores[is_entity]
-        if is_entity:
-            rows = np.arange(len(scores))
-        else:
-            mask = _example_mask(
-                self._session,
-                tenant_id=self._tenant_id,
-                model=self._model,
-                matrix=self._matrix,
-                change_seq=self._change_seq,
-            )
-            rows = np.flatnonzero(mask if bucket == EXAMPLE_QUERIES else ~mask)
-        sub = scores[rows]
+        rows, sub = self._scores_of(bucket)
         k = min(limit, len(sub))
         if k == 0:
             return []

@@ -6,9 +6,9 @@ that corpus (pre-filter), while visibility and the field filters (kind, category
 remove hits from the ranking. Each memory's tokens are its tags plus ``memory:<id>``.
 
 Nothing here reads the corpus: N and the total token count come from ``search_corpus_stats``
-(maintained by triggers in the writing transaction, migration 0003), and the rows carrying a query
-entity come from the GIN index on ``memories.entities``; every such row is a candidate, so the
-document frequency of each query entity is counted exactly from them.
+(maintained by triggers in the writing transaction, migration 0003; read by the candidates query), and
+the rows carrying a query entity come from the GIN index on ``memories.entities``; every such row is a
+candidate, so the document frequency of each query entity is counted exactly from them.
 
 Stale tags (naming an entity that no longer exists) never match: every query entity was resolved
 against the current catalog and memories, so a stale tag is never equal to one. Until the cleanup
@@ -18,8 +18,9 @@ job strips them they still count in their memory's length, as the statistics cou
 from __future__ import annotations
 
 from collections import Counter
+from typing import Any
 
-from sqlalchemy import or_, select, text
+from sqlalchemy import column, func, or_, select, table, text
 from sqlalchemy.orm import Session
 
 from core.entities.canonical import is_memory_ref, memory_id_of
@@ -31,6 +32,22 @@ _CORPUS_SQL = text(
     "SELECT coalesce(sum(docs), 0), coalesce(sum(tokens), 0) FROM search_corpus_stats "
     "WHERE tenant_id = :tenant_id AND scope = :scope AND status = ANY(:statuses)"
 )
+_STATS = table(
+    "search_corpus_stats", column("tenant_id"), column("scope"), column("status"), column("docs"), column("tokens")
+)
+
+
+def _corpus_columns(*, tenant_id: int, memory_filter: MemoryFilter) -> tuple[Any, Any]:
+    """(N, total tokens) of the searched corpus as scalar subqueries, to ride along the candidates query."""
+    where = (
+        _STATS.c.tenant_id == tenant_id,
+        _STATS.c.scope == (memory_filter.datasource or ""),
+        _STATS.c.status.in_(memory_filter.statuses),
+    )
+    return tuple(  # type: ignore[return-value]
+        select(func.coalesce(func.sum(_STATS.c[name]), 0)).where(*where).scalar_subquery()
+        for name in ("docs", "tokens")
+    )
 
 
 def corpus_size(session: Session, *, tenant_id: int, memory_filter: MemoryFilter) -> tuple[int, int]:
@@ -60,13 +77,18 @@ def rank_memories(
     memory_filter = eligibility.memory_filter
     self_ids = [memory_id_of(e) for e in query_entities if is_memory_ref(e)]
     overlap = Memory.entities.overlap(query_entities)
-    rows = session.execute(
-        select(Memory.id, Memory.entities, has_query(), memory_filter.caller_predicate()).where(
+    docs_column, tokens_column = _corpus_columns(tenant_id=tenant_id, memory_filter=memory_filter)
+    found = session.execute(
+        select(
+            Memory.id, Memory.entities, has_query(), memory_filter.caller_predicate(), docs_column, tokens_column
+        ).where(
             *memory_filter.corpus_clauses(),
             or_(overlap, any_of(Memory.id, self_ids)) if self_ids else overlap,
         )
     ).all()
-    size, total = corpus_size(session, tenant_id=tenant_id, memory_filter=memory_filter)
+    # The corpus statistics come with every candidate row (no candidate: no score needs them).
+    size, total = (int(found[0][4]), int(found[0][5])) if found else (0, 0)
+    rows = [row[:4] for row in found]
     wanted = set(query_entities)
     postings: dict[str, dict[str, int]] = {entity: {} for entity in wanted}
     doc_len: dict[str, int] = {}

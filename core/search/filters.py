@@ -111,5 +111,9 @@ class Eligibility:
         for memory_id in missing:
             self._verdicts[memory_id] = found.get(memory_id)
 
+    def known(self, memory_id: str) -> bool:
+        """Whether the verdict on ``memory_id`` is known (asked or learned)."""
+        return memory_id in self._verdicts
+
     def bucket(self, memory_id: str) -> str | None:
         return self._verdicts.get(memory_id)

@@ -10,25 +10,53 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import or_, select
+from sqlalchemy import and_, or_, select
 from sqlalchemy.orm import Session
 
-from core.memories.models import Association
-from core.search.filters import any_of
+from core.memories.models import Association, Memory
+from core.search.filters import EXAMPLE_QUERIES, MEMORIES, Eligibility, any_of, has_query
 
 SEEDS = 10
 
 
-def neighbours(session: Session, *, seeds: dict[str, list[str]]) -> dict[str, list[tuple[str, float]]]:
-    """For each key's seeds (best first): [(memory id, weight)] one hop away, best first, in one query."""
+def neighbours(
+    session: Session, *, seeds: dict[str, list[str]], eligibility: Eligibility | None = None
+) -> dict[str, list[tuple[str, float]]]:
+    """For each key's seeds (best first): [(memory id, weight)] one hop away, best first, in one query.
+
+    With ``eligibility``, the same query also gives the verdict of every memory at either end of the
+    edges (joined under the search's filters), so the hops need no eligibility query of their own.
+    """
     everything = sorted({seed for key_seeds in seeds.values() for seed in key_seeds})
     if not everything:
         return {key: [] for key in seeds}
-    rows = session.execute(
-        select(Association.source_id, Association.target_id, Association.weight).where(
-            or_(any_of(Association.source_id, everything), any_of(Association.target_id, everything))
-        )
-    ).all()
+    touches = or_(any_of(Association.source_id, everything), any_of(Association.target_id, everything))
+    columns = (Association.source_id, Association.target_id, Association.weight)
+    if eligibility is None:
+        rows: Sequence[Any] = session.execute(select(*columns).where(touches)).all()
+    else:
+        found = session.execute(
+            select(*columns, Memory.id, has_query())
+            .outerjoin(
+                Memory,
+                and_(
+                    or_(Memory.id == Association.source_id, Memory.id == Association.target_id),
+                    *eligibility.memory_filter.clauses(),
+                ),
+            )
+            .where(touches)
+        ).all()
+        edges: dict[tuple[str, str, float], None] = {}
+        verdicts: dict[str, str | None] = {}
+        for source, target, weight, memory_id, carries_query in found:
+            edges[(source, target, weight)] = None
+            if memory_id is not None:
+                verdicts[memory_id] = EXAMPLE_QUERIES if carries_query else MEMORIES
+        for source, target, _ in edges:
+            for end in (source, target):
+                verdicts.setdefault(end, None)
+        eligibility.learn(verdicts)
+        rows = list(edges)
     return {key: _rank(rows, key_seeds) for key, key_seeds in seeds.items()}
 
 

@@ -62,12 +62,30 @@ def memory_hits(
 def entity_hits(
     session: Session, *, tenant_id: int, ranked: Sequence[tuple[str, float]], snapshot: CatalogSnapshot
 ) -> list[EntityHit]:
-    docs = entity_docs(session, tenant_id=tenant_id, doc_ids=[doc_id for doc_id, _ in ranked])
+    docs = entity_docs(
+        session, tenant_id=tenant_id, doc_ids=[doc_id for doc_id, _ in ranked], small_catalog=lambda: is_small(snapshot)
+    )
     hits = []
     for doc_id, score in ranked:
         kind, text = docs.get(doc_id) or (snapshot.kind_of(doc_id) or "entity", doc_id)
         hits.append(EntityHit(id=doc_id, kind=kind, score=score, text=text))
     return hits
+
+
+# A catalog this small is rendered whole on the first entity hit of its version (core.search.catalog).
+PREFETCH_MAX_DOCS = 5000
+
+
+def is_small(snapshot: CatalogSnapshot) -> bool:
+    """At most PREFETCH_MAX_DOCS docs (datasources, models, columns, measures, aggregations)."""
+    size = 0
+    for datasource in snapshot.datasources.values():
+        size += 1
+        for model in datasource.models.values():
+            size += 1 + len(model.columns) + len(model.measures) + len(model.aggregations)
+            if size > PREFETCH_MAX_DOCS:
+                return False
+    return size <= PREFETCH_MAX_DOCS
 
 
 def stale_query_warning(memory: Memory, *, snapshot: CatalogSnapshot) -> str | None:

@@ -8,9 +8,10 @@ keep that channel's raw scores; the cap then slices. Graph seeds are a bucket's 
 So a bucket depends on the corpus, the inputs and its own cap, never on the other caps.
 
 Channels: 1 entity BM25Plus (when ``entities`` or ``query`` is given), 2 full-text and 3 dense (when a
-``question`` is given), 4 graph (when a question is given). Dense failing with a question present is a
-warning plus ``degraded``, never an error. Hybrid with no input falls back to recency with a warning;
-``recent`` / ``important`` / ``typed`` are orderings (see core.search.modes).
+``question`` is given; dense ranks a memory bucket with the bucket's first ``FEEDBACK_DOCS`` eligible
+full-text hits as relevance feedback), 4 graph (when a question is given). Dense failing with a
+question present is a warning plus ``degraded``, never an error. Hybrid with no input falls back to
+recency with a warning; ``recent`` / ``important`` / ``typed`` are orderings (see core.search.modes).
 
 Channels look past ineligible docs (other agents', filtered out, the other bucket) at most
 ``MAX_SCAN`` deep each, so a rare bucket cannot make a query scan a whole large corpus.
@@ -46,6 +47,9 @@ from core.tenancy.models import Tenant
 DEPTH_FLOOR = 30
 FIRST_LOOK = 3  # a channel first looks this many times a bucket's depth down its ranking
 MAX_SCAN = 1000
+# The dense channel ranks a bucket with feedback from the first eligible full-text hits of that bucket.
+FEEDBACK_DOCS = 3
+FEEDBACK_FROM, FEEDBACK_TO = "fulltext", "dense"
 FALLBACK_WARNING = "no entities, query or question given; returning the most recent memories"
 
 Ranking = list[tuple[str, float]]
@@ -137,6 +141,8 @@ class _Search:
         )
         self.eligibility = Eligibility(session=session, memory_filter=self.memory_filter)
         self.caps = {MEMORIES: request.max_memories, EXAMPLE_QUERIES: request.max_example_queries}
+        # Per memory bucket: the memory ids the dense channel takes as relevant (see _memory_buckets).
+        self.feedback: dict[str, list[str]] = {}
 
     @cached_property
     def snapshot(self) -> CatalogSnapshot:
@@ -236,7 +242,19 @@ class _Search:
         dense: DenseSearch | None = None
         if question:
             channels.fulltext = channels.graph = True
-            change_seq = self._change_seq()
+            # Dense reads the tenant's change seq with its own statistics (one round trip for both).
+            change_seq: int | None = None
+            try:
+                dense = DenseSearch(
+                    self.session, tenant_id=self.caller.tenant_id, question=question, feedback=self.feedback
+                )
+                change_seq = dense.change_seq
+            except DenseUnavailable as exc:
+                self.warn(str(exc))
+                self.response.degraded = True
+                change_seq = exc.change_seq
+            if change_seq is None:
+                change_seq = self._change_seq()
             index = catch_up(tenant_id=self.caller.tenant_id, current_seq=change_seq)
             ft_question = fulltext_query(question)
 
@@ -246,15 +264,9 @@ class _Search:
                 return [(doc_id[len(MEMORY_DOC_PREFIX) :], s) for doc_id, s in found]
 
             memory_fetch["fulltext"] = fulltext
-            try:
-                dense = DenseSearch(
-                    self.session, tenant_id=self.caller.tenant_id, question=question, change_seq=change_seq
-                )
+            if dense is not None:
                 channels.dense = True
                 memory_fetch["dense"] = dense.rank
-            except DenseUnavailable as exc:
-                self.warn(str(exc))
-                self.response.degraded = True
             if entity_depth:
                 keep = self._entity_keep
                 entity_rankings["fulltext"] = filtered_ranking(
@@ -281,7 +293,9 @@ class _Search:
         Channels rank each bucket on its own (full-text and dense know which memories carry a query).
         A channel's bucket ranking is its first ``depth`` eligible docs among its top MAX_SCAN for that
         bucket; looking ``FIRST_LOOK * depth`` deep first and at MAX_SCAN only when visibility or the
-        filters left a bucket short gives the same list, with at most two eligibility queries.
+        filters left a bucket short gives the same list. The graph's hops come with their verdicts, so a
+        search usually makes one eligibility query (at most two more: a wrong feedback guess, a short
+        bucket).
         """
         depths = {bucket: bucket_depth(cap) for bucket, cap in self.caps.items()}
         live = [bucket for bucket, depth in depths.items() if depth]
@@ -289,10 +303,31 @@ class _Search:
         if not live or not memory_fetch:
             return out
         firsts = {bucket: min(FIRST_LOOK * depths[bucket], MAX_SCAN) for bucket in live}
+        # Dense takes feedback from full-text's first eligible hits of the bucket. Their verdicts are not
+        # known yet, so dense first ranks with a guess (the first hits not known to be ineligible) and
+        # all rankings are checked in one query; only when the guess was wrong does dense rank again
+        # with the true feedback (and its new docs are checked), so the result is the same either way.
+        deferred = [FEEDBACK_TO] if FEEDBACK_TO in memory_fetch and FEEDBACK_FROM in memory_fetch else []
         rankings = {
-            (name, bucket): fetch(bucket, firsts[bucket]) for name, fetch in memory_fetch.items() for bucket in live
+            (name, bucket): fetch(bucket, firsts[bucket])
+            for name, fetch in memory_fetch.items()
+            if name not in deferred
+            for bucket in live
         }
+        if deferred:
+            self.feedback.update({bucket: self._feedback(rankings[FEEDBACK_FROM, bucket], bucket) for bucket in live})
+            rankings.update(
+                {(name, bucket): memory_fetch[name](bucket, firsts[bucket]) for name in deferred for bucket in live}
+            )
         self.eligibility.check(d for ranking in rankings.values() for d, _ in ranking)
+        if deferred:
+            guessed = dict(self.feedback)
+            self.feedback.update({bucket: self._feedback(rankings[FEEDBACK_FROM, bucket], bucket) for bucket in live})
+            if self.feedback != guessed:
+                rankings.update(
+                    {(name, bucket): memory_fetch[name](bucket, firsts[bucket]) for name in deferred for bucket in live}
+                )
+                self.eligibility.check(d for name in deferred for bucket in live for d, _ in rankings[name, bucket])
         short = [
             (name, bucket)
             for (name, bucket), ranking in rankings.items()
@@ -310,13 +345,18 @@ class _Search:
                 bucket: [d for d, _ in fuse(per_bucket[bucket], active=len(memory_fetch))[: graph.SEEDS]]
                 for bucket in live
             }
-            hops = graph.neighbours(self.session, seeds=seeds)
+            hops = graph.neighbours(self.session, seeds=seeds, eligibility=self.eligibility)
             self.eligibility.check(d for ranking in hops.values() for d, _ in ranking)
             for bucket in live:
                 per_bucket[bucket]["graph"] = self._pick(hops[bucket], bucket, depths[bucket])
         for bucket in live:
             out[bucket] = fuse(per_bucket[bucket], active=len(per_bucket[bucket]))[: self.caps[bucket]]
         return out
+
+    def _feedback(self, ranking: Ranking, bucket: str) -> list[str]:
+        """The first FEEDBACK_DOCS docs of a ranking that are in the bucket or not yet checked."""
+        known = self.eligibility.known
+        return [d for d, _ in ranking if not known(d) or self.eligibility.bucket(d) == bucket][:FEEDBACK_DOCS]
 
     def _pick(self, ranking: Ranking, bucket: str, depth: int) -> Ranking:
         return [(d, s) for d, s in ranking if self.eligibility.bucket(d) == bucket][:depth]
