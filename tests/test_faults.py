@@ -171,7 +171,14 @@ def test_flaky_provider_still_converges(drill):
     drill.start_worker(ENGRAM_EMBEDDING_FAULT_RATE="0.5", ENGRAM_EMBEDDING_MAX_ATTEMPTS="30")
     _save_batches(drill.url, headers, total=200, size=20)
     wait_for(lambda: _embedded_count(tenant_id) == 200, timeout=180, interval=0.5)
-    with system_session() as session:
-        jobs = session.query(Job).filter(Job.tenant_id == tenant_id, Job.kind == "embed").all()
-    assert jobs and all(j.state == "succeeded" for j in jobs)
+
+    def settled():  # type: ignore[no-untyped-def]
+        with system_session() as session:
+            jobs = session.query(Job).filter(Job.tenant_id == tenant_id, Job.kind == "embed").all()
+        return jobs if all(j.state in ("succeeded", "failed") for j in jobs) else None
+
+    jobs = wait_for(settled, timeout=120, interval=0.5)
+    assert jobs and all(j.state == "succeeded" for j in jobs), [
+        (j.state, j.attempts, j.error, j.payload.get("reason")) for j in jobs
+    ]
     assert any(j.attempts > 1 for j in jobs), "half the calls failed, so some job must have retried"

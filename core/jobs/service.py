@@ -194,9 +194,11 @@ def run_job(
         with session_factory() as session:
             # dispatched_at of a queued job is when its next delivery is due: reconcile leaves it alone
             # until then, and an early duplicate message is skipped.
+            # Only this attempt's own row: if the job was re-dispatched meanwhile (lease expired) and another
+            # attempt already finished it, a late failure here must not reopen it.
             session.execute(
                 update(Job)
-                .where(Job.id == job_id)
+                .where(Job.id == job_id, Job.state == "running", Job.attempts == attempts)
                 .values(
                     state="failed" if final else "queued",
                     error=error[:10_000],
