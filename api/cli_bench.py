@@ -14,10 +14,6 @@ import click
 json_option = click.option("--json", "as_json", is_flag=True, help="one JSON object per figure and line")
 
 
-def figure(bench: str, metric: str, value: float, unit: str, **params: Any) -> dict[str, Any]:
-    return {"bench": bench, "metric": metric, "value": round(float(value), 4), "unit": unit, "params": params}
-
-
 def emit_figures(figures: list[dict[str, Any]], *, as_json: bool) -> None:
     if as_json:
         for f in figures:
@@ -90,6 +86,7 @@ def eval_retrieval(file: str, limit: int, as_json: bool) -> None:
 @json_option
 def bench_ingest(rows: int, pg_url: str, as_json: bool) -> None:
     """Time ingest + profiling of a generated table in SQLite and PostgreSQL (the job's code path)."""
+    from core.bench import figure
     from core.entities.bench import run_ingest_bench
 
     emit_figures(run_ingest_bench(rows=rows, pg_url=pg_url, figure=figure), as_json=as_json)

@@ -98,4 +98,6 @@ def _print_job_timings() -> None:
 
 
 def _fig(metric: str, value: float, unit: str, **params: Any) -> dict[str, Any]:
-    return {"bench": "embed", "metric": metric, "value": round(value, 3), "unit": unit, "params": params}
+    from core.bench import figure
+
+    return figure("embed", metric, value, unit, **params)

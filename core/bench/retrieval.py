@@ -94,7 +94,7 @@ def ask(*, tenant_id: int, question: str) -> tuple[list[str], float]:
 
 def evaluate(*, conversations: list[dict[str, Any]], log: Callable[[str], None]) -> list[dict[str, Any]]:
     """Figures for already-started services: recall per k and category, and search_p50_ms."""
-    from api.cli_bench import figure
+    from core.bench import figure
     from core.db import system_session
     from core.tenancy.service import create_tenant, get_tenant_by_name
 

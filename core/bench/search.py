@@ -91,7 +91,7 @@ def measure(corpus: Corpus, *, mode: str, queries: int, seed: int = 11) -> list[
 
 def run(*, memories: int, entities: int, queries: int, log: Callable[[str], None]) -> list[dict[str, Any]]:
     """Figures p50_ms / p95_ms per mode, params memories, entities, mode."""
-    from api.cli_bench import figure
+    from core.bench import figure
     from core.bench.stack import bench_stack
 
     figures = []

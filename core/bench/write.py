@@ -71,4 +71,6 @@ def run(*, sizes: list[int], saves: int, batches: int, port: int) -> list[dict[s
 
 
 def _fig(metric: str, value: float, unit: str, **params: Any) -> dict[str, Any]:
-    return {"bench": "write", "metric": metric, "value": round(value, 3), "unit": unit, "params": params}
+    from core.bench import figure
+
+    return figure("write", metric, value, unit, **params)
