@@ -70,18 +70,18 @@ def _secret_key(settings: Settings) -> str:
     return path.read_text().strip()
 
 
-def _bootstrap_default_tenant() -> str | None:
-    """Create tenant `default` with an admin key when the database has no tenant yet."""
-    from sqlalchemy import select
-
+def _bootstrap_default_tenant(home: Path) -> str | None:
+    """On serve's first run on this home, create tenant `default` with an admin key (unless it exists)."""
+    marker = home / ".default-tenant"
+    if marker.exists():
+        return None
     from core.db import system_session
-    from core.tenancy.models import Tenant
-    from core.tenancy.service import create_tenant
+    from core.tenancy.service import create_tenant, get_tenant_by_name
 
     with system_session() as session:
-        if session.scalar(select(Tenant.id).limit(1)) is not None:
-            return None
-        return create_tenant(session, name="default").api_key
+        key = None if get_tenant_by_name(session, name="default") else create_tenant(session, name="default").api_key
+    marker.write_text("created on first run\n")
+    return key
 
 
 def _wait_http(url: str, *, timeout: float, children: list[Child]) -> bool:
@@ -146,7 +146,7 @@ def serve(*, host: str, port: int, home: Path) -> None:
         from core.migrate import upgrade
 
         upgrade()
-        admin_key = _bootstrap_default_tenant()
+        admin_key = _bootstrap_default_tenant(home)
         api_url = f"http://{host}:{port}"
         write_runtime(
             {"pid": os.getpid(), "database_url": database_url, "redis_url": redis_url, "api_url": api_url},
