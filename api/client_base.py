@@ -217,8 +217,6 @@ class RestCalls:
         persona: str | None = None,
         **fields: Any,
     ) -> MemoryPage:
-        if isinstance(fields.get("tags"), str):
-            fields["tags"] = [t for t in fields["tags"].split(",") if t]
         chosen = validated(ListFilters, filters, fields)
         params = {**body_of(chosen), **self._who(agent_id, persona)}
         return self._send(Call("GET", "/v1/memories", model_parser(MemoryPage), params=params))

@@ -182,8 +182,6 @@ class LocalEngramClient(LocalAdminCalls):
         persona: str | None = None,
         **fields: Any,
     ) -> MemoryPage:
-        if isinstance(fields.get("tags"), str):
-            fields["tags"] = [t for t in fields["tags"].split(",") if t]
         chosen = validated(ListFilters, filters, fields)
         caller = self._acting(agent_id, persona)
         with tenant_session(caller.tenant_id) as session:

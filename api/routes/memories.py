@@ -88,7 +88,7 @@ def list_memories(
     tags: list[str] = Query(default=[]),
 ) -> dict[str, Any]:
     params: dict[str, Any] = {k: v for k, v in request.query_params.items() if k not in ("tags", "agent_id", "persona")}
-    params["tags"] = [t for raw in tags for t in raw.split(",") if t]
+    params["tags"] = tags
     filters: ListFilters = parse_model(ListFilters, params)
     caller = acting_identity(caller, None, request)
     with tenant_session(caller.tenant_id) as session:

@@ -130,6 +130,15 @@ class ListFilters(BaseModel):
     limit: int = Field(default=50, ge=1, le=200)
     cursor: str | None = None
 
+    @field_validator("tags", mode="before")
+    @classmethod
+    def _split_tags(cls, value: Any) -> Any:
+        """`tags=a,b` (a query string, the CLI) and `["a", "b"]` mean the same filter."""
+        items = [value] if isinstance(value, str) else value
+        if isinstance(items, list) and all(isinstance(t, str) for t in items):
+            return [tag for item in items for tag in item.split(",") if tag]
+        return value
+
 
 def _first_error_field(exc: Any) -> tuple[str, str]:
     error = exc.errors()[0]
