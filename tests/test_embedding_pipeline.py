@@ -110,9 +110,12 @@ def test_reconcile_finds_changed_content_and_missing_rows(client, tenant):
 
     from core.db import tenant_session
     from core.memories.models import Memory
+    from core.memories.service import bump_change_seq
 
     with tenant_session(tenant.tenant_id) as session:
-        session.execute(update(Memory).where(Memory.id == mid).values(content="second text"))
+        # A content change whose embed job was lost: every write moves the tenant's change_seq.
+        _, seq = bump_change_seq(session, tenant_id=tenant.tenant_id)
+        session.execute(update(Memory).where(Memory.id == mid).values(content="second text", change_seq=seq))
     assert reconcile_embeddings(model=model).get(tenant.tenant_id) == 1
     assert _converge(client, tenant, model)["indexed"] == 1
 

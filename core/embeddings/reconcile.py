@@ -7,7 +7,7 @@ zero embedding calls.
 
 from __future__ import annotations
 
-from sqlalchemy import select
+from sqlalchemy import select, update
 
 from core.db import scope_to_tenant, system_session
 from core.embeddings.store import catalog_gaps, memory_gaps
@@ -20,16 +20,26 @@ MAX_GAPS_PER_RUN = 50_000
 
 
 def reconcile_embeddings(*, model: str) -> dict[int, int]:
-    """Queue embed jobs for every tenant's gaps; returns {tenant_id: docs queued} for tenants with gaps."""
+    """Queue embed jobs for every tenant's gaps; returns {tenant_id: docs queued} for tenants with gaps.
+
+    A tenant is checked only if a write moved its change_seq (or the model changed) since the last check
+    that found nothing missing, so a converged corpus costs one row read per tenant, not a hash of every
+    memory.
+    """
     with system_session() as session:
-        tenant_ids = list(session.scalars(select(Tenant.id).order_by(Tenant.id)).all())
+        tenants = session.execute(
+            select(Tenant.id, Tenant.change_seq).where(
+                (Tenant.embeddings_checked_seq != Tenant.change_seq)
+                | (Tenant.embeddings_checked_model.is_distinct_from(model))
+            )
+        ).all()
         busy = set(
             session.scalars(
                 select(Job.tenant_id).where(Job.kind == "embed", Job.state.in_(("queued", "running"))).distinct()
             ).all()
         )
     queued: dict[int, int] = {}
-    for tenant_id in tenant_ids:
+    for tenant_id, change_seq in tenants:
         if tenant_id in busy:
             continue
         with system_session() as session:
@@ -41,6 +51,13 @@ def reconcile_embeddings(*, model: str) -> dict[int, int]:
                     tenant_id=tenant_id,
                     kind="embed",
                     payload={"doc_ids": gaps[start : start + GAP_JOB_SIZE], "model": model, "reason": "reconcile"},
+                )
+            if not gaps:
+                # change_seq was read before the check: a write committed meanwhile is checked next time.
+                session.execute(
+                    update(Tenant)
+                    .where(Tenant.id == tenant_id)
+                    .values(embeddings_checked_seq=change_seq, embeddings_checked_model=model)
                 )
         if gaps:
             queued[tenant_id] = len(gaps)

@@ -19,6 +19,10 @@ class Tenant(Base):
     memory_seq: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
     # Bumped by every write; derived indexes record the value they reflect.
     change_seq: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    # The change_seq (and model) at which reconcile last found every embedding in place: until a write
+    # moves change_seq or the model changes, there is nothing to look for.
+    embeddings_checked_seq: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    embeddings_checked_model: Mapped[str | None] = mapped_column(String(200), nullable=True)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
 
 
