@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+import psycopg
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
@@ -90,8 +91,18 @@ def install_error_handlers(app: FastAPI) -> None:
             return error_response(
                 503, "the database connection was lost; retry shortly", headers={"Retry-After": "5"}
             )
+        if isinstance(exc.orig, psycopg.DataError):
+            # Class 22 (a value the database cannot store: NUL bytes, out-of-range numbers, bad encodings)
+            # is the caller's input, not our fault; nothing was written (the unit of work rolled back).
+            detail = str(exc.orig).strip().splitlines()[0] if str(exc.orig).strip() else "invalid value"
+            return error_response(422, f"a value in the request cannot be stored: {detail}")
         log.exception("database error on %s %s", request.method, request.url.path)
         return error_response(500, "internal error", code="internal")
+
+    @app.exception_handler(UnicodeEncodeError)
+    async def _unencodable(request: Request, exc: UnicodeEncodeError) -> JSONResponse:
+        # JSON admits unpaired surrogates ("\\ud800"); UTF-8, and so the database, does not.
+        return error_response(422, "text in the request holds an unpaired surrogate, which cannot be stored")
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> JSONResponse:

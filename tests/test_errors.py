@@ -106,3 +106,28 @@ def test_rate_limit_answers_429_with_retry_after(client, tenant):
         assert limited.headers["Retry-After"] == "1"
     finally:
         settings.rate_limit_per_second, settings.rate_limit_burst = saved
+
+
+@pytest.mark.parametrize(
+    ("raw", "field"),
+    [
+        (b'{"content": "a\\u0000b"}', "content"),
+        (b'{"content": "ok", "tags": ["x\\u0000"]}', "tags.0"),
+        (b'{"content": "x\\ud800y"}', "content"),
+        (b'{"content": "ok", "query": {"sql\\u0000": 1}}', "query.sql\x00"),
+    ],
+)
+def test_text_postgres_cannot_store_is_422_and_nothing_is_written(client, tenant, raw, field):
+    headers = {**tenant.headers(), "Content-Type": "application/json"}
+    error = assert_error(client.post("/v1/memories", content=raw, headers=headers), 422, "validation_error")
+    assert error["field"] == field
+    batch = b'{"items": [{"content": "kept"}, ' + raw + b"]}"
+    results = client.post("/v1/memories:batch", content=batch, headers=headers).json()["results"]
+    assert "memory_id" in results[0] and results[1]["error"]["field"] == f"items.1.{field}"
+    listed = client.get("/v1/memories", headers=tenant.headers()).json()["memories"]
+    assert [m["content"] for m in listed] == ["kept"]
+
+
+def test_nul_in_a_path_or_query_parameter_is_4xx(client, tenant):
+    assert_error(client.get("/v1/memories/a%00b", headers=tenant.headers()), 422)
+    assert client.get("/v1/memories?tags=a%00b", headers=tenant.headers()).status_code == 422

@@ -67,6 +67,13 @@ def enqueue(session: Session, *, tenant_id: int | None, kind: str, payload: dict
     return job
 
 
+def new_outbox_job_id(session: Session) -> str:
+    """An id for a job row the caller inserts itself (in SQL) in this unit of work; dispatched after commit."""
+    job_id = uuid.uuid4().hex
+    session.info.setdefault("outbox", []).append(job_id)
+    return job_id
+
+
 def dispatch_outbox(session: Session) -> None:
     """Send the job ids this session committed. Called from the session's after_commit hook."""
     job_ids = session.info.pop("outbox", None)

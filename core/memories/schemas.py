@@ -5,9 +5,9 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any, Literal
 
-from pydantic import AliasChoices, BaseModel, ConfigDict, Field, field_validator
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from core.errors import PayloadTooLarge
+from core.errors import Invalid, PayloadTooLarge
 from core.memories.ids import validate_memory_id
 
 MemoryKind = Literal[
@@ -146,17 +146,50 @@ def _first_error_field(exc: Any) -> tuple[str, str]:
     return field, f"{field or 'body'}: {error.get('msg', 'invalid value')}"
 
 
+def _unstorable(text: str) -> bool:
+    """PostgreSQL text cannot hold NUL, and UTF-8 cannot hold an unpaired surrogate (JSON lets both in)."""
+    if text.isascii():
+        return "\x00" in text
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return "\x00" in text
+
+
+def _unstorable_path(value: Any, path: str = "") -> str | None:
+    """The dotted path of the first string (value or key) that cannot be stored; None when there is none."""
+    if isinstance(value, str):
+        return path if _unstorable(value) else None
+    if isinstance(value, dict):
+        for key, item in value.items():
+            inner = f"{path}.{key}" if path else str(key)
+            if isinstance(key, str) and _unstorable(key):
+                return inner
+            found = _unstorable_path(item, inner)
+            if found is not None:
+                return found
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            found = _unstorable_path(item, f"{path}.{i}" if path else str(i))
+            if found is not None:
+                return found
+    return None
+
+
 def parse_model(model: type[BaseModel], body: Any, *, prefix: str = "") -> Any:
     """Validate a request body into `model`, turning pydantic errors into a 422 naming the field.
 
     Oversized content is checked first so it answers 413 whatever else is wrong with the body.
     """
-    from pydantic import ValidationError
-
-    from core.errors import Invalid
-
     if not isinstance(body, dict):
         raise Invalid("the body must be a JSON object", field=prefix.rstrip(".") or None)
+    bad = _unstorable_path(body)
+    if bad is not None:
+        raise Invalid(
+            "text may not contain NUL (\\u0000) characters or unpaired surrogates",
+            field=prefix + bad if bad else None,
+        )
     for key in ("content", "learning"):
         if isinstance(body.get(key), str):
             check_content_size(body[key])

@@ -8,18 +8,18 @@ transaction (the outbox).
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
-from functools import lru_cache
-from typing import Any, cast
+from datetime import UTC, datetime
+from typing import Any
 
-from sqlalchemy import Table, delete, func, literal, select, text, update
+from sqlalchemy import delete, func, literal, select, text, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.orm import Session
 
 from core.errors import EngramError, Forbidden, Invalid, NotFound
-from core.jobs.service import enqueue
+from core.jobs.service import enqueue, new_outbox_job_id
 from core.memories.ids import integer_value
 from core.memories.links import LinkResolver, Links
 from core.memories.models import Association, Memory, Tombstone
@@ -62,6 +62,7 @@ class _Planned:
     memory_id: str | None = None
     error: EngramError | None = None
     existing: Memory | None = None
+    auto_ordinal: int = 0
     warnings: list[str] = field(default_factory=list)
 
 
@@ -129,82 +130,114 @@ def save_memories(
 
 
 def _write(session: Session, caller: Caller, valid: list[_Planned]) -> None:
+    """Write the valid items, advance the tenant's sequences and queue their embed job in ONE statement.
+
+    The ids of items without one are reserved from the tenant's ``memory_seq`` inside the statement, so a
+    save costs a single round trip (and one firing of the statistics triggers, whatever the batch size).
+    """
     supplied_ints = [integer_value(p.item.id) for p in valid if p.item.id is not None]
     supplied_max = max([v for v in supplied_ints if v is not None], default=0)
-    n_auto = sum(1 for p in valid if p.item.id is None)
-    memory_seq, change_seq = bump_change_seq(
-        session, tenant_id=caller.tenant_id, auto_ids=n_auto, supplied_max=supplied_max
-    )
-    next_auto = memory_seq - n_auto + 1
-    base_time = datetime.now(UTC)
     rows: dict[str, dict[str, Any]] = {}
-    for offset, p in enumerate(valid):
+    n_auto = 0
+    for p in valid:
         if p.item.id is None:
-            p.memory_id = str(next_auto)
-            next_auto += 1
+            n_auto += 1
+            key = f"#{n_auto}"
         else:
-            p.memory_id = p.item.id
-        # Later duplicates of an id in one batch win, as consecutive upserts would.
-        rows[p.memory_id] = _row_values(
-            caller, p, created_at=base_time + timedelta(microseconds=offset), change_seq=change_seq
-        )
-    session.connection().execute(_memory_upsert(), list(rows.values()))
+            key = p.item.id
+        rows.pop(key, None)  # later duplicates of an id in one batch win, as consecutive upserts would
+        rows[key] = _row_values(caller, p, auto=n_auto if p.item.id is None else None)
+    ordered = list(rows.values())
+    for ordinal, row in enumerate(ordered):
+        row["ord"] = ordinal
+    job_id = new_outbox_job_id(session)
+    memory_seq, change_seq = session.connection().execute(
+        _SAVE_STATEMENT,
+        {
+            "tenant_id": caller.tenant_id,
+            "supplied_max": supplied_max,
+            "n_auto": n_auto,
+            "rows": json.dumps(ordered, separators=(",", ":")),
+            "base_time": datetime.now(UTC),
+            "job_id": job_id,
+        },
+    ).one()
+    first_auto = int(memory_seq) - n_auto + 1
+    for p in valid:
+        p.memory_id = p.item.id if p.item.id is not None else str(first_auto + p.auto_ordinal - 1)
     _replace_associations(session, caller=caller, valid=valid)
-    enqueue(
-        session,
-        tenant_id=caller.tenant_id,
-        kind="embed",
-        payload={"doc_ids": [memory_doc_id(mid) for mid in rows]},
-    )
 
 
-_ROW_COLUMNS = (
-    "tenant_id", "id", "content", "kind", "category", "importance", "occurred_at", "tags", "source", "run_id",
-    "persona", "agent_id", "entities", "query", "status", "stale_reason", "forget_reason", "created_by",
-    "created_at", "updated_at", "access_count", "change_seq",
+_WRITTEN = (
+    "content", "kind", "category", "importance", "occurred_at", "tags", "source", "run_id", "persona",
+    "agent_id", "entities", "query", "status", "stale_reason", "forget_reason", "updated_at", "change_seq",
 )  # fmt: skip
 
-
-@lru_cache(maxsize=1)
-def _memory_upsert() -> Any:
-    """One statement built once and run as executemany (psycopg pipelines it): rendering a 1,000-row VALUES
-    list per batch costs more than the database work. An upsert keeps created_at, created_by and access
-    counters."""
-    table = cast(Table, Memory.__table__)
-    stmt = pg_insert(table)
-    keep = {"tenant_id", "id", "created_at", "created_by", "access_count", "last_accessed_at"}
-    written = [c for c in _ROW_COLUMNS if c not in keep]
-    return stmt.on_conflict_do_update(
-        index_elements=[table.c.tenant_id, table.c.id], set_={c: stmt.excluded[c] for c in written}
+# One statement: reserve ids and a change_seq under the tenant's row lock, upsert the rows (an upsert keeps
+# created_at, created_by and access counters), and add the embed job to the outbox. The rows travel as one
+# JSON document; ``auto`` is the 1-based rank of an item that gets a reserved id.
+_SAVE_STATEMENT = text(
+    f"""
+    WITH seq AS (
+        UPDATE tenants
+        SET memory_seq = greatest(memory_seq, :supplied_max) + :n_auto, change_seq = change_seq + 1
+        WHERE id = :tenant_id
+        RETURNING memory_seq, change_seq
+    ), items AS (
+        SELECT coalesce(r.id, (seq.memory_seq - :n_auto + r.auto)::text) AS memory_id, r.*,
+               CAST(:base_time AS timestamptz) + r.ord * interval '1 microsecond' AS created_at,
+               seq.change_seq
+        FROM jsonb_to_recordset(CAST(:rows AS jsonb)) AS r(
+            ord int, id text, auto int, content text, kind text, category text, importance float8,
+            occurred_at timestamptz, tags text[], source text, run_id text, persona text, agent_id text,
+            entities text[], query jsonb, created_by text
+        ) CROSS JOIN seq
+    ), saved AS (
+        INSERT INTO memories (
+            tenant_id, id, content, kind, category, importance, occurred_at, tags, source, run_id, persona,
+            agent_id, entities, query, status, created_by, created_at, updated_at, access_count, change_seq
+        )
+        SELECT :tenant_id, memory_id, content, kind, category, importance, coalesce(occurred_at, created_at), tags,
+               source, run_id, persona, agent_id, entities, query, 'active', created_by, created_at, created_at,
+               0, change_seq
+        FROM items ORDER BY ord
+        ON CONFLICT (tenant_id, id) DO UPDATE SET {", ".join(f"{c} = excluded.{c}" for c in _WRITTEN)}
+        RETURNING 1
+    ), job AS (
+        INSERT INTO jobs (id, tenant_id, kind, state, payload, attempts, created_at, updated_at)
+        SELECT :job_id, :tenant_id, 'embed', 'queued',
+               jsonb_build_object('doc_ids', jsonb_agg('{MEMORY_REF_PREFIX}' || memory_id ORDER BY ord)),
+               0, now(), now()
+        FROM items
+        RETURNING 1
     )
+    SELECT memory_seq, change_seq FROM seq
+    """
+)
 
 
-def _row_values(caller: Caller, p: _Planned, *, created_at: datetime, change_seq: int) -> dict[str, Any]:
+def _row_values(caller: Caller, p: _Planned, *, auto: int | None) -> dict[str, Any]:
     item = p.item
-    return {
-        "tenant_id": caller.tenant_id,
-        "id": p.memory_id,
+    p.auto_ordinal = auto or 0
+    row: dict[str, Any] = {
+        "id": item.id,
+        "auto": auto,
         "content": item.content,
         "kind": item.kind,
         "category": item.category,
         "importance": item.importance if item.importance is not None else DEFAULT_IMPORTANCE[item.kind],
-        "occurred_at": item.occurred_at or created_at,
+        "occurred_at": item.occurred_at.isoformat() if item.occurred_at is not None else None,
         "tags": list(dict.fromkeys(item.tags)),
         "source": item.source,
         "run_id": item.run_id,
         "persona": item.persona if item.persona is not None else caller.persona,
         "agent_id": item.agent_id if item.agent_id is not None else caller.agent_id,
         "entities": p.links.entities,
-        "query": p.links.query,
-        "status": "active",
-        "stale_reason": None,
-        "forget_reason": None,
         "created_by": caller.user,
-        "created_at": created_at,
-        "updated_at": created_at,
-        "access_count": 0,
-        "change_seq": change_seq,
     }
+    if p.links.query is not None:
+        row["query"] = p.links.query
+    return row
 
 
 def _replace_associations(session: Session, *, caller: Caller, valid: list[_Planned]) -> None:
