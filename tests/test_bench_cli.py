@@ -1,0 +1,28 @@
+"""`engram bench write` end to end on its own throwaway embedded stack: the figures it names come out."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+
+def test_bench_write_prints_latency_and_throughput_figures(tmp_path):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ENGRAM_")}
+    env["ENGRAM_HOME"] = str(tmp_path / "home")
+    done = subprocess.run(
+        [sys.executable, "-m", "api.cli", "bench", "write", "--json"]
+        + ["--sizes", "50", "--saves", "20", "--batches", "1"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    figures = [json.loads(line) for line in done.stdout.splitlines() if line.strip()]
+    by_metric = {f["metric"]: f for f in figures}
+    assert set(by_metric) == {"save_p50_ms", "save_p95_ms", "save_p50_ms_httpx", "batch_per_s"}
+    assert all(f["bench"] == "write" and f["value"] > 0 for f in figures)
+    assert by_metric["save_p50_ms"]["params"] == {"memories": 50} and by_metric["save_p50_ms"]["unit"] == "ms"
+    assert by_metric["batch_per_s"]["unit"] == "memories/s"
