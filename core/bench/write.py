@@ -53,11 +53,20 @@ class _LeanClient:
         self._headers = {"Authorization": f"Bearer {key}", "Content-Type": "application/json"}
 
     def post(self, path: str, body: dict[str, Any]) -> None:
-        self._connection.request("POST", path, body=json.dumps(body).encode(), headers=self._headers)
-        response = self._connection.getresponse()
+        data = json.dumps(body).encode()
+        try:
+            response = self._send(path, data)
+        except (ConnectionError, http.client.HTTPException):
+            # The server closed the idle keep-alive connection (e.g. during a long fill): open a new one.
+            self._connection.close()
+            response = self._send(path, data)
         payload = response.read()
         if response.status >= 300:
             raise RuntimeError(f"POST {path}: {response.status} {payload[:200]!r}")
+
+    def _send(self, path: str, data: bytes) -> http.client.HTTPResponse:
+        self._connection.request("POST", path, body=data, headers=self._headers)
+        return self._connection.getresponse()
 
     def close(self) -> None:
         self._connection.close()
