@@ -141,3 +141,25 @@ def test_entities_and_question_fuse(client, catalog):
     assert ids(out["entities"])[0] == "shop.orders.aov"
     assert out["entities"][0]["score"] == pytest.approx(2 / 61)
     assert ids(out["memories"]) == [mid]
+
+
+def test_entity_hit_text_and_hidden_flags_follow_catalog_edits(client, catalog):
+    """Entity docs and hidden verdicts are cached per catalog snapshot: an edit shows in the next search."""
+    first = search(client, catalog, {"entities": ["shop.orders.status"], "max_memories": 0})
+    assert "fulfilment status" in first["entities"][0]["text"]
+    response = client.patch(
+        "/v1/models/shop/orders",
+        json={"columns": [{"name": "status", "description": "shipping state of the parcel"}]},
+        headers=catalog.headers(),
+    )
+    assert response.status_code == 200, response.text
+    second = search(client, catalog, {"entities": ["shop.orders.status"], "max_memories": 0})
+    assert "shipping state of the parcel" in second["entities"][0]["text"]
+    assert "fulfilment status" not in second["entities"][0]["text"]
+    # Full-text finds the column; once hidden it never surfaces again, though it was cached as shown.
+    assert "shop.orders.status" in ids(search(client, catalog, {"question": "parcel shipping state"})["entities"])
+    response = client.patch(
+        "/v1/models/shop/orders", json={"columns": [{"name": "status", "hidden": True}]}, headers=catalog.headers()
+    )
+    assert response.status_code == 200, response.text
+    assert "shop.orders.status" not in ids(search(client, catalog, {"question": "parcel shipping state"})["entities"])

@@ -62,30 +62,50 @@ def catalog_changes(session: Session, *, since: int) -> list[DocChange]:
     ]
 
 
+def snapshot_memo(snapshot: CatalogSnapshot) -> dict[str, Any]:
+    """A scratch dict that lives as long as ``snapshot`` is the tenant's current catalog.
+
+    The catalog's loader hands out one snapshot object per tenant and catalog version (a write to the
+    catalog moves the version and yields a new object), so what is derived from a snapshot, or read in
+    the transaction that loaded it, can be memoised on the object itself: no version read is needed to
+    know the memo is current. A snapshot dropped from the loader's cache and read again is a new object
+    with a fresh memo.
+    """
+    key = id(snapshot)
+    with _docs_lock:
+        hit = _memos.get(key)
+        if hit is not None and hit[0] is snapshot:
+            _memos.move_to_end(key)
+            return hit[1]
+        memo: dict[str, Any] = {}
+        _memos[key] = (snapshot, memo)
+        while len(_memos) > _DOCS_CACHE_TENANTS:
+            _memos.popitem(last=False)
+        return memo
+
+
 def entity_docs(
-    session: Session, *, tenant_id: int, doc_ids: list[str], small_catalog: Callable[[], bool] | None = None
+    session: Session,
+    *,
+    snapshot: CatalogSnapshot,
+    doc_ids: list[str],
+    small_catalog: Callable[[], bool] | None = None,
 ) -> dict[str, tuple[str, str]]:
     """doc id -> (kind, rendered text) for the visible catalog docs among ``doc_ids``.
 
-    Rendered docs are cached per tenant and catalog version (moved by every catalog write), so hits
-    on a hot catalog cost no rendering queries. When the first miss of a version comes and
-    ``small_catalog()`` says the catalog is small, every doc is rendered at once (a few queries), so
-    later searches never pay a rendering round trip per new hit.
+    Rendered docs are cached on the catalog snapshot of the search (see :func:`snapshot_memo`: one per
+    tenant and catalog version, which every catalog write moves), so hits on a hot catalog cost no
+    rendering query and no version read. When the first miss of a snapshot comes and ``small_catalog()``
+    says the catalog is small, every doc is rendered at once (a few queries), so later searches never
+    pay a rendering round trip per new hit.
     """
     if not doc_ids:
         return {}
     from core.embeddings import catalog_docs
 
-    version = _catalog_version(session)
+    memo = snapshot_memo(snapshot)
     with _docs_lock:
-        cached = _docs_cache.get(tenant_id)
-        if cached is None or cached[0] != version:
-            cached = (version, {})
-            _docs_cache[tenant_id] = cached
-        _docs_cache.move_to_end(tenant_id)
-        while len(_docs_cache) > _DOCS_CACHE_TENANTS:
-            _docs_cache.popitem(last=False)
-        known = cached[1]
+        known: dict[str, tuple[str, str] | None] = memo.setdefault("docs", {})
         missing = [d for d in doc_ids if d not in known]
         prefetch = bool(missing) and not known and small_catalog is not None
     prefetch = prefetch and small_catalog is not None and small_catalog()
@@ -100,14 +120,6 @@ def entity_docs(
     return {d: known[d] for d in doc_ids if known.get(d) is not None}  # type: ignore[misc]
 
 
-def _catalog_version(session: Session) -> int | None:
-    try:
-        from core.entities.store import catalog_version
-    except ImportError:
-        return None
-    return catalog_version(session)
-
-
 _DOCS_CACHE_TENANTS = 64
-_docs_cache: OrderedDict[int, tuple[int | None, dict[str, tuple[str, str] | None]]] = OrderedDict()
+_memos: OrderedDict[int, tuple[CatalogSnapshot, dict[str, Any]]] = OrderedDict()
 _docs_lock = threading.Lock()

@@ -89,6 +89,26 @@ class _Matrix:
 
 _cache: OrderedDict[tuple[int, str], _Matrix] = OrderedDict()
 _cache_lock = threading.Lock()
+_blas_limited = False
+
+
+def limit_blas_threads() -> None:
+    """Run BLAS on one thread in this process (once).
+
+    The exact path's one product per bucket is a matrix-vector product (BLAS gemv) that reads the whole
+    matrix once: memory-bound, a millisecond or two at ``dense_exact_max_docs``. OpenBLAS splits it over
+    every core and busy-waits its helper threads, so on a server already running one search per core the
+    split doubles the CPU a search burns and makes its latency hostage to the busiest core (measured on
+    2 cores under load: 1.6 ms single-threaded, 5 ms split). Searches run in parallel with each other,
+    not inside each other, so one thread each is the better use of the cores.
+    """
+    global _blas_limited
+    if _blas_limited:
+        return
+    _blas_limited = True
+    from threadpoolctl import threadpool_limits
+
+    threadpool_limits(limits=1, user_api="blas")
 
 
 def _stats(session: Session, *, tenant_id: int, model: str) -> tuple[int, int, int]:
@@ -267,10 +287,12 @@ class DenseSearch:
         self._exact = docs <= get_settings().dense_exact_max_docs or self._dims not in HNSW_DIMS
         self._feedback = feedback if feedback is not None else {}
         self._entity_scores: np.ndarray | None = None
-        self._bucket_scores: dict[str, np.ndarray] = {}
-        self._feedback_key: tuple[tuple[str, ...], ...] | None = None
+        # Per memory bucket: (the feedback its scores were computed with, the scores of its rows).
+        self._bucket_scores: dict[str, tuple[tuple[str, ...], np.ndarray]] = {}
+        self._products: dict[tuple[str, ...], np.ndarray] = {}
         self._pool: dict[str, list[tuple[str, float]]] | None = None
         if self._exact:
+            limit_blas_threads()
             self._matrix = _cached_matrix(
                 session, tenant_id=tenant_id, model=self._model, dims=self._dims, version=version
             )
@@ -322,22 +344,32 @@ class DenseSearch:
             matrix=self._matrix,
             change_seq=self.change_seq,
         )
-        feedback = tuple(tuple(self._feedback.get(b, ())) for b in MEMORY_BUCKETS)
-        if feedback != self._feedback_key:
-            # Both memory buckets in one product of fixed shape, so a bucket's scores never depend on
-            # whether the other bucket was asked for; a change of feedback recomputes them.
-            self._feedback_key = feedback
-            self._bucket_scores = {}
-            side = self._matrix.memories
-            queries = np.stack([self._query_for(side, f) for f in feedback], axis=1)
-            product = side.matrix @ queries
-            for column, name in enumerate(MEMORY_BUCKETS):
-                scores = np.ascontiguousarray(product[:, column])
-                if layout.has_context:
-                    self._bucket_scores[name] = with_context(scores, layout.neighbours[name], layout.rows[name])
-                else:
-                    self._bucket_scores[name] = scores[layout.rows[name]]
-        return layout.rows[bucket], self._bucket_scores[bucket]
+        feedback = tuple(self._feedback.get(bucket, ()))
+        cached = self._bucket_scores.get(bucket)
+        if cached is None or cached[0] != feedback:
+            # One matrix-vector product per bucket and feedback (a change of feedback recomputes). A
+            # product with two query columns goes through BLAS gemm, which for so thin a right-hand side
+            # is several times slower than two gemv calls and spins a second thread on a busy machine.
+            # How a bucket's scores are computed depends only on the corpus (the bucket's share of the
+            # rows, whether runs lend context), never on whether the other bucket was asked for.
+            side, rows = self._matrix.memories, layout.rows[bucket]
+            query = self._query_for(side, feedback)
+            if layout.has_context:
+                scores = with_context(self._product(query, feedback), layout.neighbours[bucket], rows)
+            elif 2 * len(rows) >= len(side.ids):
+                scores = self._product(query, feedback)[rows]
+            else:
+                scores = side.matrix[rows] @ query
+            self._bucket_scores[bucket] = (feedback, scores)
+            cached = self._bucket_scores[bucket]
+        return layout.rows[bucket], cached[1]
+
+    def _product(self, query: np.ndarray, feedback: tuple[str, ...]) -> np.ndarray:
+        """Cosines of every memory row with ``query``, shared by the buckets that ask with the same feedback."""
+        hit = self._products.get(feedback)
+        if hit is None:
+            hit = self._products[feedback] = self._matrix.memories.matrix @ query
+        return hit
 
     def _exact_rank(self, bucket: str, limit: int) -> list[tuple[str, float]]:
         side = self._matrix.entities if bucket == ENTITIES else self._matrix.memories

@@ -20,13 +20,13 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
-from sqlalchemy import column, func, or_, select, table, text
+from sqlalchemy import Executable, any_, column, func, or_, select, table, text
 from sqlalchemy.orm import Session
 
 from core.entities.canonical import is_memory_ref, memory_id_of
 from core.memories.models import Memory
-from core.search import entity_bm25
-from core.search.filters import EXAMPLE_QUERIES, MEMORIES, Eligibility, MemoryFilter, any_of, has_query
+from core.search import entity_bm25, sql
+from core.search.filters import EXAMPLE_QUERIES, MEMORIES, Eligibility, MemoryFilter, has_query
 
 _CORPUS_SQL = text(
     "SELECT coalesce(sum(docs), 0), coalesce(sum(tokens), 0) FROM search_corpus_stats "
@@ -76,16 +76,20 @@ def rank_memories(
         return [], {}
     memory_filter = eligibility.memory_filter
     self_ids = [memory_id_of(e) for e in query_entities if is_memory_ref(e)]
-    overlap = Memory.entities.overlap(query_entities)
-    docs_column, tokens_column = _corpus_columns(tenant_id=tenant_id, memory_filter=memory_filter)
-    found = session.execute(
-        select(
+
+    def build() -> Executable:
+        overlap = Memory.entities.overlap(sql.text_array("entities"))
+        docs_column, tokens_column = _corpus_columns(tenant_id=tenant_id, memory_filter=memory_filter)
+        return select(
             Memory.id, Memory.entities, has_query(), memory_filter.caller_predicate(), docs_column, tokens_column
         ).where(
+            Memory.tenant_id == tenant_id,
             *memory_filter.corpus_clauses(),
-            or_(overlap, any_of(Memory.id, self_ids)) if self_ids else overlap,
+            or_(overlap, Memory.id == any_(sql.text_array("self_ids"))) if self_ids else overlap,
         )
-    ).all()
+
+    key = ("entity_bm25", tenant_id, memory_filter, bool(self_ids))
+    found = sql.run(session, key, build, entities=list(dict.fromkeys(query_entities)), self_ids=self_ids)
     # The corpus statistics come with every candidate row (no candidate: no score needs them).
     size, total = (int(found[0][4]), int(found[0][5])) if found else (0, 0)
     rows = [row[:4] for row in found]

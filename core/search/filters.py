@@ -13,11 +13,24 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import ARRAY, Boolean, ColumnElement, Text, and_, any_, literal, literal_column, select, text
+from sqlalchemy import (
+    ARRAY,
+    Boolean,
+    ColumnElement,
+    Executable,
+    Text,
+    and_,
+    any_,
+    literal,
+    literal_column,
+    select,
+    text,
+)
 from sqlalchemy.orm import Session
 
 from core.memories.models import Memory
 from core.memories.visibility import visible_clause
+from core.search import sql
 from core.tenancy.context import Caller
 
 MEMORIES, EXAMPLE_QUERIES = "memories", "example_queries"
@@ -104,9 +117,15 @@ class Eligibility:
         missing = [m for m in dict.fromkeys(memory_ids) if m not in self._verdicts]
         if not missing:
             return
-        rows = self.session.execute(
-            select(Memory.id, has_query()).where(any_of(Memory.id, missing), *self.memory_filter.clauses())
-        ).all()
+        memory_filter = self.memory_filter
+        tenant_id = memory_filter.caller.tenant_id
+
+        def build() -> Executable:
+            return select(Memory.id, has_query()).where(
+                Memory.tenant_id == tenant_id, Memory.id == any_(sql.text_array("ids")), *memory_filter.clauses()
+            )
+
+        rows = sql.run(self.session, ("eligibility", memory_filter), build, ids=missing)
         found = {memory_id: EXAMPLE_QUERIES if has_query else MEMORIES for memory_id, has_query in rows}
         for memory_id in missing:
             self._verdicts[memory_id] = found.get(memory_id)

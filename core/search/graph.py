@@ -10,10 +10,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import and_, or_, select
+from sqlalchemy import Executable, and_, any_, or_, select
 from sqlalchemy.orm import Session
 
 from core.memories.models import Association, Memory
+from core.search import sql
 from core.search.filters import EXAMPLE_QUERIES, MEMORIES, Eligibility, any_of, has_query
 
 SEEDS = 10
@@ -30,33 +31,57 @@ def neighbours(
     everything = sorted({seed for key_seeds in seeds.values() for seed in key_seeds})
     if not everything:
         return {key: [] for key in seeds}
-    touches = or_(any_of(Association.source_id, everything), any_of(Association.target_id, everything))
-    columns = (Association.source_id, Association.target_id, Association.weight)
     if eligibility is None:
+        touches = or_(any_of(Association.source_id, everything), any_of(Association.target_id, everything))
+        columns = (Association.source_id, Association.target_id, Association.weight)
         rows: Sequence[Any] = session.execute(select(*columns).where(touches)).all()
-    else:
-        found = session.execute(
-            select(*columns, Memory.id, has_query())
+        return {key: _rank(rows, key_seeds) for key, key_seeds in seeds.items()}
+    key, build, values = query(seeds=seeds, eligibility=eligibility)
+    return from_rows(sql.run(session, key, build, **values), seeds=seeds, eligibility=eligibility)
+
+
+def query(*, seeds: dict[str, list[str]], eligibility: Eligibility) -> sql.Query:
+    """The statement of :func:`neighbours` (with ``eligibility``), for :func:`core.search.sql.run_many`."""
+    memory_filter = eligibility.memory_filter
+    tenant_id = memory_filter.caller.tenant_id
+
+    def build() -> Executable:
+        seed_ids = sql.text_array("seeds")
+        return (
+            select(Association.source_id, Association.target_id, Association.weight, Memory.id, has_query())
             .outerjoin(
                 Memory,
                 and_(
+                    Memory.tenant_id == tenant_id,
                     or_(Memory.id == Association.source_id, Memory.id == Association.target_id),
-                    *eligibility.memory_filter.clauses(),
+                    *memory_filter.clauses(),
                 ),
             )
-            .where(touches)
-        ).all()
-        edges: dict[tuple[str, str, float], None] = {}
-        verdicts: dict[str, str | None] = {}
-        for source, target, weight, memory_id, carries_query in found:
-            edges[(source, target, weight)] = None
-            if memory_id is not None:
-                verdicts[memory_id] = EXAMPLE_QUERIES if carries_query else MEMORIES
-        for source, target, _ in edges:
-            for end in (source, target):
-                verdicts.setdefault(end, None)
-        eligibility.learn(verdicts)
-        rows = list(edges)
+            .where(
+                Association.tenant_id == tenant_id,
+                or_(Association.source_id == any_(seed_ids), Association.target_id == any_(seed_ids)),
+            )
+        )
+
+    everything = sorted({seed for key_seeds in seeds.values() for seed in key_seeds})
+    return ("graph", memory_filter), build, {"seeds": everything}
+
+
+def from_rows(
+    found: Sequence[Any], *, seeds: dict[str, list[str]], eligibility: Eligibility
+) -> dict[str, list[tuple[str, float]]]:
+    """The rankings of :func:`neighbours` from the rows of :func:`query`; teaches ``eligibility`` the verdicts."""
+    edges: dict[tuple[str, str, float], None] = {}
+    verdicts: dict[str, str | None] = {}
+    for source, target, weight, memory_id, carries_query in found:
+        edges[(source, target, weight)] = None
+        if memory_id is not None:
+            verdicts[memory_id] = EXAMPLE_QUERIES if carries_query else MEMORIES
+    for source, target, _ in edges:
+        for end in (source, target):
+            verdicts.setdefault(end, None)
+    eligibility.learn(verdicts)
+    rows = list(edges)
     return {key: _rank(rows, key_seeds) for key, key_seeds in seeds.items()}
 
 

@@ -6,23 +6,52 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import Executable, any_, select
 from sqlalchemy.orm import Session
 
 from core.entities.canonical import CatalogSnapshot
 from core.entities.resolver import extract_query_entities, stale_references
 from core.memories.models import Memory
+from core.search import sql
 from core.search.catalog import entity_docs
-from core.search.filters import EXAMPLE_QUERIES, any_of
+from core.search.filters import EXAMPLE_QUERIES
 from core.search.render import render_memory
 from core.search.schemas import EntityHit, ExampleQueryHit, MemoryHit
 
+# What a hit shows of a memory (and what its stale-query warning reads).
+_HIT_COLUMNS = (
+    Memory.id,
+    Memory.content,
+    Memory.kind,
+    Memory.category,
+    Memory.importance,
+    Memory.created_at,
+    Memory.query,
+    Memory.entities,
+)
 
-def load_memories(session: Session, *, memory_ids: Sequence[str]) -> dict[str, Memory]:
+
+def memories_query(*, tenant_id: int, memory_ids: Sequence[str]) -> sql.Query:
+    """The statement of :func:`load_memories`, for :func:`core.search.sql.run_many`."""
+
+    def build() -> Executable:
+        return select(*_HIT_COLUMNS).where(Memory.tenant_id == tenant_id, Memory.id == any_(sql.text_array("ids")))
+
+    return ("hits", tenant_id), build, {"ids": list(memory_ids)}
+
+
+def memories_from_rows(rows: Sequence[Any]) -> dict[str, Memory]:
+    """Detached memories holding the hit columns (never added to the session, so never written)."""
+    names = [column.key for column in _HIT_COLUMNS]
+    return {row[0]: Memory(**dict(zip(names, row, strict=True))) for row in rows}
+
+
+def load_memories(session: Session, *, tenant_id: int, memory_ids: Sequence[str]) -> dict[str, Memory]:
+    """The hit columns of these memories of the tenant, by id."""
     if not memory_ids:
         return {}
-    rows = session.scalars(select(Memory).where(any_of(Memory.id, memory_ids))).all()
-    return {m.id: m for m in rows}
+    key, build, values = memories_query(tenant_id=tenant_id, memory_ids=memory_ids)
+    return memories_from_rows(sql.run(session, key, build, **values))
 
 
 def _iso(value: datetime) -> str:
@@ -59,11 +88,9 @@ def memory_hits(
     return hits  # type: ignore[return-value]
 
 
-def entity_hits(
-    session: Session, *, tenant_id: int, ranked: Sequence[tuple[str, float]], snapshot: CatalogSnapshot
-) -> list[EntityHit]:
+def entity_hits(session: Session, *, ranked: Sequence[tuple[str, float]], snapshot: CatalogSnapshot) -> list[EntityHit]:
     docs = entity_docs(
-        session, tenant_id=tenant_id, doc_ids=[doc_id for doc_id, _ in ranked], small_catalog=lambda: is_small(snapshot)
+        session, snapshot=snapshot, doc_ids=[doc_id for doc_id, _ in ranked], small_catalog=lambda: is_small(snapshot)
     )
     hits = []
     for doc_id, score in ranked:

@@ -31,8 +31,8 @@ from core.entities.resolver import extract_query_entities, resolve_entities
 from core.errors import BadRequest
 from core.memories.models import Memory
 from core.memories.visibility import visible_clause
-from core.search import graph, hits
-from core.search.catalog import load_snapshot
+from core.search import graph, hits, sql
+from core.search.catalog import load_snapshot, snapshot_memo
 from core.search.dense import ENTITIES, DenseSearch, DenseUnavailable
 from core.search.entity_channel import rank_memories
 from core.search.filters import EXAMPLE_QUERIES, MEMORIES, Eligibility, MemoryFilter, any_of
@@ -143,6 +143,8 @@ class _Search:
         self.caps = {MEMORIES: request.max_memories, EXAMPLE_QUERIES: request.max_example_queries}
         # Per memory bucket: the memory ids the dense channel takes as relevant (see _memory_buckets).
         self.feedback: dict[str, list[str]] = {}
+        # Memories already read for the hits (with the graph's query), by id.
+        self.loaded: dict[str, Memory] = {}
 
     @cached_property
     def snapshot(self) -> CatalogSnapshot:
@@ -283,9 +285,7 @@ class _Search:
         entities = fuse(entity_rankings, active=entity_active)[: request.max_entities]
         self._hydrate(buckets, tokens=inputs.bm25_tokens)
         if entities:
-            self.response.entities = hits.entity_hits(
-                self.session, tenant_id=self.caller.tenant_id, ranked=entities, snapshot=self.snapshot
-            )
+            self.response.entities = hits.entity_hits(self.session, ranked=entities, snapshot=self.snapshot)
 
     def _memory_buckets(self, memory_fetch: dict[str, BucketFetch]) -> dict[str, Ranking]:
         """Each memory bucket fused from every channel's ranking of that bucket's eligible docs.
@@ -345,7 +345,20 @@ class _Search:
                 bucket: [d for d, _ in fuse(per_bucket[bucket], active=len(memory_fetch))[: graph.SEEDS]]
                 for bucket in live
             }
-            hops = graph.neighbours(self.session, seeds=seeds, eligibility=self.eligibility)
+            # A new ranking only raises the fused score of the docs it holds, so a bucket's final hits are
+            # among its top hits without the graph and the graph's hops: the former are loaded with the
+            # graph's query, in the same round trip (the latter, rarely needed, when hydrating).
+            fused = {bucket: fuse(per_bucket[bucket], active=len(per_bucket[bucket])) for bucket in live}
+            likely = [d for bucket in live for d, _ in fused[bucket][: self.caps[bucket]]]
+            edges, rows = sql.run_many(
+                self.session,
+                [
+                    graph.query(seeds=seeds, eligibility=self.eligibility),
+                    hits.memories_query(tenant_id=self.caller.tenant_id, memory_ids=likely),
+                ],
+            )
+            hops = graph.from_rows(edges, seeds=seeds, eligibility=self.eligibility)
+            self.loaded.update(hits.memories_from_rows(rows))
             self.eligibility.check(d for ranking in hops.values() for d, _ in ranking)
             for bucket in live:
                 per_bucket[bucket]["graph"] = self._pick(hops[bucket], bucket, depths[bucket])
@@ -363,11 +376,16 @@ class _Search:
 
     def _entity_keep(self, doc_ids: list[str]) -> Callable[[str], bool]:
         ds, snapshot = self.request.datasource, self.snapshot
+        # Whether a catalog doc exists and is not hidden is a function of the snapshot: memoised on it.
+        shown: dict[str, bool] = snapshot_memo(snapshot).setdefault("shown", {})
 
         def accept(doc_id: str) -> bool:
             if ds is not None and not rooted_in(entity=doc_id, datasource=ds):
                 return False
-            return snapshot.contains(doc_id) and not snapshot.is_hidden(doc_id)
+            verdict = shown.get(doc_id)
+            if verdict is None:
+                verdict = shown[doc_id] = snapshot.contains(doc_id) and not snapshot.is_hidden(doc_id)
+            return verdict
 
         return accept
 
@@ -384,7 +402,9 @@ class _Search:
 
     def _hydrate(self, buckets: dict[str, Ranking], *, tokens: list[str]) -> None:
         ids = [doc_id for ranking in buckets.values() for doc_id, _ in ranking]
-        memories = hits.load_memories(self.session, memory_ids=ids)
+        memories = {memory_id: self.loaded[memory_id] for memory_id in ids if memory_id in self.loaded}
+        missing = [memory_id for memory_id in ids if memory_id not in memories]
+        memories.update(hits.load_memories(self.session, tenant_id=self.caller.tenant_id, memory_ids=missing))
         matched = {
             memory_id: [t for t in tokens if t in (memory.entities or []) or t == MEMORY_DOC_PREFIX + memory_id]
             for memory_id, memory in memories.items()

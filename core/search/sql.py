@@ -1,0 +1,83 @@
+"""The hot queries of a search, compiled once to driver SQL and run without the ORM layer.
+
+A search makes a few queries whose cost in SQLAlchemy (building the statement, the ORM tenant hook,
+bind processing of a few hundred ids, result processing of text arrays) was several times their
+execution time in PostgreSQL. Each such query is built with SQLAlchemy as before, compiled once per
+distinct key (the query's name and every value that shapes it: tenant, caller, filters) into SQL for
+the driver, and then run with ``exec_driver_sql`` in the search's own transaction, its varying inputs
+(id arrays, entity arrays) passed as parameters.
+
+Tenancy: the ORM hook that adds ``tenant_id = :tenant`` to ORM queries (core.db) does not see driver
+SQL, so every statement compiled here must carry the tenant condition itself, on every tenant table
+it reads; builders take the tenant id for that reason.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Hashable, Sequence
+from typing import Any
+
+from sqlalchemy import ARRAY, Executable, Text, bindparam
+from sqlalchemy.dialects import postgresql
+from sqlalchemy.orm import Session
+from sqlalchemy.sql.elements import BindParameter
+
+CACHE_ENTRIES = 1024
+_dialect = postgresql.psycopg.dialect()  # type: ignore[attr-defined]
+_cache: OrderedDict[Hashable, tuple[str, dict[str, Any]]] = OrderedDict()
+_lock = threading.Lock()
+
+
+def text_array(name: str) -> BindParameter[Any]:
+    """A ``text[]`` parameter filled at execution (``run(..., name=[...])``)."""
+    return bindparam(name, value=[], type_=ARRAY(Text))
+
+
+def compiled(key: Hashable, build: Callable[[], Executable]) -> tuple[str, dict[str, Any]]:
+    """(driver SQL, the parameters fixed at build time) of the statement ``build()`` makes for ``key``."""
+    with _lock:
+        hit = _cache.get(key)
+        if hit is not None:
+            _cache.move_to_end(key)
+            return hit
+    statement: Any = build()
+    # render_postcompile writes IN lists out, so the SQL holds only plain named parameters.
+    result = statement.compile(dialect=_dialect, compile_kwargs={"render_postcompile": True})
+    entry = (str(result), dict(result.params))
+    with _lock:
+        _cache[key] = entry
+        while len(_cache) > CACHE_ENTRIES:
+            _cache.popitem(last=False)
+    return entry
+
+
+def run(session: Session, key: Hashable, build: Callable[[], Executable], **values: Any) -> Sequence[Any]:
+    """Rows of the statement compiled for ``key``, with ``values`` for its execution-time parameters."""
+    sql, fixed = compiled(key, build)
+    return session.connection().exec_driver_sql(sql, {**fixed, **values}).all()
+
+
+Query = tuple[Hashable, Callable[[], Executable], dict[str, Any]]
+
+
+def run_many(session: Session, queries: Sequence[Query]) -> list[Sequence[Any]]:
+    """The rows of several independent statements, sent together: one round trip (psycopg pipeline)."""
+    if len(queries) == 1:
+        key, build, values = queries[0]
+        return [run(session, key, build, **values)]
+    connection: Any = session.connection().connection.driver_connection
+    cursors = []
+    with connection.pipeline():
+        for key, build, values in queries:
+            text, fixed = compiled(key, build)
+            cursor = connection.cursor()
+            cursor.execute(text, {**fixed, **values})
+            cursors.append(cursor)
+    return [cursor.fetchall() for cursor in cursors]
+
+
+def clear_cache() -> None:
+    with _lock:
+        _cache.clear()
