@@ -47,7 +47,7 @@ async def _markdown_body(request: Request) -> str:
     if media == "application/json" or media.endswith("+json"):
         try:
             body: Any = json.loads(raw)
-        except ValueError:
+        except (ValueError, RecursionError):
             raise BadRequest("the request body is not valid JSON") from None
         if not isinstance(body, dict) or not isinstance(body.get("markdown"), str):
             raise Invalid('send {"markdown": "..."} or the markdown itself as text/markdown', field="markdown")

@@ -29,6 +29,6 @@ def validate_memory_id(memory_id: str, *, field: str = "id") -> str:
 
 def integer_value(memory_id: str) -> int | None:
     """The id's integer value if it is integer-shaped (digits, no leading zero), else None."""
-    if _INTEGER_SHAPED.fullmatch(memory_id) and len(memory_id) <= 18:
+    if _INTEGER_SHAPED.fullmatch(memory_id):
         return int(memory_id)
     return None

@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import binascii
 import json
+import math
 from datetime import datetime
 from typing import Any
 
@@ -23,10 +24,10 @@ def entity_filter(entity: str) -> ColumnElement[bool]:
     if entity.startswith("memory:"):
         return Memory.entities.contains([entity])
     pattern = entity.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + ".%"
-    element = func.unnest(Memory.entities).table_valued("value").alias("linked")
+    linked = func.unnest(Memory.entities).column_valued("linked")
     return or_(
         Memory.entities.contains([entity]),
-        exists(select(1).select_from(element).where(element.c.value.like(pattern, escape="\\"))),
+        exists(select(1).where(linked.like(pattern, escape="\\"))),
     )
 
 
@@ -42,6 +43,22 @@ def _encode_cursor(values: list[Any]) -> str:
     return base64.urlsafe_b64encode(json.dumps(plain).encode()).decode().rstrip("=")
 
 
+def _cursor_key(kind: type, value: Any) -> Any:
+    """One sort key of a cursor, checked against its column's type (a cursor is client input)."""
+    if kind is datetime:
+        if not isinstance(value, str):
+            raise ValueError("timestamp")
+        parsed = datetime.fromisoformat(value)
+        if parsed.tzinfo is None:
+            raise ValueError("naive timestamp")
+        return parsed
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise ValueError("number")
+    if kind is int and (not isinstance(value, int) or abs(value) >= 2**31):
+        raise ValueError("integer")
+    return value
+
+
 def _decode_cursor(cursor: str, sort: str) -> list[Any]:
     try:
         padded = cursor + "=" * (-len(cursor) % 4)
@@ -49,8 +66,10 @@ def _decode_cursor(cursor: str, sort: str) -> list[Any]:
         if not isinstance(values, list) or len(values) != len(_SORTS[sort]) + 1:
             raise ValueError("wrong shape")
         *keys, last_id = values
-        decoded = [datetime.fromisoformat(k) if isinstance(k, str) else k for k in keys]
-        return [*decoded, str(last_id)]
+        decoded = [_cursor_key(column.type.python_type, k) for column, k in zip(_SORTS[sort], keys, strict=True)]
+        if not isinstance(last_id, str):
+            raise ValueError("id")
+        return [*decoded, last_id]
     except (ValueError, TypeError, binascii.Error, json.JSONDecodeError):
         raise BadRequest("cursor is not one this API returned", field="cursor") from None
 

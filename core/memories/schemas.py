@@ -2,13 +2,43 @@
 
 from __future__ import annotations
 
-from datetime import datetime
-from typing import Any, Literal
+import math
+from datetime import UTC, datetime
+from typing import Annotated, Any, Literal
 
-from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import AfterValidator, AliasChoices, BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from core.errors import Invalid, PayloadTooLarge
 from core.memories.ids import validate_memory_id
+
+
+def _storable_time(value: datetime) -> datetime:
+    """A time every reader can hold: naive means UTC, and in UTC it must fall in years 1..9999 (an offset
+    can push 0001-01-01 or 9999-12-31 out of range, and such a row could never be read back)."""
+    if value.tzinfo is None:
+        value = value.replace(tzinfo=UTC)
+    try:
+        return value.astimezone(UTC)
+    except OverflowError:
+        raise ValueError("the time is out of range: in UTC it must fall in years 1 to 9999") from None
+
+
+Time = Annotated[datetime, AfterValidator(_storable_time)]
+MAX_SOURCE_CHARS = 10_000
+MAX_BODY_DEPTH = 32  # nesting of objects and lists in a request body (a query dict needs about 4)
+MAX_LINKS = 1_000  # linked entities, associations and tags of one memory
+Tag = Annotated[str, Field(max_length=1_000)]
+
+
+def _few_links(value: Any) -> Any:
+    if isinstance(value, list) and len(value) > MAX_LINKS:
+        raise ValueError(f"at most {MAX_LINKS} linked entities, got {len(value)}")
+    return value
+
+
+LinkedEntities = Annotated[
+    list[Annotated[str, Field(max_length=1_000)]] | dict[str, Any] | None, AfterValidator(_few_links)
+]
 
 MemoryKind = Literal[
     "fact",
@@ -72,20 +102,18 @@ class SaveMemoryIn(BaseModel):
 
     content: str = Field(validation_alias=AliasChoices("content", "learning"), min_length=1)
     id: str | None = None
-    linked_entities: list[str] | dict[str, Any] | None = Field(
-        default=None, validation_alias=AliasChoices("linked_entities", "entities")
-    )
+    linked_entities: LinkedEntities = Field(default=None, validation_alias=AliasChoices("linked_entities", "entities"))
     query: dict[str, Any] | None = None
     kind: MemoryKind = "fact"
     category: MemoryCategory = "core"
     importance: float | None = Field(default=None, ge=0.0, le=1.0)
-    occurred_at: datetime | None = None
-    tags: list[str] = Field(default_factory=list)
-    source: str | None = None
+    occurred_at: Time | None = None
+    tags: list[Tag] = Field(default_factory=list, max_length=MAX_LINKS)
+    source: str | None = Field(default=None, max_length=MAX_SOURCE_CHARS)
     run_id: str | None = Field(default=None, max_length=200)
     persona: str | None = Field(default=None, max_length=200)
     agent_id: str | None = Field(default=None, max_length=200)
-    associations: list[AssociationIn] = Field(default_factory=list)
+    associations: list[AssociationIn] = Field(default_factory=list, max_length=MAX_LINKS)
     sync_embed: bool = False
 
     @field_validator("id")
@@ -100,14 +128,12 @@ class PatchMemoryIn(BaseModel):
     content: str | None = Field(default=None, validation_alias=AliasChoices("content", "learning"), min_length=1)
     kind: MemoryKind | None = None
     category: MemoryCategory | None = None
-    tags: list[str] | None = None
+    tags: list[Tag] | None = Field(default=None, max_length=MAX_LINKS)
     importance: float | None = Field(default=None, ge=0.0, le=1.0)
-    linked_entities: list[str] | dict[str, Any] | None = Field(
-        default=None, validation_alias=AliasChoices("linked_entities", "entities")
-    )
-    occurred_at: datetime | None = None
-    source: str | None = None
-    associations: list[AssociationIn] | None = None
+    linked_entities: LinkedEntities = Field(default=None, validation_alias=AliasChoices("linked_entities", "entities"))
+    occurred_at: Time | None = None
+    source: str | None = Field(default=None, max_length=MAX_SOURCE_CHARS)
+    associations: list[AssociationIn] | None = Field(default=None, max_length=MAX_LINKS)
     sync_embed: bool = False
 
 
@@ -124,7 +150,7 @@ class ListFilters(BaseModel):
     tags: list[str] = Field(default_factory=list)
     run_id: str | None = None
     status: MemoryStatus = "active"
-    since: datetime | None = None
+    since: Time | None = None
     entity: str | None = None
     sort: Literal["recent", "importance", "most_accessed"] = "recent"
     limit: int = Field(default=50, ge=1, le=200)
@@ -157,24 +183,29 @@ def _unstorable(text: str) -> bool:
     return "\x00" in text
 
 
-def _unstorable_path(value: Any, path: str = "") -> str | None:
-    """The dotted path of the first string (value or key) that cannot be stored; None when there is none."""
+def _check_body(value: Any, path: str = "", depth: int = 0) -> None:
+    """Reject what a body may carry but the database or JSON cannot hold: NUL and unpaired surrogates in
+    text (values and keys), non-finite numbers, non-JSON values (YAML dates, bytes, sets) and nesting past
+    MAX_BODY_DEPTH (which also stops self-referencing YAML aliases). Raises Invalid naming the field."""
     if isinstance(value, str):
-        return path if _unstorable(value) else None
-    if isinstance(value, dict):
-        for key, item in value.items():
+        if _unstorable(value):
+            raise Invalid("text may not contain NUL (\\u0000) characters or unpaired surrogates", field=path or None)
+    elif isinstance(value, bool) or value is None or isinstance(value, int):
+        return
+    elif isinstance(value, float):
+        if not math.isfinite(value):
+            raise Invalid("numbers must be finite (no NaN or Infinity)", field=path or None)
+    elif isinstance(value, dict | list):
+        if depth >= MAX_BODY_DEPTH:
+            raise Invalid(f"the body nests deeper than {MAX_BODY_DEPTH} levels", field=path or None)
+        items = value.items() if isinstance(value, dict) else enumerate(value)
+        for key, item in items:
             inner = f"{path}.{key}" if path else str(key)
-            if isinstance(key, str) and _unstorable(key):
-                return inner
-            found = _unstorable_path(item, inner)
-            if found is not None:
-                return found
-    elif isinstance(value, list):
-        for i, item in enumerate(value):
-            found = _unstorable_path(item, f"{path}.{i}" if path else str(i))
-            if found is not None:
-                return found
-    return None
+            if isinstance(value, dict) and (not isinstance(key, str) or _unstorable(key)):
+                raise Invalid("object keys must be text without NUL characters or unpaired surrogates", field=inner)
+            _check_body(item, inner, depth + 1)
+    else:
+        raise Invalid(f"unsupported value of type {type(value).__name__}: use JSON types", field=path or None)
 
 
 def parse_model(model: type[BaseModel], body: Any, *, prefix: str = "") -> Any:
@@ -184,12 +215,11 @@ def parse_model(model: type[BaseModel], body: Any, *, prefix: str = "") -> Any:
     """
     if not isinstance(body, dict):
         raise Invalid("the body must be a JSON object", field=prefix.rstrip(".") or None)
-    bad = _unstorable_path(body)
-    if bad is not None:
-        raise Invalid(
-            "text may not contain NUL (\\u0000) characters or unpaired surrogates",
-            field=prefix + bad if bad else None,
-        )
+    try:
+        _check_body(body)
+    except Invalid as exc:
+        exc.field = prefix + exc.field if exc.field else prefix.rstrip(".") or None
+        raise
     for key in ("content", "learning"):
         if isinstance(body.get(key), str):
             check_content_size(body[key])

@@ -180,7 +180,7 @@ _SAVE_STATEMENT = text(
     f"""
     WITH seq AS (
         UPDATE tenants
-        SET memory_seq = greatest(memory_seq, :supplied_max) + :n_auto, change_seq = change_seq + 1
+        SET memory_seq = greatest(memory_seq, CAST(:supplied_max AS numeric)) + :n_auto, change_seq = change_seq + 1
         WHERE id = :tenant_id
         RETURNING memory_seq, change_seq
     ), items AS (
@@ -315,8 +315,10 @@ def patch_memory(session: Session, *, caller: Caller, memory_id: str, patch: Pat
         if value is None and name in ("content", "kind", "category", "tags"):
             raise Invalid(f"{name} cannot be null", field=name)
         setattr(memory, name, value)
-    if "kind" in changes and "importance" not in changes:
-        memory.importance = DEFAULT_IMPORTANCE[memory.kind]
+    if ("kind" in changes and "importance" not in changes) or ("importance" in changes and patch.importance is None):
+        memory.importance = DEFAULT_IMPORTANCE[memory.kind]  # null importance: back to the kind's default
+    if "occurred_at" in changes and patch.occurred_at is None:
+        memory.occurred_at = memory.created_at  # as on a save without occurred_at
     if "linked_entities" in patch.model_fields_set:
         links = LinkResolver(session, tenant_id=caller.tenant_id).resolve(patch.linked_entities, query=None)
         memory.entities = links.entities

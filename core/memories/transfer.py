@@ -173,6 +173,8 @@ def _load_front_matter(source: str, *, number: int, line: int) -> dict[str, Any]
     except yaml.YAMLError as exc:
         detail = str(exc).replace("\n", " ")
         raise Invalid(f"{where}: front matter is not valid YAML: {detail}", field=f"blocks.{number - 1}") from None
+    except RecursionError:
+        raise Invalid(f"{where}: front matter nests too deeply", field=f"blocks.{number - 1}") from None
     if loaded is None:
         loaded = {}
     if not isinstance(loaded, dict):

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from datetime import datetime
+from decimal import Decimal
 
-from sqlalchemy import BigInteger, DateTime, ForeignKey, Identity, String, UniqueConstraint, func
+from sqlalchemy import BigInteger, DateTime, ForeignKey, Identity, Numeric, String, UniqueConstraint, func
 from sqlalchemy.orm import Mapped, mapped_column
 
 from core.db import Base
@@ -15,8 +16,9 @@ class Tenant(Base):
 
     id: Mapped[int] = mapped_column(BigInteger, Identity(), primary_key=True)
     name: Mapped[str] = mapped_column(String(200), unique=True)
-    # Largest integer-shaped memory id ever used (auto or supplied): the next auto id is this + 1.
-    memory_seq: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    # Largest integer-shaped memory id ever used (auto or supplied): the next auto id is this + 1. Numeric:
+    # a supplied id may have up to 200 digits.
+    memory_seq: Mapped[Decimal] = mapped_column(Numeric(210, 0), default=0, server_default="0")
     # Bumped by every write; derived indexes record the value they reflect.
     change_seq: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
     # The change_seq (and model) at which reconcile last found every embedding in place: until a write
