@@ -5,7 +5,8 @@ from __future__ import annotations
 import logging
 
 from fastapi import FastAPI
-from starlette.types import ASGIApp, Receive, Scope, Send
+from fastapi.responses import JSONResponse
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 import core.schema  # noqa: F401 - every table known to the ORM
 from api.errors import error_response, install_error_handlers
@@ -43,6 +44,10 @@ def create_app(*, install_queue: bool = False) -> FastAPI:
 class BodyGuard:
     """413 for oversized bodies and 415 for non-JSON bodies, before any parsing.
 
+    A declared ``Content-Length`` over the limit is refused before the app runs; a body without one
+    (``Transfer-Encoding: chunked``) is counted as it streams in, and once it passes the limit the app's
+    read fails and the client gets the same 413 instead of whatever the app would have answered.
+
     A plain ASGI middleware: Starlette's BaseHTTPMiddleware would run every request in an extra task with
     memory streams, which costs about a millisecond per call.
     """
@@ -51,22 +56,78 @@ class BodyGuard:
         self.app = app
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope["method"] in _BODY_METHODS:
-            headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
-            length = headers.get("content-length")
-            rejection = None
-            if length is not None and length.isdigit() and int(length) > MAX_BODY_BYTES:
-                rejection = error_response(413, f"request body over {MAX_BODY_BYTES} bytes")
-            else:
-                media = headers.get("content-type", "").split(";")[0].strip().lower()
-                is_json = media == "application/json" or media.endswith("+json")
-                has_body = (length is not None and length != "0") or "transfer-encoding" in headers
-                if has_body and not is_json and not _accepts_other_media(scope["path"]):
-                    rejection = error_response(415, "send JSON with 'Content-Type: application/json'")
-            if rejection is not None:
-                await rejection(scope, receive, send)
-                return
-        await self.app(scope, receive, send)
+        if scope["type"] != "http" or scope["method"] not in _BODY_METHODS:
+            await self.app(scope, receive, send)
+            return
+        headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
+        length = headers.get("content-length")
+        declared = _declared_length(length)
+        rejection = None
+        if declared is not None and declared > MAX_BODY_BYTES:
+            rejection = _too_large()
+        else:
+            media = headers.get("content-type", "").split(";")[0].strip().lower()
+            is_json = media == "application/json" or media.endswith("+json")
+            has_body = (length is not None and length != "0") or "transfer-encoding" in headers
+            if has_body and not is_json and not _accepts_other_media(scope["path"]):
+                rejection = error_response(415, "send JSON with 'Content-Type: application/json'")
+        if rejection is not None:
+            await rejection(scope, receive, send)
+            return
+        if declared is not None:  # the server delivers no more than the declared length
+            await self.app(scope, receive, send)
+            return
+        await self._counted(scope, receive, send)
+
+    async def _counted(self, scope: Scope, receive: Receive, send: Send) -> None:
+        received = 0
+        over = False
+        started = False
+
+        async def counting_receive() -> Message:
+            nonlocal received, over
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > MAX_BODY_BYTES:
+                    over = True
+                    raise BodyTooLarge(f"request body over {MAX_BODY_BYTES} bytes")
+            return message
+
+        async def guarded_send(message: Message) -> None:
+            nonlocal started
+            if over and not started:
+                return  # the app's answer to a failed read (a 400, a 500): the client gets the 413 below
+            if message["type"] == "http.response.start":
+                started = True
+            await send(message)
+
+        try:
+            await self.app(scope, counting_receive, guarded_send)
+        except Exception:
+            if not over or started:
+                raise
+        if over and not started:
+            await _too_large()(scope, receive, send)
+
+
+class BodyTooLarge(Exception):
+    """Raised inside ``receive`` once a streamed body passes MAX_BODY_BYTES."""
+
+
+def _too_large() -> JSONResponse:
+    return error_response(413, f"request body over {MAX_BODY_BYTES} bytes")
+
+
+def _declared_length(value: str | None) -> int | None:
+    """The Content-Length as a number; None when absent or malformed (the server refuses those itself)."""
+    if value is None:
+        return None
+    value = value.strip()
+    # isascii: "²".isdigit() is True but int() refuses it; the length cap keeps int() cheap.
+    if not (value.isascii() and value.isdigit() and len(value) <= 20):
+        return None
+    return int(value)
 
 
 def _accepts_other_media(path: str) -> bool:

@@ -117,4 +117,7 @@ async def require_admin(request: Request) -> Caller:
 
 def is_operator_key(token: str | None) -> bool:
     operator_key = get_settings().operator_key
-    return bool(token and operator_key) and hmac.compare_digest(token or "", operator_key)
+    if not token or not operator_key:
+        return False
+    # Bytes, not str: compare_digest raises TypeError on non-ASCII text, which any client can send.
+    return hmac.compare_digest(token.encode("utf-8", "surrogatepass"), operator_key.encode("utf-8", "surrogatepass"))

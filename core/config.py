@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import json
 from functools import lru_cache
 from pathlib import Path
+from typing import Annotated
 
-from pydantic import Field
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import Field, field_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 
 class Settings(BaseSettings):
@@ -38,6 +40,19 @@ class Settings(BaseSettings):
 
     # Secret used to encrypt datasource credentials at rest (Fernet key, urlsafe base64).
     secret_key: str = ""
+    # Directories SQLite datasources may live under (a hosted deployment sets this; JSON list or
+    # comma-separated). Empty: any readable SQLite file outside /proc, /sys and /dev.
+    sqlite_roots: Annotated[list[Path], NoDecode] = Field(default_factory=list)
+
+    @field_validator("sqlite_roots", mode="before")
+    @classmethod
+    def _split_roots(cls, value: object) -> object:
+        if isinstance(value, str):
+            text = value.strip()
+            if text.startswith("["):
+                return json.loads(text)
+            return [part.strip() for part in text.split(",") if part.strip()]
+        return value
 
     # Outbox: jobs queued longer than this without running are dispatched again by reconcile.
     outbox_redispatch_seconds: float = 30.0

@@ -28,7 +28,7 @@ from api.routes.jobs import retry_as
 from api.routes.ops import coverage_rows
 from core.config import get_settings
 from core.db import system_session
-from core.errors import Forbidden, NotFound, Unauthorized
+from core.errors import BadRequest, Forbidden, NotFound, Unauthorized
 from core.jobs import queries
 from core.jobs.service import get_job
 
@@ -38,6 +38,8 @@ STATIC_DIR = Path(__file__).resolve().parent.parent / "dashboard" / "static"
 COOKIE_NAME = "engram_dashboard"
 SESSION_SECONDS = 12 * 3600
 CSRF_HEADER = "x-engram-dashboard"
+_MAX_EXPIRES_DIGITS = 12
+_MAX_ASSET_NAME_BYTES = 255
 _CONTENT_TYPES = {".css": "text/css", ".js": "text/javascript", ".html": "text/html", ".png": "image/png"}
 # Coverage reads every tenant's catalog; the page polls every few seconds, so it is cached briefly.
 COVERAGE_TTL_SECONDS = 15.0
@@ -50,7 +52,7 @@ def _session_secret(operator_key: str) -> bytes:
 
 
 def _sign(payload: str, operator_key: str) -> str:
-    return hmac.new(_session_secret(operator_key), payload.encode(), hashlib.sha256).hexdigest()
+    return hmac.new(_session_secret(operator_key), payload.encode("utf-8", "surrogatepass"), hashlib.sha256).hexdigest()
 
 
 def make_session_cookie(*, operator_key: str, now: float | None = None) -> str:
@@ -64,9 +66,14 @@ def valid_session_cookie(value: str | None, *, operator_key: str, now: float | N
         return False
     payload, _, signature = value.rpartition(".")
     expires, _, _nonce = payload.partition(".")
-    if not expires.isdigit() or int(expires) < (now or time.time()):
+    # isascii: "²".isdigit() is True but int() refuses it; the length cap keeps int() cheap and in range.
+    if not (expires.isascii() and expires.isdigit() and len(expires) <= _MAX_EXPIRES_DIGITS):
         return False
-    return hmac.compare_digest(signature, _sign(payload, operator_key))
+    if int(expires) < (now or time.time()):
+        return False
+    # Bytes, not str: compare_digest raises TypeError on non-ASCII text, and the cookie is the client's.
+    expected = _sign(payload, operator_key).encode()
+    return hmac.compare_digest(signature.encode("utf-8", "surrogatepass"), expected)
 
 
 def is_operator_request(request: Request) -> bool:
@@ -104,8 +111,9 @@ async def _submitted_key(request: Request) -> str:
     if request.headers.get("content-type", "").split(";")[0].strip().lower() == "application/json":
         try:
             body = json.loads(raw)
-        except json.JSONDecodeError:
-            return ""
+        except (json.JSONDecodeError, RecursionError):
+            # RecursionError: arrays or objects nested thousands deep.
+            raise BadRequest("the request body is not valid JSON") from None
         key = body.get("key") if isinstance(body, dict) else None
         return key.strip() if isinstance(key, str) else ""
     return (parse_qs(raw).get("key") or [""])[0].strip()
@@ -143,9 +151,23 @@ def logout() -> Response:
 def static_asset(name: str) -> Response:
     # Only plain file names from the one folder: no path can climb out of it.
     path = STATIC_DIR / name
-    if "/" in name or name.startswith(".") or path.suffix not in _CONTENT_TYPES or not path.is_file():
-        raise NotFound(f"no dashboard asset {name!r}")
+    if (
+        "/" in name
+        or "\0" in name
+        or name.startswith(".")
+        or len(name.encode("utf-8", "surrogatepass")) > _MAX_ASSET_NAME_BYTES
+        or path.suffix not in _CONTENT_TYPES
+        or not _is_file(path)
+    ):
+        raise NotFound(f"no dashboard asset {name[:100]!r}")
     return FileResponse(path, media_type=_CONTENT_TYPES[path.suffix], headers={"Cache-Control": "no-cache"})
+
+
+def _is_file(path: Path) -> bool:
+    try:
+        return path.is_file()
+    except (OSError, ValueError):  # a name too long for the file system, or one it cannot encode
+        return False
 
 
 def cached_coverage() -> list[dict[str, Any]]:

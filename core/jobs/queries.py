@@ -45,7 +45,9 @@ def parse_filters(params: dict[str, str], *, tenant_id: int | None) -> JobFilter
     if state is not None and state not in JOB_STATES:
         raise Invalid(f"state must be one of {', '.join(JOB_STATES)}", field="state")
     raw_limit = params.get("limit", "50")
-    if not raw_limit.isdigit() or not 1 <= int(raw_limit) <= MAX_PAGE:
+    # isascii: "²".isdigit() is True but int() refuses it; the length cap keeps int() cheap.
+    well_formed = raw_limit.isascii() and raw_limit.isdigit() and len(raw_limit) <= 6
+    if not well_formed or not 1 <= int(raw_limit) <= MAX_PAGE:
         raise Invalid(f"limit must be an integer from 1 to {MAX_PAGE}", field="limit")
     return JobFilters(kind=kind, state=state, tenant_id=tenant_id, limit=int(raw_limit), cursor=params.get("cursor"))
 
