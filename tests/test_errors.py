@@ -129,5 +129,7 @@ def test_text_postgres_cannot_store_is_422_and_nothing_is_written(client, tenant
 
 
 def test_nul_in_a_path_or_query_parameter_is_4xx(client, tenant):
-    assert_error(client.get("/v1/memories/a%00b", headers=tenant.headers()), 422)
+    assert_error(client.get("/v1/memories/a%00b", headers=tenant.headers()), 404)
+    assert_error(client.delete("/v1/memories/a%00b", headers=tenant.headers()), 404)
+    assert_error(client.patch("/v1/memories/a%00b", json={"tags": []}, headers=tenant.headers()), 404)
     assert client.get("/v1/memories?tags=a%00b", headers=tenant.headers()).status_code == 422

@@ -20,7 +20,7 @@ from sqlalchemy.orm import Session
 
 from core.errors import EngramError, Forbidden, Invalid, NotFound
 from core.jobs.service import enqueue, new_outbox_job_id
-from core.memories.ids import integer_value
+from core.memories.ids import integer_value, validate_memory_id
 from core.memories.links import LinkResolver, Links
 from core.memories.models import Association, Memory, Tombstone
 from core.memories.schemas import DEFAULT_IMPORTANCE, PatchMemoryIn, SaveMemoryIn, SaveResult
@@ -280,6 +280,10 @@ def save_memory(session: Session, *, caller: Caller, item: SaveMemoryIn) -> Save
 def _load_visible(
     session: Session, *, caller: Caller, memory_id: str, include_forgotten: bool = False, lock: bool = False
 ) -> Memory:
+    try:
+        validate_memory_id(memory_id)
+    except Invalid:  # no memory can have an id outside the charset (e.g. a NUL byte from the URL)
+        raise NotFound(f"memory {memory_id[:200]!r} not found") from None
     stmt = select(Memory).where(Memory.id == memory_id, visible_clause(caller))
     if lock:
         stmt = stmt.with_for_update()
