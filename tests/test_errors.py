@@ -89,6 +89,8 @@ def test_health_needs_no_key(client):
     assert client.get("/healthz").json() == {"status": "ok"}
     ready = client.get("/readyz")
     assert ready.status_code == 200 and ready.json()["checks"] == {"database": "ok", "redis": "ok"}
+    # Load balancers and uptime checks often probe with HEAD.
+    assert client.head("/healthz").status_code == 200 and client.head("/readyz").status_code == 200
 
 
 def test_rate_limit_answers_429_with_retry_after(client, tenant):

@@ -13,12 +13,12 @@ from core.db import get_engine
 router = APIRouter()
 
 
-@router.get("/healthz")
+@router.api_route("/healthz", methods=["GET", "HEAD"])
 def healthz() -> dict[str, Any]:
     return {"status": "ok"}
 
 
-@router.get("/readyz")
+@router.api_route("/readyz", methods=["GET", "HEAD"])
 def readyz() -> JSONResponse:
     checks: dict[str, str] = {}
     try:
