@@ -168,3 +168,31 @@ def test_litellm_missing_is_a_provider_error(monkeypatch):
     emb = LiteLLMEmbedder("openai/text-embedding-3-small")
     with pytest.raises(EmbeddingProviderError, match="litellm"):
         emb.embed_documents(["hello"])
+
+
+def test_worker_keeps_blas_and_tokenizer_single_threaded():
+    """A worker's embed jobs run numpy's BLAS and the tokenizer on their own thread (workers.tasks): after
+    the worker's start hook, OpenBLAS reports one thread and the tokenizer starts no pool."""
+    import os
+
+    code = (
+        "import ctypes, os, pathlib, random\n"
+        "import numpy as np\n"
+        "from workers.tasks import single_threaded_native_pools\n"
+        "lib = ctypes.CDLL(str(next((pathlib.Path(np.__file__).parent.parent / 'numpy.libs')"
+        ".glob('libscipy_openblas*.so*'))))\n"
+        "single_threaded_native_pools()\n"
+        "from core.embeddings import get_embedder\n"
+        "e = get_embedder('local')\n"
+        "before = len(os.listdir('/proc/self/task'))\n"
+        "rng = random.Random(0)\n"
+        "e.embed_documents([' '.join(rng.choice(['a', 'orders', 'paid']) for _ in range(9)) for _ in range(500)])\n"
+        "np.ones((300, 300), dtype=np.float32) @ np.ones((300, 300), dtype=np.float32)\n"
+        "print(lib.scipy_openblas_get_num_threads64_(), os.environ['TOKENIZERS_PARALLELISM'],"
+        " len(os.listdir('/proc/self/task')) - before)\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k not in ("OPENBLAS_NUM_THREADS", "TOKENIZERS_PARALLELISM")}
+    env["ENGRAM_REDIS_URL"] = "redis://127.0.0.1:1/0"  # the Celery app is built, never connected
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["1", "false", "0"]

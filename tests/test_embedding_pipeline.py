@@ -165,3 +165,234 @@ def test_operator_sees_every_tenant_in_coverage(client, make_tenant):
     assert {a.name, b.name} <= {r["tenant"] for r in rows}
     only_a = client.get("/v1/ops/coverage", headers=a.headers()).json()["coverage"]
     assert {r["tenant"] for r in only_a} == {a.name}
+
+
+# --- The bulk write path (core.embeddings.refresh / similarity / wire) ---------------------------------
+
+
+def _save(client, tenant, contents: list[str]) -> list[str]:  # type: ignore[no-untyped-def]
+    response = client.post(
+        "/v1/memories:batch", json={"items": [{"content": c} for c in contents]}, headers=tenant.headers()
+    )
+    assert response.status_code == 200, response.text
+    return [r["memory_id"] for r in response.json()["results"]]
+
+
+def _stored_vectors(tenant_id: int, model: str) -> dict[str, tuple[str, list[float]]]:
+    """canonical id -> (content hash, vector) as pgvector's own text form reads back."""
+    from core.db import tenant_session
+    from core.embeddings.store_models import Embedding
+
+    with tenant_session(tenant_id) as session:
+        rows = session.execute(
+            select(Embedding.canonical_id, Embedding.content_hash, Embedding.embedding).where(Embedding.model == model)
+        ).all()
+    return {cid: (digest, list(vector)) for cid, digest, vector in rows}
+
+
+def _embedding_stats(tenant_id: int, model: str) -> tuple[int, int]:
+    from sqlalchemy import text
+
+    from core.db import get_engine
+
+    with get_engine().connect() as connection:
+        row = connection.execute(
+            text("SELECT docs, version FROM search_embedding_stats WHERE tenant_id = :t AND model = :m"),
+            {"t": tenant_id, "m": model},
+        ).one()
+    return int(row[0]), int(row[1])
+
+
+def test_bulk_upsert_stores_exact_vectors_and_moves_stats_once(client, tenant):
+    """One job's vectors land bit for bit (binary vector[] parameter), a changed memory's row is updated in
+    place, and the statistics triggers count the docs and move the version once per write."""
+    import numpy as np
+
+    from core.db import tenant_session
+    from core.embeddings.providers import get_embedder
+    from core.embeddings.refresh import embed_docs
+    from core.memories.service import memory_doc_id
+    from core.search.render import content_hash
+
+    embedder = get_embedder("local")
+    contents = [f"the {word} table is refreshed nightly at {i} am" for i, word in enumerate(("orders", "users", "ä€"))]
+    ids = _save(client, tenant, contents)
+    doc_ids = [memory_doc_id(i) for i in ids]
+    with tenant_session(tenant.tenant_id) as session:
+        # Duplicated ids in a payload are embedded once (one upsert statement cannot touch a row twice).
+        out = embed_docs(session, tenant_id=tenant.tenant_id, doc_ids=doc_ids + doc_ids[:1], embedder=embedder)
+    assert (out["embedded"], out["unchanged"]) == (3, 0)
+    stored = _stored_vectors(tenant.tenant_id, embedder.name)
+    expected = embedder.embed_documents(contents)
+    for doc_id, text_, vector in zip(doc_ids, contents, expected, strict=True):
+        digest, got = stored[doc_id]
+        assert digest == content_hash(text_)
+        assert np.array_equal(np.asarray(got, dtype=np.float32), vector)
+    docs, version = _embedding_stats(tenant.tenant_id, embedder.name)
+    assert docs == 3
+
+    changed = client.patch(
+        f"/v1/memories/{ids[0]}", json={"content": "users are soft deleted"}, headers=tenant.headers()
+    )
+    assert changed.status_code == 200, changed.text
+    with tenant_session(tenant.tenant_id) as session:
+        out = embed_docs(session, tenant_id=tenant.tenant_id, doc_ids=doc_ids, embedder=embedder)
+    assert (out["embedded"], out["unchanged"]) == (1, 2)
+    digest, got = _stored_vectors(tenant.tenant_id, embedder.name)[doc_ids[0]]
+    assert digest == content_hash("users are soft deleted")
+    assert np.array_equal(np.asarray(got, dtype=np.float32), embedder.embed_documents(["users are soft deleted"])[0])
+    assert _embedding_stats(tenant.tenant_id, embedder.name) == (3, version + 1)
+
+
+def test_background_job_links_near_duplicates_without_storing_suggestions(client, tenant):
+    """A background embed job makes the `updates` links and superseded_by like a sync save, keeps no
+    similar_existing suggestions in its result, and a second run makes no embedding call."""
+    from core.db import system_session, tenant_session
+    from core.jobs.models import Job
+    from core.memories.models import Association, Memory
+
+    model_name = _model_name()
+    older, newer, related = _save(client, tenant, [NEAR[0], NEAR[1], RELATED])
+    _converge(client, tenant, model_name)
+    with tenant_session(tenant.tenant_id) as session:
+        superseded = dict(session.execute(select(Memory.id, Memory.superseded_by)).all())
+        links = session.execute(select(Association.source_id, Association.target_id, Association.relation_type)).all()
+    assert superseded == {older: newer, newer: None, related: None}
+    assert [tuple(link) for link in links] == [(newer, older, "updates")]
+    with system_session() as session:
+        results = session.scalars(
+            select(Job.result).where(Job.tenant_id == tenant.tenant_id, Job.kind == "embed")
+        ).all()
+    assert results and all(r is not None and "similar" not in r for r in results)
+
+    calls = EMBEDDING_CALLS.labels(model_name)._value.get()
+    from core.jobs.service import enqueue
+    from core.memories.service import memory_doc_id
+
+    with system_session() as session:
+        enqueue(session, tenant_id=tenant.tenant_id, kind="embed", payload={"doc_ids": [memory_doc_id(older)]})
+    assert _run_pending_jobs(tenant.tenant_id) == 1
+    assert EMBEDDING_CALLS.labels(model_name)._value.get() == calls
+
+
+def test_concurrent_jobs_superseding_the_same_memories_both_succeed(client, tenant):
+    """Two jobs at once whose memories supersede the same older ones: rows are locked in one order, so
+    neither deadlocks, and each older memory ends superseded by one of them."""
+    import threading
+
+    from core.db import system_session, tenant_session
+    from core.jobs.models import Job
+    from core.jobs.service import run_job
+    from core.memories.models import Association, Memory
+
+    base = [f"{table} rows are archived after {n} days" for n, table in enumerate(("orders", "refunds", "carts"))]
+    olders = _save(client, tenant, base)
+    _converge(client, tenant, _model_name())
+    first = _save(client, tenant, [b + "." for b in base])
+    second = _save(client, tenant, [b + "!" for b in base])
+    with system_session() as session:
+        job_ids = session.scalars(
+            select(Job.id).where(Job.tenant_id == tenant.tenant_id, Job.state == "queued").order_by(Job.created_at)
+        ).all()
+    assert len(job_ids) == 2
+    outcomes: list[str] = []
+    barrier = threading.Barrier(2)
+
+    def run(job_id: str) -> None:
+        barrier.wait()
+        outcomes.append(run_job(job_id, session_factory=system_session, max_attempts=1).state)
+
+    threads = [threading.Thread(target=run, args=(job_id,)) for job_id in job_ids]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert outcomes == ["succeeded", "succeeded"]
+    with tenant_session(tenant.tenant_id) as session:
+        superseded = dict(session.execute(select(Memory.id, Memory.superseded_by)).all())
+        targets = set(session.scalars(select(Association.target_id)).all())
+    assert all(superseded[o] in set(first) | set(second) for o in olders)
+    assert set(olders) <= targets
+
+
+def test_similarity_matrix_reads_other_writers_and_skips_vectors_it_holds(client, tenant):
+    """The per-process matrix picks up vectors another process wrote (by updated_at), and does not read
+    again a vector whose content hash it already holds."""
+    import numpy as np
+
+    from core.db import tenant_session
+    from core.embeddings import similarity
+    from core.embeddings.providers import get_embedder
+    from core.embeddings.refresh import Doc, write_embeddings
+
+    embedder = get_embedder("local")
+    a, b = _save(client, tenant, ["invoices are issued monthly", "payments settle in two days"])
+    _converge(client, tenant, embedder.name)
+    key = (tenant.tenant_id, embedder.name)
+    with tenant_session(tenant.tenant_id) as session:
+        matrix = similarity._matrix(session, tenant_id=tenant.tenant_id, model=embedder.name, dims=embedder.dims)
+    assert {a, b} <= set(matrix.ids)
+    # Another writer replaces b's vector (new content hash): the next refresh reads it.
+    replaced = np.zeros(embedder.dims, dtype=np.float32)
+    replaced[0] = 1.0
+    with tenant_session(tenant.tenant_id) as session:
+        write_embeddings(
+            session,
+            tenant_id=tenant.tenant_id,
+            model=embedder.name,
+            docs=[Doc("memory:" + b, "memory", "elsewhere")],
+            hashes={"memory:" + b: "f" * 64},
+            vectors=replaced[None, :],
+        )
+    # a's row is rewritten with its own hash: the matrix keeps what it holds (marked here to be seen).
+    marker = np.full(embedder.dims, 0.5, dtype=np.float32)
+    with matrix.lock:
+        matrix.vectors[matrix.index[a]] = marker
+    with tenant_session(tenant.tenant_id) as session:
+        digest = _stored_vectors(tenant.tenant_id, embedder.name)["memory:" + a][0]
+        write_embeddings(
+            session,
+            tenant_id=tenant.tenant_id,
+            model=embedder.name,
+            docs=[Doc("memory:" + a, "memory", "same")],
+            hashes={"memory:" + a: digest},
+            vectors=embedder.embed_documents(["invoices are issued monthly"]),
+        )
+    with tenant_session(tenant.tenant_id) as session:
+        refreshed = similarity._matrix(session, tenant_id=tenant.tenant_id, model=embedder.name, dims=embedder.dims)
+    assert refreshed is similarity._matrices[key]
+    assert np.array_equal(refreshed.vectors[refreshed.index[b]], replaced)
+    assert np.array_equal(refreshed.vectors[refreshed.index[a]], marker)
+
+
+def test_nearest_sparse_and_dense_paths_agree_with_brute_force():
+    """_nearest keeps, per new vector, its best candidates (at most _CANDIDATES, itself excluded) scoring at
+    least the floor, whichever path it takes."""
+    import numpy as np
+
+    from core.embeddings import similarity
+
+    rng = np.random.default_rng(3)
+    corpus = rng.standard_normal((300, 16)).astype(np.float32)
+    corpus[150:] = corpus[:150] + 0.05 * rng.standard_normal((150, 16)).astype(np.float32)
+    corpus /= np.linalg.norm(corpus, axis=1, keepdims=True)
+    matrix = similarity._Matrix(dims=16, vectors=np.zeros((0, 16), dtype=np.float32))
+    ids = [f"m{i}" for i in range(300)]
+    matrix.upsert(ids, corpus, [None] * 300)
+    new_ids = ids[:40]
+    scores = corpus[:40] @ corpus.T
+    k = similarity._CANDIDATES + 1
+    for floor in (0.95, -1.0):  # few pairs above the floor (sparse path), every pair (dense path)
+        got = similarity._nearest(matrix, new_ids, corpus[:40], floor=floor)
+        for row, memory_id in enumerate(new_ids):
+            top = np.argsort(-scores[row])[:k]
+            want = [ids[i] for i in top if scores[row, i] >= floor and ids[i] != memory_id]
+            assert [m for m, _ in got[memory_id]] == want
+            assert np.allclose([s for _, s in got[memory_id]], [scores[row, ids.index(m)] for m in want], atol=1e-5)
+    assert any(len(v) == 1 for v in similarity._nearest(matrix, new_ids, corpus[:40], floor=0.95).values())
+
+
+def _model_name() -> str:
+    from core.embeddings.providers import get_embedder
+
+    return get_embedder(get_settings().embedding_model).name

@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+import gc
 import logging
+import os
 from datetime import timedelta
 
-from celery.signals import worker_ready
+from celery.signals import worker_init, worker_ready
 
 import core.jobs.handlers  # noqa: F401 - registers the job handlers
 import core.schema  # noqa: F401 - every table known to the ORM
 from core.config import get_settings
 from core.db import system_session
 from core.jobs.service import jobs_to_redispatch, run_job, set_job_queue
+from core.native import single_threaded_blas
 from workers.celery_app import app
 from workers.queue import CeleryJobQueue
 
@@ -19,6 +22,36 @@ log = logging.getLogger(__name__)
 # Jobs that workers enqueue (ingest queues sample refresh, reconcile re-dispatches) are published
 # synchronously: a worker has no request latency to protect.
 set_job_queue(CeleryJobQueue(app, background=False))
+
+
+def single_threaded_native_pools() -> None:
+    """Keep numpy's BLAS and the tokenizer to the calling thread in a worker (core.native): a worker runs
+    several jobs at once next to the database and often the API on few cores, where the libraries' own
+    pools only compete with them. An explicit TOKENIZERS_PARALLELISM / OPENBLAS_NUM_THREADS wins."""
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # read by tokenizers at each batch
+    single_threaded_blas()
+
+
+@worker_init.connect
+def warm_embedding_path(**_: object) -> None:
+    """Load the configured embedding model and the embed job's modules before the worker says it is ready,
+    so the first job does not pay for them (the local model takes ~0.4 s to load). Prefork children inherit
+    them. A model that cannot load is only logged: its jobs fail and retry as they would anyway.
+
+    Then everything loaded so far is moved out of the garbage collector's sight (gc.freeze): the full
+    collections that jobs' allocations trigger no longer walk the whole start-up heap (measured: three
+    quarters less time in the collector over a run of embed jobs)."""
+    single_threaded_native_pools()
+    import core.embeddings.refresh  # noqa: F401
+    import core.embeddings.similarity  # noqa: F401
+    from core.embeddings.chaos import embedder_for_settings
+
+    try:
+        embedder_for_settings()
+    except Exception as exc:
+        log.warning("could not load the embedding model at start: %s", exc)
+    gc.collect()
+    gc.freeze()
 
 
 @worker_ready.connect

@@ -79,7 +79,12 @@ def run(*, memories: int, batch_size: int, port: int) -> list[dict[str, Any]]:
 
 
 def _print_job_timings() -> None:
-    """Where the pipeline's time went: embed job durations from the jobs table (stderr)."""
+    """Where the pipeline's time went: embed job durations from the jobs table (stderr).
+
+    `mean wait` is from the job row's creation (in its save's transaction) to a worker starting it: the
+    rest of the save, the outbox relay's and the broker's latency, and time queued behind other jobs;
+    `relayed after` is the part up to the relay claiming the row.
+    """
     from sqlalchemy import text
 
     from core.db import get_engine
@@ -88,11 +93,15 @@ def _print_job_timings() -> None:
         row = connection.execute(
             text(
                 "SELECT count(*), avg(extract(epoch FROM finished_at - started_at)),"
-                " extract(epoch FROM max(finished_at) - min(created_at)) FROM jobs WHERE kind = 'embed'"
+                " extract(epoch FROM max(finished_at) - min(created_at)),"
+                " avg(extract(epoch FROM started_at - created_at)),"
+                " avg(extract(epoch FROM dispatched_at - created_at))"
+                " FROM jobs WHERE kind = 'embed'"
             )
         ).one()
     print(
-        f"embed jobs: {row[0]}, mean run {row[1] or 0:.3f}s, first queued to last done {row[2] or 0:.2f}s",
+        f"embed jobs: {row[0]}, mean run {row[1] or 0:.3f}s, first queued to last done {row[2] or 0:.2f}s,"
+        f" mean wait {row[3] or 0:.3f}s (relayed after {row[4] or 0:.3f}s)",
         file=sys.stderr,
     )
 

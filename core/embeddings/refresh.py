@@ -1,32 +1,64 @@
 """Converge the embeddings table for a set of docs: render, hash, skip unchanged, embed the rest, upsert.
 
 Idempotent: running it twice for the same docs makes no embedding call the second time.
+
+The upsert is one statement for the whole job: the vectors travel as one binary vector[] parameter (no
+float formatting and parsing as text), and the statement-level triggers on `embeddings` (migration 0003)
+fire once. It runs last in the transaction, pipelined with the similarity links' writes: those triggers
+update the tenant's `search_embedding_stats` row, whose lock concurrent jobs of the same tenant wait for
+until commit, so everything that can be computed (embedding, linking) is done before the first write.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import UTC, datetime
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, NamedTuple, cast
 
-from sqlalchemy import Table, delete, select
-from sqlalchemy.dialects.postgresql import insert as pg_insert
+import numpy as np
+from psycopg.rows import class_row
+from sqlalchemy import String, any_, bindparam, delete, select
+from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.orm import Session
 
 from core.embeddings.providers import Embedder
 from core.embeddings.store_models import Embedding
+from core.embeddings.wire import VectorArray, driver_connection, vector_cursor
 from core.memories.models import Memory
 from core.metrics import EMBEDDED_TEXTS, EMBEDDING_CALLS, EMBEDDING_FAILURES
 from core.search.render import content_hash, render_memory
 
+if TYPE_CHECKING:
+    from core.embeddings.similarity import LinkPlan
+
 MEMORY_PREFIX = "memory:"
-_table = cast(Table, Embedding.__table__)
-_upsert = pg_insert(_table)
-# Compiled once and run as executemany: cheaper than rendering a VALUES list per chunk.
-_UPSERT = _upsert.on_conflict_do_update(
-    index_elements=[_table.c.tenant_id, _table.c.canonical_id, _table.c.model],
-    set_={c: _upsert.excluded[c] for c in ("doc_kind", "dims", "content_hash", "embedding", "updated_at")},
+
+# The vectors go as one binary vector[] (core.embeddings.wire); the text arrays go binary too (no quoting).
+_UPSERT = """
+INSERT INTO embeddings AS e (tenant_id, canonical_id, model, doc_kind, dims, content_hash, embedding, updated_at)
+SELECT %(tenant)s::bigint, d.canonical_id, %(model)s::text, d.doc_kind, %(dims)s::int, d.content_hash, d.embedding,
+       clock_timestamp()
+FROM unnest(%(ids)b::text[], %(kinds)b::text[], %(hashes)b::text[], %(vectors)b::vector[])
+     AS d(canonical_id, doc_kind, content_hash, embedding)
+ORDER BY d.canonical_id
+ON CONFLICT (tenant_id, canonical_id, model) DO UPDATE SET
+    doc_kind = excluded.doc_kind, dims = excluded.dims, content_hash = excluded.content_hash,
+    embedding = excluded.embedding, updated_at = excluded.updated_at
+"""
+# Two single-table queries, not a join: right after a bulk load the planner's statistics are stale, and a
+# join between memories and embeddings can then go quadratic.
+_MEMORY_TEXTS = (
+    "SELECT id, content FROM memories"
+    " WHERE tenant_id = %(tenant)s AND id = ANY(%(ids)b::text[]) AND status <> 'forgotten'"
 )
+_CURRENT_HASHES = (
+    "SELECT canonical_id, content_hash FROM embeddings"
+    " WHERE tenant_id = %(tenant)s AND model = %(model)s AND canonical_id = ANY(%(ids)b::text[])"
+)
+
+
+class _MemoryRow(NamedTuple):
+    id: str
+    content: str
 
 
 @dataclass(frozen=True)
@@ -36,18 +68,76 @@ class Doc:
     text: str
 
 
-def load_docs(session: Session, *, doc_ids: list[str]) -> tuple[list[Doc], list[str]]:
-    """The docs that exist (and should be embedded) among `doc_ids`, and the ids that are gone."""
-    memory_ids = [d[len(MEMORY_PREFIX) :] for d in doc_ids if d.startswith(MEMORY_PREFIX)]
-    docs: list[Doc] = []
+def load_docs(session: Session, *, tenant_id: int, model: str, doc_ids: list[str]) -> tuple[list[Doc], dict[str, str]]:
+    """The docs that exist (and should be embedded) among `doc_ids`, once each, and the content hash of each
+    one's current embedding for `model` (absent: none yet)."""
+    memory_ids = list(dict.fromkeys(d[len(MEMORY_PREFIX) :] for d in doc_ids if d.startswith(MEMORY_PREFIX)))
+    docs: dict[str, Doc] = {}
+    current: dict[str, str] = {}
     if memory_ids:
-        rows = session.scalars(select(Memory).where(Memory.id.in_(memory_ids), Memory.status != "forgotten")).all()
-        docs.extend(Doc(MEMORY_PREFIX + m.id, "memory", render_memory(m)) for m in rows)
+        # Plain rows on a binary cursor, not ORM objects: the renderer reads only the content, and a row
+        # lacking a column it starts to read fails loudly rather than hashing something else.
+        with driver_connection(session).cursor(row_factory=class_row(_MemoryRow), binary=True) as cursor:
+            rows = cursor.execute(_MEMORY_TEXTS, {"tenant": tenant_id, "ids": memory_ids}).fetchall()
+        for row in rows:
+            docs[MEMORY_PREFIX + row.id] = Doc(MEMORY_PREFIX + row.id, "memory", render_memory(cast(Memory, row)))
+        if docs:
+            with driver_connection(session).cursor(binary=True) as cursor:
+                params = {"tenant": tenant_id, "model": model, "ids": list(docs)}
+                current.update(cursor.execute(_CURRENT_HASHES, params).fetchall())
     from core.embeddings import catalog_docs
 
-    docs.extend(catalog_docs.load(session, doc_ids=[d for d in doc_ids if not d.startswith(MEMORY_PREFIX)]))
-    found = {d.canonical_id for d in docs}
-    return docs, [d for d in doc_ids if d not in found]
+    others = list(dict.fromkeys(d for d in doc_ids if not d.startswith(MEMORY_PREFIX)))
+    catalog = catalog_docs.load(session, doc_ids=others) if others else []
+    if catalog:
+        for doc in catalog:
+            docs[doc.canonical_id] = doc
+        current.update(
+            session.execute(
+                select(Embedding.canonical_id, Embedding.content_hash).where(
+                    Embedding.model == model,
+                    Embedding.canonical_id == any_(bindparam("ids", [d.canonical_id for d in catalog], ARRAY(String))),
+                )
+            ).all()
+        )
+    return list(docs.values()), current
+
+
+def write_embeddings(
+    session: Session,
+    *,
+    tenant_id: int,
+    model: str,
+    docs: list[Doc],
+    hashes: dict[str, str],
+    vectors: np.ndarray,
+    links: LinkPlan | None = None,
+) -> None:
+    """Write `docs`' vectors (row i of `vectors` is docs[i]'s) in one INSERT ... ON CONFLICT statement, and
+    the similarity links, pipelined: one round trip, so the row locks they take (the memories superseded,
+    the tenant's embedding stats) are held only from here to the commit."""
+    if not docs:
+        return
+    cursor, vector_oid = vector_cursor(session)
+    with cursor:
+        statements = links.statements(tenant_id=tenant_id) if links is not None else []
+        statements.append(
+            (
+                _UPSERT,
+                {
+                    "tenant": tenant_id,
+                    "model": model,
+                    "dims": int(vectors.shape[1]),
+                    "vectors": VectorArray(vectors, vector_oid=vector_oid),
+                    "ids": [d.canonical_id for d in docs],
+                    "kinds": [d.doc_kind for d in docs],
+                    "hashes": [hashes[d.canonical_id] for d in docs],
+                },
+            )
+        )
+        with cursor.connection.pipeline():
+            for statement, params in statements:
+                cursor.execute(statement, params)
 
 
 def embed_docs(
@@ -58,67 +148,56 @@ def embed_docs(
     embedder: Embedder,
     batch_size: int = 64,
     link_similar: bool = True,
+    suggestions: bool = True,
 ) -> dict[str, Any]:
     """Bring the embeddings of `doc_ids` up to date for `embedder`'s model.
 
     Memories whose vector was (re)computed are then linked to near-duplicates (core.embeddings.similarity);
-    the result carries the suggestions under "similar" for the synchronous save path.
+    with `suggestions` the result carries the suggestions under "similar" for the synchronous save path.
     """
-    docs, _gone = load_docs(session, doc_ids=doc_ids)
+    docs, current = load_docs(session, tenant_id=tenant_id, model=embedder.name, doc_ids=doc_ids)
     if not docs:
         return {"embedded": 0, "unchanged": 0}
-    new_memory_vectors: dict[str, Any] = {}
     hashes = {d.canonical_id: content_hash(d.text) for d in docs}
-    current = dict(
-        session.execute(
-            select(Embedding.canonical_id, Embedding.content_hash).where(
-                Embedding.model == embedder.name, Embedding.canonical_id.in_(list(hashes))
-            )
-        ).all()
-    )
     todo = [d for d in docs if current.get(d.canonical_id) != hashes[d.canonical_id]]
+    blocks: list[np.ndarray] = []
     for start in range(0, len(todo), batch_size):
         chunk = todo[start : start + batch_size]
         EMBEDDING_CALLS.labels(embedder.name).inc()
         try:
-            vectors = embedder.embed_documents([d.text for d in chunk])
+            blocks.append(np.asarray(embedder.embed_documents([d.text for d in chunk]), dtype=np.float32))
         except Exception:
             EMBEDDING_FAILURES.labels(embedder.name).inc()
             raise
         EMBEDDED_TEXTS.labels(embedder.name).inc(len(chunk))
-        rows = [
-            {
-                "tenant_id": tenant_id,
-                "canonical_id": d.canonical_id,
-                "model": embedder.name,
-                "doc_kind": d.doc_kind,
-                "dims": int(vectors.shape[1]),
-                "content_hash": hashes[d.canonical_id],
-                "embedding": vector,
-                "updated_at": datetime.now(UTC),
-            }
-            for d, vector in zip(chunk, vectors, strict=True)
-        ]
-        for d, vector in zip(chunk, vectors, strict=True):
-            if d.doc_kind == "memory":
-                new_memory_vectors[d.canonical_id[len(MEMORY_PREFIX) :]] = vector
-        session.connection().execute(_UPSERT, rows)
     result: dict[str, Any] = {"embedded": len(todo), "unchanged": len(docs) - len(todo)}
+    if not todo:
+        return result
+    vectors = np.concatenate(blocks)
+    new_memory_vectors = {
+        d.canonical_id[len(MEMORY_PREFIX) :]: vectors[i] for i, d in enumerate(todo) if d.doc_kind == "memory"
+    }
+    plan = None
     if link_similar and new_memory_vectors:
         from core.config import get_settings
-        from core.embeddings.similarity import link_similar as link
+        from core.embeddings.similarity import plan_links
 
         settings = get_settings()
-        similar = link(
+        plan = plan_links(
             session,
             tenant_id=tenant_id,
             model=embedder.name,
             new_vectors=new_memory_vectors,
+            hashes={m: hashes[MEMORY_PREFIX + m] for m in new_memory_vectors},
             update_threshold=settings.similarity_update_threshold,
             suggest_threshold=settings.similarity_suggest_threshold,
+            suggestions=suggestions,
         )
-        if similar:
-            result["similar"] = similar
+        if plan.suggestions:
+            result["similar"] = plan.suggestions
+    write_embeddings(
+        session, tenant_id=tenant_id, model=embedder.name, docs=todo, hashes=hashes, vectors=vectors, links=plan
+    )
     return result
 
 

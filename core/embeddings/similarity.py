@@ -5,8 +5,13 @@ memory gets an `updates` association to the older, and the older's `superseded_b
 stay active). Between the suggest and update thresholds the match is only reported (`similar_existing`).
 
 Comparing every new vector with the tenant's corpus in SQL costs a scan per memory; instead each process
-keeps the tenant's memory vectors in a numpy matrix, refreshed incrementally by `updated_at`, and only
-the few best candidates are checked against the database (owner, agent, status, still existing).
+keeps the tenant's memory vectors in a numpy matrix, refreshed incrementally by `updated_at` (vectors read
+in pgvector's binary form, and only those it does not hold already), and only the candidates above the
+threshold that matters are checked against the database (owner, agent, status, still existing).
+
+`plan_links` only reads; the `LinkPlan` it returns is written by one statement per kind of write, whatever
+the number of links, which core.embeddings.refresh pipelines with the embeddings upsert at the end of the
+job's transaction, so the rows they lock stay locked only until the commit.
 """
 
 from __future__ import annotations
@@ -14,18 +19,66 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, cast
+from typing import Any, NamedTuple
 
 import numpy as np
-from sqlalchemy import Table, select
-from sqlalchemy.dialects.postgresql import insert as pg_insert
+from psycopg.rows import class_row
 from sqlalchemy.orm import Session
 
-from core.embeddings.store_models import Embedding
-from core.memories.models import Association, Memory
+from core.embeddings.wire import decode_vectors, driver_connection
 
 MEMORY_PREFIX = "memory:"
 _CANDIDATES = 8
+_SUGGESTED_CHARS = 200
+
+# The writes of a plan, for a raw psycopg cursor (core.embeddings.refresh runs them with the embeddings
+# upsert in one pipeline, at the end of the transaction). The rows to update are locked first in id order,
+# so two jobs superseding the same memories wait for each other instead of deadlocking.
+_LOCK_OLDER = (
+    "SELECT 1 FROM memories WHERE tenant_id = %(tenant)s AND id = ANY(%(older)b::text[]) ORDER BY id FOR NO KEY UPDATE"
+)
+_SUPERSEDE = (
+    "UPDATE memories AS m SET superseded_by = v.newer"
+    " FROM unnest(%(older)b::text[], %(newer)b::text[]) AS v(older, newer)"
+    " WHERE m.tenant_id = %(tenant)s AND m.id = v.older AND m.superseded_by IS DISTINCT FROM v.newer"
+)
+_LINK = (
+    "INSERT INTO associations (tenant_id, source_id, target_id, relation_type, weight)"
+    " SELECT %(tenant)s::bigint, v.source, v.target, 'updates', v.weight"
+    " FROM unnest(%(source)b::text[], %(target)b::text[], %(weight)b::float8[]) AS v(source, target, weight)"
+    " ORDER BY v.source, v.target ON CONFLICT DO NOTHING"
+)
+
+
+@dataclass
+class LinkPlan:
+    """What linking decided: suggestions per new memory id, `superseded` (older id -> newer id) and the
+    `updates` edges (newer id, older id) -> weight, to be written by `statements`."""
+
+    suggestions: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    superseded: dict[str, str] = field(default_factory=dict)
+    edges: dict[tuple[str, str], float] = field(default_factory=dict)
+
+    def statements(self, *, tenant_id: int) -> list[tuple[str, dict[str, Any]]]:
+        out: list[tuple[str, dict[str, Any]]] = []
+        if self.superseded:
+            older = sorted(self.superseded)
+            params = {"tenant": tenant_id, "older": older, "newer": [self.superseded[o] for o in older]}
+            out += [(_LOCK_OLDER, params), (_SUPERSEDE, params)]
+        if self.edges:
+            pairs = sorted(self.edges)
+            out.append(
+                (
+                    _LINK,
+                    {
+                        "tenant": tenant_id,
+                        "source": [s for s, _ in pairs],
+                        "target": [t for _, t in pairs],
+                        "weight": [self.edges[p] for p in pairs],
+                    },
+                )
+            )
+        return out
 
 
 @dataclass
@@ -34,88 +87,171 @@ class _Matrix:
     ids: list[str] = field(default_factory=list)
     index: dict[str, int] = field(default_factory=dict)
     vectors: np.ndarray = field(default_factory=lambda: np.zeros((0, 1), dtype=np.float32))
+    # The content hash each row's vector was made from: a row read again with the same hash (one this
+    # process wrote itself, or saw already) needs no vector transfer (same model and text, same vector).
+    hashes: dict[str, str] = field(default_factory=dict)
     watermark: datetime | None = None
     lock: threading.Lock = field(default_factory=threading.Lock)
 
-    def upsert(self, memory_id: str, vector: np.ndarray) -> None:
-        row = self.index.get(memory_id)
-        if row is None:
-            if len(self.ids) == self.vectors.shape[0]:
-                grown = np.zeros((max(64, 2 * len(self.ids)), self.dims), dtype=np.float32)
-                grown[: len(self.ids)] = self.vectors[: len(self.ids)]
-                self.vectors = grown
-            row = len(self.ids)
-            self.ids.append(memory_id)
-            self.index[memory_id] = row
-        self.vectors[row] = vector
+    def upsert(self, memory_ids: list[str], vectors: np.ndarray, hashes: list[str | None]) -> None:
+        """Set the rows of `memory_ids` (appending the new ones) to `vectors` (one row each)."""
+        rows = np.empty(len(memory_ids), dtype=np.int64)
+        for i, memory_id in enumerate(memory_ids):
+            row = self.index.get(memory_id)
+            if row is None:
+                row = len(self.ids)
+                self.ids.append(memory_id)
+                self.index[memory_id] = row
+            rows[i] = row
+            digest = hashes[i]
+            if digest is None:
+                self.hashes.pop(memory_id, None)
+            else:
+                self.hashes[memory_id] = digest
+        if len(self.ids) > self.vectors.shape[0]:
+            grown = np.zeros((max(64, 2 * len(self.ids)), self.dims), dtype=np.float32)
+            grown[: self.vectors.shape[0]] = self.vectors
+            self.vectors = grown
+        self.vectors[rows] = vectors
 
 
 _matrices: dict[tuple[int, str], _Matrix] = {}
 _matrices_lock = threading.Lock()
 
+_CHANGED = (
+    "SELECT canonical_id, content_hash, updated_at FROM embeddings"
+    " WHERE tenant_id = %(tenant)s AND model = %(model)s AND doc_kind = 'memory' AND dims = %(dims)s"
+    " AND updated_at >= %(since)s"
+)
+_VECTORS = (
+    "SELECT canonical_id, content_hash, vector_send(embedding), updated_at FROM embeddings"
+    " WHERE tenant_id = %(tenant)s AND model = %(model)s AND doc_kind = 'memory' AND dims = %(dims)s"
+)
+
 
 def _matrix(session: Session, *, tenant_id: int, model: str, dims: int) -> _Matrix:
+    """The process's matrix of the tenant's memory vectors, brought up to date with the database: rows
+    written since the last refresh (by `updated_at`), vectors read (binary) only for those it lacks."""
     with _matrices_lock:
         matrix = _matrices.get((tenant_id, model))
         if matrix is None or matrix.dims != dims:
             matrix = _Matrix(dims=dims, vectors=np.zeros((0, dims), dtype=np.float32))
             _matrices[(tenant_id, model)] = matrix
-    with matrix.lock:
-        stmt = select(Embedding.canonical_id, Embedding.embedding, Embedding.updated_at).where(
-            Embedding.model == model, Embedding.doc_kind == "memory"
-        )
-        if matrix.watermark is not None:
-            stmt = stmt.where(Embedding.updated_at >= matrix.watermark)
-        for canonical_id, vector, updated_at in session.execute(stmt):
-            matrix.upsert(canonical_id[len(MEMORY_PREFIX) :], np.asarray(vector, dtype=np.float32))
-            if matrix.watermark is None or updated_at > matrix.watermark:
-                matrix.watermark = updated_at
+    params: dict[str, Any] = {"tenant": tenant_id, "model": model, "dims": dims}
+    with matrix.lock, driver_connection(session).cursor(binary=True) as cursor:
+        changed: list[Any] = []
+        if matrix.watermark is None:
+            rows = cursor.execute(_VECTORS, params).fetchall()
+        else:
+            changed = cursor.execute(_CHANGED, {**params, "since": matrix.watermark}).fetchall()
+            missing = [cid for cid, digest, _ in changed if matrix.hashes.get(cid[len(MEMORY_PREFIX) :]) != digest]
+            rows = []
+            if missing:
+                rows = cursor.execute(
+                    _VECTORS + " AND canonical_id = ANY(%(ids)b::text[])", {**params, "ids": missing}
+                ).fetchall()
+        if rows:
+            matrix.upsert(
+                [canonical_id[len(MEMORY_PREFIX) :] for canonical_id, _, _, _ in rows],
+                decode_vectors([blob for _, _, blob, _ in rows], dims),
+                [digest for _, digest, _, _ in rows],
+            )
+        latest = max((updated_at for *_, updated_at in [*rows, *changed]), default=None)
+        if latest is not None and (matrix.watermark is None or latest > matrix.watermark):
+            matrix.watermark = latest
     return matrix
 
 
-def _nearest(matrix: _Matrix, memory_ids: list[str], block: np.ndarray) -> dict[str, list[tuple[str, float]]]:
-    """The best candidates of each new vector against the whole matrix, in one matrix product."""
+def _nearest(
+    matrix: _Matrix, memory_ids: list[str], block: np.ndarray, *, floor: float
+) -> dict[str, list[tuple[str, float]]]:
+    """The best candidates (up to _CANDIDATES, best first) of each new vector against the whole matrix, in one
+    matrix product, keeping only scores of at least `floor`: the top candidates of a row that score that much
+    are exactly its candidates above the floor, best first, cut at the top's size."""
     with matrix.lock:
         n = len(matrix.ids)
         if n == 0:
             return {mid: [] for mid in memory_ids}
-        scores = matrix.vectors[:n] @ block.T  # (corpus, new)
-        k = min(_CANDIDATES + 1, n)
-        top = np.argpartition(-scores, k - 1, axis=0)[:k]
-        ids = matrix.ids
+        scores = block @ matrix.vectors[:n].T  # (new, corpus): each row's candidates are contiguous
+        ids = matrix.ids[:n]
+    k = min(_CANDIDATES + 1, n)
+    hits = scores >= floor
+    if int(np.count_nonzero(hits)) > 4 * k * len(memory_ids):
+        # Dense above the floor (a low suggest threshold): partial sort of each row instead.
+        top = np.argpartition(scores, n - k, axis=1)[:, n - k :]
+        rows = np.repeat(np.arange(len(memory_ids)), k)
+        cols = top.reshape(-1)
+        keep = hits[rows, cols]
+        rows, cols = rows[keep], cols[keep]
+    else:
+        rows, cols = np.nonzero(hits)
+    values = scores[rows, cols]
+    order = np.lexsort((-values, rows))
+    rows, cols, values = rows[order], cols[order], values[order]
+    bounds = np.searchsorted(rows, np.arange(len(memory_ids) + 1)).tolist()
+    cols_list, values_list = cols.tolist(), values.tolist()
     out: dict[str, list[tuple[str, float]]] = {}
-    for col, memory_id in enumerate(memory_ids):
-        pairs = sorted(((ids[i], float(scores[i, col])) for i in top[:, col]), key=lambda x: -x[1])
-        out[memory_id] = [(mid, score) for mid, score in pairs if mid != memory_id]
+    for row, memory_id in enumerate(memory_ids):
+        lo = bounds[row]
+        hi = min(bounds[row + 1], lo + k)
+        out[memory_id] = [
+            (ids[c], v) for c, v in zip(cols_list[lo:hi], values_list[lo:hi], strict=True) if ids[c] != memory_id
+        ]
     return out
 
 
-def link_similar(
+class _Candidate(NamedTuple):
+    id: str
+    status: str
+    created_by: str
+    agent_id: str | None
+    created_at: datetime
+    content: str
+
+
+# What linking checks of each memory involved (the content's start only for suggestions).
+_CANDIDATES_SQL = (
+    "SELECT id, status, created_by, agent_id, created_at, left(content, %(chars)s) AS content FROM memories"
+    " WHERE tenant_id = %(tenant)s AND id = ANY(%(ids)b::text[]) AND status <> 'forgotten'"
+)
+
+
+def plan_links(
     session: Session,
     *,
     tenant_id: int,
     model: str,
     new_vectors: dict[str, np.ndarray],
+    hashes: dict[str, str] | None = None,
     update_threshold: float,
     suggest_threshold: float,
-) -> dict[str, list[dict[str, Any]]]:
-    """Link each newly embedded memory to near-duplicates; return the suggestions per memory id."""
+    suggestions: bool = True,
+) -> LinkPlan:
+    """Find each newly embedded memory's near-duplicates (reads only; the plan's statements write).
+
+    Without `suggestions` (background jobs: nobody reads them) only links are planned, and matches below
+    the update threshold are not even looked up.
+    """
+    plan = LinkPlan()
     if not new_vectors:
-        return {}
+        return plan
     memory_ids = list(new_vectors)
     block = np.stack([np.asarray(new_vectors[m], dtype=np.float32) for m in memory_ids])
     matrix = _matrix(session, tenant_id=tenant_id, model=model, dims=int(block.shape[1]))
     with matrix.lock:
-        for memory_id, vector in zip(memory_ids, block, strict=True):
-            matrix.upsert(memory_id, vector)
-    nearest = _nearest(matrix, memory_ids, block)
-    wanted = set(memory_ids) | {cid for pairs in nearest.values() for cid, s in pairs if s >= suggest_threshold}
-    rows = {
-        m.id: m
-        for m in session.scalars(select(Memory).where(Memory.id.in_(wanted), Memory.status != "forgotten"))
-    }
-    suggestions: dict[str, list[dict[str, Any]]] = {}
-    edges: dict[tuple[str, str], float] = {}
+        matrix.upsert(memory_ids, block, [(hashes or {}).get(m) for m in memory_ids])
+    # Below the suggest threshold a candidate does nothing; without suggestions, below the update threshold.
+    floor = suggest_threshold if suggestions else max(suggest_threshold, update_threshold)
+    nearest = _nearest(matrix, memory_ids, block, floor=floor)
+    if not suggestions:
+        nearest = {m: [(o, s) for o, s in pairs if s > update_threshold] for m, pairs in nearest.items()}
+    nearest = {m: pairs for m, pairs in nearest.items() if pairs}
+    wanted = set(nearest) | {cid for pairs in nearest.values() for cid, _ in pairs}
+    if not wanted:
+        return plan
+    with driver_connection(session).cursor(row_factory=class_row(_Candidate), binary=True) as cursor:
+        params = {"tenant": tenant_id, "ids": sorted(wanted), "chars": _SUGGESTED_CHARS if suggestions else 0}
+        rows = {row.id: row for row in cursor.execute(_CANDIDATES_SQL, params)}
     for memory_id, pairs in nearest.items():
         me = rows.get(memory_id)
         if me is None:
@@ -128,22 +264,13 @@ def link_similar(
                 continue
             if score > update_threshold:
                 newer, older = (me, other) if (me.created_at, me.id) >= (other.created_at, other.id) else (other, me)
-                edges[(newer.id, older.id)] = round(min(max(score, 0.0), 1.0), 4)
-                older.superseded_by = newer.id
-            else:
-                suggestions.setdefault(memory_id, []).append(
-                    {"memory_id": other_id, "score": round(score, 4), "content": other.content[:200]}
+                plan.edges[(newer.id, older.id)] = round(min(max(score, 0.0), 1.0), 4)
+                plan.superseded[older.id] = newer.id
+            elif suggestions:
+                plan.suggestions.setdefault(memory_id, []).append(
+                    {"memory_id": other_id, "score": round(score, 4), "content": other.content}
                 )
-    if edges:
-        table = cast(Table, Association.__table__)
-        session.connection().execute(
-            pg_insert(table).on_conflict_do_nothing(),
-            [
-                {"tenant_id": tenant_id, "source_id": s, "target_id": t, "relation_type": "updates", "weight": w}
-                for (s, t), w in edges.items()
-            ],
-        )
-    return suggestions
+    return plan
 
 
 def forget_matrices() -> None:

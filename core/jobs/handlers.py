@@ -30,6 +30,8 @@ def run_embed(session: Session, job: Job) -> dict[str, Any]:
         doc_ids=[str(d) for d in doc_ids],
         embedder=embedder_for_settings(job.payload.get("model")),
         batch_size=settings.embedding_batch_size,
+        # Suggestions (similar_existing) are for a sync_embed save's response: a job's result never shows them.
+        suggestions=False,
     )
 
 
