@@ -146,3 +146,14 @@ def test_import_of_self_referencing_or_deep_front_matter_is_a_4xx(client, tenant
     )
     assert_error(response, 400)
     assert listed(client, tenant)["memories"] == []
+
+
+def test_search_time_bounds_mix_naive_and_aware_times(client, tenant):
+    save(client, tenant, {"content": "deploy on new year", "occurred_at": "2024-01-01T00:00:00Z"})
+    body = {"question": "deploy", "occurred_after": "2024-01-01T00:00:00", "occurred_before": "2024-01-01T00:00:00Z"}
+    response = client.post("/v1/search", json=body, headers=tenant.headers())
+    assert response.status_code == 200, response.text
+    assert [m["text"] for m in response.json()["memories"]] == ["deploy on new year"]
+    body["occurred_after"] = "0001-01-01T00:00:00+14:00"
+    error = assert_error(client.post("/v1/search", json=body, headers=tenant.headers()), 422)
+    assert error["field"] == "occurred_after"

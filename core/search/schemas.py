@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-from datetime import datetime
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from core.errors import Invalid
-from core.memories.schemas import MemoryCategory, MemoryKind
+from core.memories.schemas import MemoryCategory, MemoryKind, Time
 
 SearchMode = Literal["hybrid", "recent", "important", "typed"]
 # A cap above this is refused: each channel ranks a fixed depth per bucket (see core.search.service).
@@ -20,7 +19,7 @@ MAX_INPUT_ENTITIES = 200
 class SearchRequest(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
-    entities: list[str] | None = Field(default=None, max_length=MAX_INPUT_ENTITIES)
+    entities: list[Annotated[str, Field(max_length=1_000)]] | None = Field(default=None, max_length=MAX_INPUT_ENTITIES)
     query: dict[str, Any] | None = None
     question: str | None = Field(default=None, max_length=MAX_QUESTION_CHARS)
     datasource: str | None = None
@@ -32,8 +31,9 @@ class SearchRequest(BaseModel):
     category: MemoryCategory | None = None
     persona: str | None = None
     agent_id: str | None = None
-    occurred_after: datetime | None = None
-    occurred_before: datetime | None = None
+    # Naive times are UTC, and both are compared in UTC (a naive and an aware one could not be compared).
+    occurred_after: Time | None = None
+    occurred_before: Time | None = None
     include_stale: bool = False
 
     @field_validator("datasource")
