@@ -157,3 +157,13 @@ def test_search_time_bounds_mix_naive_and_aware_times(client, tenant):
     body["occurred_after"] = "0001-01-01T00:00:00+14:00"
     error = assert_error(client.post("/v1/search", json=body, headers=tenant.headers()), 422)
     assert error["field"] == "occurred_after"
+
+
+def test_memory_refs_inside_a_search_query_are_looked_up_or_dropped(client, tenant):
+    kept = save(client, tenant, {"content": "orders are counted weekly"})
+    body = {"query": {"dimensions": ["memory:nope", f"memory:{kept}"]}}
+    response = client.post("/v1/search", json=body, headers=tenant.headers())
+    assert response.status_code == 200, response.text
+    result = response.json()
+    assert result["resolved_input_entities"] == [f"memory:{kept}"]
+    assert any("memory:nope" in w for w in result["warnings"])

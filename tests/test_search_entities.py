@@ -163,3 +163,55 @@ def test_entity_hit_text_and_hidden_flags_follow_catalog_edits(client, catalog):
     )
     assert response.status_code == 200, response.text
     assert "shop.orders.status" not in ids(search(client, catalog, {"question": "parcel shipping state"})["entities"])
+
+
+def test_catalog_write_between_entity_searches_is_seen(client, catalog):
+    """An entity search resolves with the tenant's last catalog snapshot while it confirms the catalog
+    version in the entity channel's round trip; after a catalog write it starts again on the new one."""
+    body = {"entities": ["shop.orders.status"], "max_memories": 0}
+    for _ in range(2):  # the second search resolves with the snapshot the first one loaded
+        out = search(client, catalog, body)
+        assert ids(out["entities"]) == ["shop.orders.status"] and out["warnings"] == []
+    response = client.patch(
+        "/v1/models/shop/orders", json={"columns": [{"name": "status", "hidden": True}]}, headers=catalog.headers()
+    )
+    assert response.status_code == 200, response.text
+    for _ in range(2):
+        out = search(client, catalog, body)
+        assert out["entities"] == []
+        # Exactly one warning: nothing of the attempt on the outdated snapshot leaks into the response.
+        assert out["warnings"] == [
+            "entity 'shop.orders.status' is on a hidden model/column; dropped from entities bucket."
+        ]
+
+
+def test_large_catalog_is_rendered_in_the_background(client, catalog, monkeypatch):
+    """A catalog above PREFETCH_MAX_DOCS is rendered whole by a background thread (kept only for the
+    catalog version it was started for); searches render their own misses meanwhile, the same text."""
+    from core.search import catalog as search_catalog
+    from core.search import hits
+
+    monkeypatch.setattr(hits, "PREFETCH_MAX_DOCS", 0)
+    body = {"entities": ["shop.orders.status"], "max_memories": 0}
+    first = search(client, catalog, body)
+    search_catalog.wait_for_renders()
+    assert "fulfilment status" in first["entities"][0]["text"]
+    assert any(memo.get("complete") for _, memo in search_catalog._memos.values())
+    # Every doc of the version is cached now: a doc never hit before renders without a query of its own.
+    for _ in range(2):
+        out = search(client, catalog, {"entities": ["shop.orders.aov"], "max_memories": 0})
+        assert "average order value" in out["entities"][0]["text"]
+    response = client.patch(
+        "/v1/models/shop/orders",
+        json={"columns": [{"name": "status", "description": "shipping state of the parcel"}]},
+        headers=catalog.headers(),
+    )
+    assert response.status_code == 200, response.text
+    second = search(client, catalog, body)
+    search_catalog.wait_for_renders()
+    assert "shipping state of the parcel" in second["entities"][0]["text"]
+    assert "shipping state of the parcel" in search(client, catalog, body)["entities"][0]["text"]
+    # A render started for an older catalog version keeps nothing.
+    memo: dict = {}
+    search_catalog._render_all(memo=memo, tenant_id=catalog.tenant_id, version=-1)
+    assert memo == {}

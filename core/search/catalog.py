@@ -13,15 +13,19 @@ search works (over memories only) on a tenant or a build without catalog:
 from __future__ import annotations
 
 import importlib
+import logging
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import Any, Literal
 
+from sqlalchemy import text
 from sqlalchemy.orm import Session
 
 from core.entities.canonical import CatalogSnapshot
 from core.search.fulltext import DocChange
+
+logger = logging.getLogger(__name__)
 
 # Modules that may define the catalog; importing them also installs the snapshot loader.
 _CATALOG_MODULES = ("core.entities.store", "core.entities.catalog", "core.entities.service")
@@ -43,12 +47,55 @@ def _probe() -> None:
     _probed = True
 
 
-def load_snapshot(session: Session, *, tenant_id: int) -> CatalogSnapshot:
-    """The tenant's catalog (empty when no catalog is installed)."""
+def load_snapshot(session: Session, *, tenant_id: int, version: int | None = None) -> CatalogSnapshot:
+    """The tenant's catalog (empty when no catalog is installed).
+
+    ``version``: the tenant's catalog version (``catalog_state.version``, 0 without a row) read in the
+    session's current REPEATABLE READ transaction, with another query of the search. The loader would
+    read that same version again (the transaction sees one database state) before answering from its
+    own cache, so when the snapshot last handed out for the tenant has that version it is returned
+    as is, without the loader's round trip; it is the loader's own object, so what is memoised on it
+    (:func:`snapshot_memo`) stays shared.
+    """
     _probe()
     from core.memories import links
 
-    return links._snapshot_loader(session, tenant_id)
+    loader = links._snapshot_loader
+    if version is None:
+        return loader(session, tenant_id)
+    with _docs_lock:
+        hit = _snapshots.get(tenant_id)
+        if hit is not None and hit[0] == version and hit[2] is loader:
+            _snapshots.move_to_end(tenant_id)
+            return hit[1]
+    snapshot = loader(session, tenant_id)
+    with _docs_lock:
+        _snapshots[tenant_id] = (version, snapshot, loader)
+        _snapshots.move_to_end(tenant_id)
+        while len(_snapshots) > _DOCS_CACHE_TENANTS:
+            _snapshots.popitem(last=False)
+    return snapshot
+
+
+def last_snapshot(tenant_id: int) -> tuple[int, CatalogSnapshot] | None:
+    """(catalog version, snapshot) last handed out for the tenant by :func:`load_snapshot` with a version.
+
+    A guess at the current catalog, to be confirmed by reading the version (see core.search.service).
+    """
+    _probe()
+    from core.memories import links
+
+    with _docs_lock:
+        hit = _snapshots.get(tenant_id)
+    if hit is None or hit[2] is not links._snapshot_loader:
+        return None
+    return hit[0], hit[1]
+
+
+def clear_cache() -> None:
+    with _docs_lock:
+        _snapshots.clear()
+        _memos.clear()
 
 
 def catalog_changes(session: Session, *, since: int) -> list[DocChange]:
@@ -84,20 +131,27 @@ def snapshot_memo(snapshot: CatalogSnapshot) -> dict[str, Any]:
         return memo
 
 
+Prefetch = Literal["now", "background", "never"]
+
+
 def entity_docs(
     session: Session,
     *,
     snapshot: CatalogSnapshot,
     doc_ids: list[str],
-    small_catalog: Callable[[], bool] | None = None,
+    prefetch: Callable[[], Prefetch] | None = None,
+    tenant_id: int | None = None,
+    version: int | None = None,
 ) -> dict[str, tuple[str, str]]:
     """doc id -> (kind, rendered text) for the visible catalog docs among ``doc_ids``.
 
     Rendered docs are cached on the catalog snapshot of the search (see :func:`snapshot_memo`: one per
     tenant and catalog version, which every catalog write moves), so hits on a hot catalog cost no
-    rendering query and no version read. When the first miss of a snapshot comes and ``small_catalog()``
-    says the catalog is small, every doc is rendered at once (a few queries), so later searches never
-    pay a rendering round trip per new hit.
+    rendering query and no version read. At the first miss of a snapshot, ``prefetch()`` says how the
+    whole catalog is rendered so that later searches never pay a rendering round trip per new hit:
+    ``now`` (a small catalog: a few queries, in this search), ``background`` (a thread renders it in
+    its own transaction, kept only if that transaction sees ``version``, the snapshot's catalog
+    version, for ``tenant_id``; until it is done misses are rendered per search) or ``never``.
     """
     if not doc_ids:
         return {}
@@ -106,20 +160,72 @@ def entity_docs(
     memo = snapshot_memo(snapshot)
     with _docs_lock:
         known: dict[str, tuple[str, str] | None] = memo.setdefault("docs", {})
-        missing = [d for d in doc_ids if d not in known]
-        prefetch = bool(missing) and not known and small_catalog is not None
-    prefetch = prefetch and small_catalog is not None and small_catalog()
+        complete = bool(memo.get("complete"))
+        missing = [] if complete else [d for d in doc_ids if d not in known]
+        first = bool(missing) and not memo.get("prefetch")
+        if first:
+            memo["prefetch"] = True
+    how: Prefetch = prefetch() if first and prefetch is not None else "never"
+    if how == "background" and tenant_id is not None and version is not None:
+        _start_render(memo, tenant_id=tenant_id, version=version)
     if missing:
-        docs = catalog_docs.all_docs(session) if prefetch else catalog_docs.load(session, doc_ids=missing)
+        now = how == "now"
+        docs = catalog_docs.all_docs(session) if now else catalog_docs.load(session, doc_ids=missing)
         loaded = {doc.canonical_id: (doc.doc_kind, doc.text) for doc in docs}
         with _docs_lock:
-            if prefetch:
-                known.update(loaded)
+            known.update(loaded)
             for doc_id in missing:
-                known[doc_id] = loaded.get(doc_id)
+                known.setdefault(doc_id, None)
+            if now:
+                memo["complete"] = True
     return {d: known[d] for d in doc_ids if known.get(d) is not None}  # type: ignore[misc]
 
 
+_renders: list[threading.Thread] = []
+
+
+def _start_render(memo: dict[str, Any], *, tenant_id: int, version: int) -> None:
+    thread = threading.Thread(
+        target=_render_all, kwargs={"memo": memo, "tenant_id": tenant_id, "version": version}, daemon=True
+    )
+    with _docs_lock:
+        _renders[:] = [t for t in _renders if t.is_alive()] + [thread]
+    thread.start()
+
+
+def _render_all(*, memo: dict[str, Any], tenant_id: int, version: int) -> None:
+    """Render every visible catalog doc of the tenant into ``memo`` if the catalog is still at ``version``."""
+    from core.db import tenant_session
+    from core.embeddings import catalog_docs
+
+    try:
+        with tenant_session(tenant_id) as session:
+            session.connection(execution_options={"isolation_level": "REPEATABLE READ"})
+            current = session.execute(_VERSION_SQL, {"tenant": tenant_id}).scalar()
+            if int(current or 0) != version:
+                return
+            loaded = {doc.canonical_id: (doc.doc_kind, doc.text) for doc in catalog_docs.all_docs(session)}
+    except Exception:  # noqa: BLE001 - searches keep rendering their misses themselves
+        logger.warning("background rendering of the catalog of tenant %s failed", tenant_id, exc_info=True)
+        return
+    with _docs_lock:
+        known = memo.setdefault("docs", {})
+        # A doc rendered by a search in the meantime is the same doc of the same catalog version.
+        known.update(loaded)
+        memo["complete"] = True
+
+
+def wait_for_renders(timeout: float = 60.0) -> None:
+    """Wait for the background catalog renders started so far (tests)."""
+    with _docs_lock:
+        threads = list(_renders)
+    for thread in threads:
+        thread.join(timeout)
+
+
+_VERSION_SQL = text("SELECT version FROM catalog_state WHERE tenant_id = :tenant")
 _DOCS_CACHE_TENANTS = 64
 _memos: OrderedDict[int, tuple[CatalogSnapshot, dict[str, Any]]] = OrderedDict()
 _docs_lock = threading.Lock()
+# Per tenant: (catalog version, the snapshot the loader gave for it, that loader).
+_snapshots: OrderedDict[int, tuple[int, CatalogSnapshot, Any]] = OrderedDict()

@@ -30,9 +30,11 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import cached_property
+from typing import Any
 
 import numpy as np
 from sqlalchemy import or_, select, text
@@ -42,6 +44,7 @@ from core.config import get_settings
 from core.embeddings.providers import EmbeddingProviderError, get_embedder
 from core.embeddings.store_models import Embedding
 from core.memories.models import Memory
+from core.native import single_threaded_blas
 from core.search.filters import EXAMPLE_QUERIES, HAS_QUERY_SQL, MEMORIES, has_query
 from core.search.index import CONTEXT_TURNS
 
@@ -50,7 +53,7 @@ ENTITIES = "entities"
 MEMORY_PREFIX = "memory:"
 HNSW_DIMS = frozenset({256, 384, 512, 768, 1024, 1536})
 CACHE_ENTRIES = 16
-# Depth of the single approximate query above dense_exact_max_docs (see DenseSearch._hnsw_pool).
+# Depth of the single approximate query above dense_exact_max_docs (see DenseSearch._hnsw_sql).
 HNSW_POOL = 200
 # How much a memory's exact-path score takes from its run neighbours' mean cosine (see with_context).
 CONTEXT_WEIGHT = 0.5
@@ -89,26 +92,24 @@ class _Matrix:
 
 _cache: OrderedDict[tuple[int, str], _Matrix] = OrderedDict()
 _cache_lock = threading.Lock()
-_blas_limited = False
 
 
-def limit_blas_threads() -> None:
-    """Run BLAS on one thread in this process (once).
+@dataclass(frozen=True)
+class EmbeddingStats:
+    """The tenant's stored vectors of ``model`` and their version (``search_embedding_stats``), read by
+    the caller with its other first reads; ``model`` None when the embedder could not be named."""
 
-    The exact path's one product per bucket is a matrix-vector product (BLAS gemv) that reads the whole
-    matrix once: memory-bound, a millisecond or two at ``dense_exact_max_docs``. OpenBLAS splits it over
-    every core and busy-waits its helper threads, so on a server already running one search per core the
-    split doubles the CPU a search burns and makes its latency hostage to the busiest core (measured on
-    2 cores under load: 1.6 ms single-threaded, 5 ms split). Searches run in parallel with each other,
-    not inside each other, so one thread each is the better use of the cores.
-    """
-    global _blas_limited
-    if _blas_limited:
-        return
-    _blas_limited = True
-    from threadpoolctl import threadpool_limits
+    model: str | None
+    docs: int
+    version: int
 
-    threadpool_limits(limits=1, user_api="blas")
+
+def dense_model() -> str | None:
+    """The name the active embedder stores its vectors under (None when it cannot be built)."""
+    try:
+        return get_embedder(get_settings().embedding_model).name
+    except Exception:  # noqa: BLE001 - DenseSearch reports the failure itself
+        return None
 
 
 def _stats(session: Session, *, tenant_id: int, model: str) -> tuple[int, int, int]:
@@ -266,6 +267,7 @@ class DenseSearch:
         question: str,
         change_seq: int | None = None,
         feedback: Mapping[str, Sequence[str]] | None = None,
+        stats: EmbeddingStats | None = None,
     ) -> None:
         model_name = get_settings().embedding_model
         try:
@@ -277,7 +279,10 @@ class DenseSearch:
         self._tenant_id = tenant_id
         self._model = embedder.name
         self._dims = int(self._query.shape[0])
-        docs, version, tenant_seq = _stats(session, tenant_id=tenant_id, model=self._model)
+        if stats is not None and stats.model == self._model and change_seq is not None:
+            docs, version, tenant_seq = stats.docs, stats.version, change_seq
+        else:
+            docs, version, tenant_seq = _stats(session, tenant_id=tenant_id, model=self._model)
         # The tenant's change seq (keys the memory layout): the caller's, else the one just read.
         self.change_seq = tenant_seq if change_seq is None else change_seq
         if docs <= 0:
@@ -292,7 +297,7 @@ class DenseSearch:
         self._products: dict[tuple[str, ...], np.ndarray] = {}
         self._pool: dict[str, list[tuple[str, float]]] | None = None
         if self._exact:
-            limit_blas_threads()
+            single_threaded_blas()
             self._matrix = _cached_matrix(
                 session, tenant_id=tenant_id, model=self._model, dims=self._dims, version=version
             )
@@ -385,33 +390,54 @@ class DenseSearch:
 
     def _hnsw_rank(self, bucket: str, limit: int) -> list[tuple[str, float]]:
         if self._pool is None:
-            self._pool = self._hnsw_pool()
+            self._session.execute(text(f"SET LOCAL hnsw.ef_search = {HNSW_POOL}"))
+            self._pool = self._pool_from_rows(self._session.execute(text(self._hnsw_sql())).all())
         return self._pool.get(bucket, [])[:limit]
 
-    def _hnsw_pool(self) -> dict[str, list[tuple[str, float]]]:
-        """One approximate nearest-neighbour query of fixed depth, split into the three buckets.
+    @contextmanager
+    def overlapped(self) -> Iterator[None]:
+        """On the approximate path, send the query at once and let the caller work while PostgreSQL runs it.
+
+        The query goes out in a pipeline on the search's own connection (its transaction); the body must
+        not use that connection. Its rows are read when the body ends. The exact path does nothing.
+        """
+        if self._exact or self._pool is not None:
+            yield
+            return
+        connection: Any = self._session.connection().connection.driver_connection
+        with connection.pipeline():
+            with connection.cursor() as setting, connection.cursor() as cursor:
+                setting.execute(f"SET LOCAL hnsw.ef_search = {HNSW_POOL}")
+                cursor.execute(self._hnsw_sql())
+                yield
+                rows = cursor.fetchall()
+        self._pool = self._pool_from_rows(rows)
+
+    def _hnsw_sql(self) -> str:
+        """One approximate nearest-neighbour query of fixed depth (``hnsw.ef_search`` set to HNSW_POOL first).
 
         A fixed pool (not one filtered query per bucket) keeps the index scan short: filtering a rare
         bucket inside HNSW makes pgvector walk far down the graph. Each bucket's ranking is its part of
         the pool, the same whatever the caps.
         """
         dims = self._dims
-        self._session.execute(text(f"SET LOCAL hnsw.ef_search = {HNSW_POOL}"))
         # Every value is written into the SQL text: a prepared, generic plan (psycopg prepares repeated
         # statements) cannot see the query vector and would sort the whole table instead of using HNSW.
         vector = "[" + ",".join(f"{x:.7g}" for x in self._query.tolist()) + "]"
         distance = f"(e.embedding::vector({dims})) <=> '{vector}'::vector({dims})"
         model = self._model.replace("'", "''")
-        rows = self._session.execute(
-            text(
-                f"SELECT n.canonical_id, n.doc_kind, n.dist, {HAS_QUERY_SQL} FROM ("
-                f"SELECT e.tenant_id, e.canonical_id, e.doc_kind, {distance} AS dist FROM embeddings AS e "
-                f"WHERE e.tenant_id = {int(self._tenant_id)} AND e.model = '{model}' AND e.dims = {dims} "
-                f"ORDER BY {distance} LIMIT {HNSW_POOL}) AS n "
-                f"LEFT JOIN memories ON memories.tenant_id = n.tenant_id AND n.doc_kind = '{MEMORY_KIND}' "
-                f"AND memories.id = substr(n.canonical_id, {len(MEMORY_PREFIX) + 1})"
-            )
-        ).all()
+        return (
+            f"SELECT n.canonical_id, n.doc_kind, n.dist, {HAS_QUERY_SQL} FROM ("
+            f"SELECT e.tenant_id, e.canonical_id, e.doc_kind, {distance} AS dist FROM embeddings AS e "
+            f"WHERE e.tenant_id = {int(self._tenant_id)} AND e.model = '{model}' AND e.dims = {dims} "
+            f"ORDER BY {distance} LIMIT {HNSW_POOL}) AS n "
+            f"LEFT JOIN memories ON memories.tenant_id = n.tenant_id AND n.doc_kind = '{MEMORY_KIND}' "
+            f"AND memories.id = substr(n.canonical_id, {len(MEMORY_PREFIX) + 1})"
+        )
+
+    @staticmethod
+    def _pool_from_rows(rows: Sequence[Any]) -> dict[str, list[tuple[str, float]]]:
+        """The query's rows split into the three buckets, each best first (ties by id)."""
         pool: dict[str, list[tuple[str, float]]] = {ENTITIES: [], MEMORIES: [], EXAMPLE_QUERIES: []}
         for canonical_id, doc_kind, dist, carries_query in rows:
             if doc_kind != MEMORY_KIND:

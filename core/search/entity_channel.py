@@ -18,6 +18,7 @@ job strips them they still count in their memory's length, as the statistics cou
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Sequence
 from typing import Any
 
 from sqlalchemy import Executable, any_, column, func, or_, select, table, text
@@ -74,6 +75,12 @@ def rank_memories(
     (eligible or not: the buckets filter later), and memory id -> matched input entities."""
     if not query_entities:
         return [], {}
+    key, build, values = query(tenant_id=tenant_id, query_entities=query_entities, eligibility=eligibility)
+    return from_rows(sql.run(session, key, build, **values), query_entities=query_entities, eligibility=eligibility)
+
+
+def query(*, tenant_id: int, query_entities: list[str], eligibility: Eligibility) -> sql.Query:
+    """The statement of :func:`rank_memories` (``query_entities`` not empty), for :func:`sql.run_many`."""
     memory_filter = eligibility.memory_filter
     self_ids = [memory_id_of(e) for e in query_entities if is_memory_ref(e)]
 
@@ -89,7 +96,15 @@ def rank_memories(
         )
 
     key = ("entity_bm25", tenant_id, memory_filter, bool(self_ids))
-    found = sql.run(session, key, build, entities=list(dict.fromkeys(query_entities)), self_ids=self_ids)
+    return key, build, {"entities": list(dict.fromkeys(query_entities)), "self_ids": self_ids}
+
+
+def from_rows(
+    found: Sequence[Any], *, query_entities: list[str], eligibility: Eligibility
+) -> tuple[list[tuple[str, float]], dict[str, list[str]]]:
+    """The result of :func:`rank_memories` from the rows of :func:`query`; teaches ``eligibility`` the verdicts."""
+    if not query_entities:
+        return [], {}
     # The corpus statistics come with every candidate row (no candidate: no score needs them).
     size, total = (int(found[0][4]), int(found[0][5])) if found else (0, 0)
     rows = [row[:4] for row in found]

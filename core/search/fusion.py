@@ -19,9 +19,21 @@ def rrf(rankings: Mapping[str, Sequence[str]] | Sequence[Sequence[str]], *, k: i
     for ranking in channels:
         seen: set[str] = set()
         for position, doc_id in enumerate(ranking, start=1):
-            if doc_id not in seen:
-                seen.add(doc_id)
-                ranks.setdefault(doc_id, []).append(position)
-    # Summing in sorted rank order makes the float sum independent of channel order.
-    fused = {doc_id: sum(1.0 / (k + r) for r in sorted(doc_ranks)) for doc_id, doc_ranks in ranks.items()}
-    return sorted(fused.items(), key=lambda item: (-item[1], min(ranks[item[0]]), item[0]))
+            if doc_id in seen:
+                continue
+            seen.add(doc_id)
+            doc_ranks = ranks.get(doc_id)
+            if doc_ranks is None:
+                ranks[doc_id] = [position]
+            else:
+                doc_ranks.append(position)
+    fused: list[tuple[str, float, int]] = []
+    for doc_id, doc_ranks in ranks.items():
+        if len(doc_ranks) == 1:
+            fused.append((doc_id, 1.0 / (k + doc_ranks[0]), doc_ranks[0]))
+        else:
+            # Summing in sorted rank order makes the float sum independent of channel order.
+            doc_ranks.sort()
+            fused.append((doc_id, sum(1.0 / (k + r) for r in doc_ranks), doc_ranks[0]))
+    fused.sort(key=lambda item: (-item[1], item[2], item[0]))
+    return [(doc_id, score) for doc_id, score, _ in fused]

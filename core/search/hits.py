@@ -13,7 +13,7 @@ from core.entities.canonical import CatalogSnapshot
 from core.entities.resolver import extract_query_entities, stale_references
 from core.memories.models import Memory
 from core.search import sql
-from core.search.catalog import entity_docs
+from core.search.catalog import Prefetch, entity_docs
 from core.search.filters import EXAMPLE_QUERIES
 from core.search.render import render_memory
 from core.search.schemas import EntityHit, ExampleQueryHit, MemoryHit
@@ -88,9 +88,22 @@ def memory_hits(
     return hits  # type: ignore[return-value]
 
 
-def entity_hits(session: Session, *, ranked: Sequence[tuple[str, float]], snapshot: CatalogSnapshot) -> list[EntityHit]:
+def entity_hits(
+    session: Session,
+    *,
+    ranked: Sequence[tuple[str, float]],
+    snapshot: CatalogSnapshot,
+    tenant_id: int | None = None,
+    version: int | None = None,
+) -> list[EntityHit]:
+    """Hits in ranking order; ``version`` is the snapshot's catalog version (enables background rendering)."""
     docs = entity_docs(
-        session, snapshot=snapshot, doc_ids=[doc_id for doc_id, _ in ranked], small_catalog=lambda: is_small(snapshot)
+        session,
+        snapshot=snapshot,
+        doc_ids=[doc_id for doc_id, _ in ranked],
+        prefetch=lambda: prefetch_mode(snapshot),
+        tenant_id=tenant_id,
+        version=version,
     )
     hits = []
     for doc_id, score in ranked:
@@ -99,20 +112,35 @@ def entity_hits(session: Session, *, ranked: Sequence[tuple[str, float]], snapsh
     return hits
 
 
-# A catalog this small is rendered whole on the first entity hit of its version (core.search.catalog).
+# A catalog this small is rendered whole on the first entity hit of its version (core.search.catalog);
+# one up to BACKGROUND_MAX_DOCS is rendered whole by a background thread (searches render their own
+# misses meanwhile); a larger one only ever has its hits rendered, per search.
 PREFETCH_MAX_DOCS = 5000
+BACKGROUND_MAX_DOCS = 50_000
 
 
-def is_small(snapshot: CatalogSnapshot) -> bool:
-    """At most PREFETCH_MAX_DOCS docs (datasources, models, columns, measures, aggregations)."""
+def catalog_size(snapshot: CatalogSnapshot, *, cap: int) -> int:
+    """Docs (datasources, models, columns, measures, aggregations), counted up to just past ``cap``."""
     size = 0
     for datasource in snapshot.datasources.values():
         size += 1
         for model in datasource.models.values():
             size += 1 + len(model.columns) + len(model.measures) + len(model.aggregations)
-            if size > PREFETCH_MAX_DOCS:
-                return False
-    return size <= PREFETCH_MAX_DOCS
+            if size > cap:
+                return size
+    return size
+
+
+def is_small(snapshot: CatalogSnapshot) -> bool:
+    """At most PREFETCH_MAX_DOCS docs."""
+    return catalog_size(snapshot, cap=PREFETCH_MAX_DOCS) <= PREFETCH_MAX_DOCS
+
+
+def prefetch_mode(snapshot: CatalogSnapshot) -> Prefetch:
+    size = catalog_size(snapshot, cap=BACKGROUND_MAX_DOCS)
+    if size <= PREFETCH_MAX_DOCS:
+        return "now"
+    return "background" if size <= BACKGROUND_MAX_DOCS else "never"
 
 
 def stale_query_warning(memory: Memory, *, snapshot: CatalogSnapshot) -> str | None:

@@ -15,15 +15,22 @@ recency with a warning; ``recent`` / ``important`` / ``typed`` are orderings (se
 
 Channels look past ineligible docs (other agents', filtered out, the other bucket) at most
 ``MAX_SCAN`` deep each, so a rare bucket cannot make a query scan a whole large corpus.
+
+Round trips: the head (tenant change seq, catalog version, embedding statistics) is one query, sent with
+the entity channel's query when there is one (inputs are then resolved with the tenant's last catalog
+snapshot and the search starts again if the head shows the catalog moved); the approximate dense query
+runs in PostgreSQL while full-text ranks in this process (``DenseSearch.overlapped``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
+from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import select, text
 from sqlalchemy.orm import Session
 
 from core.entities.canonical import CatalogSnapshot, is_memory_ref, memory_id_of, rooted_in
@@ -31,10 +38,9 @@ from core.entities.resolver import extract_query_entities, resolve_entities
 from core.errors import BadRequest
 from core.memories.models import Memory
 from core.memories.visibility import visible_clause
-from core.search import graph, hits, sql
-from core.search.catalog import load_snapshot, snapshot_memo
-from core.search.dense import ENTITIES, DenseSearch, DenseUnavailable
-from core.search.entity_channel import rank_memories
+from core.search import entity_channel, graph, hits, sql
+from core.search.catalog import last_snapshot, load_snapshot, snapshot_memo
+from core.search.dense import ENTITIES, DenseSearch, DenseUnavailable, EmbeddingStats, dense_model
 from core.search.filters import EXAMPLE_QUERIES, MEMORIES, Eligibility, MemoryFilter, any_of
 from core.search.fulltext import ENTITY_KINDS
 from core.search.fusion import RRF_K, rrf
@@ -42,7 +48,6 @@ from core.search.index import MEMORY_DOC_PREFIX, catch_up, memory_doc_kind
 from core.search.modes import ordered_buckets
 from core.search.schemas import SearchRequest, SearchResponse
 from core.tenancy.context import Caller
-from core.tenancy.models import Tenant
 
 DEPTH_FLOOR = 30
 FIRST_LOOK = 3  # a channel first looks this many times a bucket's depth down its ranking
@@ -50,6 +55,8 @@ MAX_SCAN = 1000
 # The dense channel ranks a bucket with feedback from the first eligible full-text hits of that bucket.
 FEEDBACK_DOCS = 3
 FEEDBACK_FROM, FEEDBACK_TO = "fulltext", "dense"
+# Run the approximate dense query in PostgreSQL while full-text ranks here (False: one after the other).
+OVERLAP_DENSE = True
 FALLBACK_WARNING = "no entities, query or question given; returning the most recent memories"
 
 Ranking = list[tuple[str, float]]
@@ -117,6 +124,49 @@ def fuse(rankings: dict[str, Ranking], *, active: int) -> Ranking:
     return rrf({name: [doc_id for doc_id, _ in ranking] for name, ranking in rankings.items()}, k=RRF_K)
 
 
+@dataclass(frozen=True)
+class _Head:
+    """What every search reads first, in one query: the tenant's change seq and catalog version, and
+    the statistics of its embeddings of the active model."""
+
+    change_seq: int
+    catalog_version: int
+    embeddings: EmbeddingStats
+
+
+_HEAD_SQL = text(
+    "SELECT t.change_seq, (SELECT c.version FROM catalog_state AS c WHERE c.tenant_id = t.id), s.docs, s.version "
+    "FROM tenants AS t LEFT JOIN search_embedding_stats AS s ON s.tenant_id = t.id AND s.model = :model "
+    "WHERE t.id = :tenant"
+)
+
+
+def head_query(*, tenant_id: int, model: str | None) -> sql.Query:
+    return "head", lambda: _HEAD_SQL, {"tenant": tenant_id, "model": model or ""}
+
+
+def head_from_rows(rows: Sequence[Any], *, model: str | None) -> _Head:
+    change_seq, catalog_version, docs, version = rows[0] if rows else (0, 0, 0, 0)
+    return _Head(
+        change_seq=int(change_seq or 0),
+        catalog_version=int(catalog_version or 0),
+        embeddings=EmbeddingStats(model=model, docs=int(docs or 0), version=int(version or 0)),
+    )
+
+
+def read_head(session: Session, *, tenant_id: int, model: str | None) -> _Head:
+    key, build, values = head_query(tenant_id=tenant_id, model=model)
+    return head_from_rows(sql.run(session, key, build, **values), model=model)
+
+
+class _CatalogMoved(Exception):
+    """The catalog snapshot a search guessed is not the one its transaction sees; ``head`` is what it sees."""
+
+    def __init__(self, head: _Head) -> None:
+        super().__init__("catalog moved")
+        self.head = head
+
+
 @dataclass
 class _Inputs:
     resolved: list[str] = field(default_factory=list)
@@ -125,7 +175,7 @@ class _Inputs:
 
 
 class _Search:
-    def __init__(self, session: Session, *, caller: Caller, request: SearchRequest) -> None:
+    def __init__(self, session: Session, *, caller: Caller, request: SearchRequest, head: _Head | None = None) -> None:
         self.session = session
         self.caller = caller
         self.request = request
@@ -145,10 +195,32 @@ class _Search:
         self.feedback: dict[str, list[str]] = {}
         # Memories already read for the hits (with the graph's query), by id.
         self.loaded: dict[str, Memory] = {}
+        self.model = dense_model()
+        if head is not None:
+            self.__dict__["head"] = head
+        # The catalog version of a snapshot taken on trust (see _guess_snapshot), until the head confirms it.
+        self.guessed_version: int | None = None
+
+    @cached_property
+    def head(self) -> _Head:
+        return read_head(self.session, tenant_id=self.caller.tenant_id, model=self.model)
+
+    def _guess_snapshot(self) -> None:
+        """Resolve the inputs with the tenant's last snapshot before the head has confirmed its version.
+
+        The head (tenant change seq, catalog version) is then read with the entity channel's query, in
+        its round trip; when the version differs (a catalog write since), the search starts again with
+        the head it read, so its result is the same as with the head read first.
+        """
+        if "head" in self.__dict__ or "snapshot" in self.__dict__:
+            return
+        guess = last_snapshot(self.caller.tenant_id)
+        if guess is not None:
+            self.guessed_version, self.__dict__["snapshot"] = guess
 
     @cached_property
     def snapshot(self) -> CatalogSnapshot:
-        return load_snapshot(self.session, tenant_id=self.caller.tenant_id)
+        return load_snapshot(self.session, tenant_id=self.caller.tenant_id, version=self.head.catalog_version)
 
     def warn(self, message: str) -> None:
         if message not in self.response.warnings:
@@ -162,11 +234,17 @@ class _Search:
             if request.has_entity_input or request.question_text:
                 self.warn(f"mode '{request.mode}' ignores entities, query and question")
             return self._ordered(request.mode)
+        if request.has_entity_input:
+            # The entity channel's query runs first and always: it confirms the guess (see _guess_snapshot).
+            self._guess_snapshot()
         inputs = self._resolve()
         if not request.has_entity_input and not request.question_text:
             self.warn(FALLBACK_WARNING)
             return self._ordered("recent")
-        self._hybrid(inputs)
+        try:
+            self._hybrid(inputs)
+        except _CatalogMoved as moved:
+            return _Search(self.session, caller=self.caller, request=request, head=moved.head).run()
         return self.response
 
     # -- inputs ---------------------------------------------------------------------------
@@ -187,6 +265,14 @@ class _Search:
             inputs.resolved += [e for e in extracted.entities if e not in inputs.resolved]
             for warning in extracted.warnings:
                 self.warn(warning)
+        # A query's fields may name memories too (extract_query_entities keeps memory: refs as they are).
+        unseen = [memory_id_of(e) for e in inputs.resolved if is_memory_ref(e) and memory_id_of(e) not in named]
+        if unseen:
+            named.update(self._named_memories(unseen))
+            missing = {e for e in inputs.resolved if is_memory_ref(e) and memory_id_of(e) not in named}
+            for entity in sorted(missing):
+                self.warn(f"{entity} does not exist; dropped.")
+            inputs.resolved = [e for e in inputs.resolved if e not in missing]
         self.response.resolved_input_entities = list(inputs.resolved)
         ds: str | None = request.datasource
         for entity in inputs.resolved:
@@ -228,12 +314,7 @@ class _Search:
         entity_depth = bucket_depth(request.max_entities)
         if request.has_entity_input:
             channels.entity_bm25 = True
-            bm25, _ = rank_memories(
-                self.session,
-                tenant_id=self.caller.tenant_id,
-                query_entities=inputs.bm25_tokens,
-                eligibility=self.eligibility,
-            )
+            bm25, _ = self._entity_bm25(inputs.bm25_tokens)
             # BM25 saw every candidate with its verdict, so its bucket rankings need no deeper look.
             memory_fetch["entity_bm25"] = lambda bucket, limit: [
                 (d, score) for d, score in bm25 if self.eligibility.bucket(d) == bucket
@@ -244,27 +325,41 @@ class _Search:
         dense: DenseSearch | None = None
         if question:
             channels.fulltext = channels.graph = True
-            # Dense reads the tenant's change seq with its own statistics (one round trip for both).
-            change_seq: int | None = None
+            # The tenant's change seq and the embedding statistics come with the search's first query.
+            head = self.head
             try:
                 dense = DenseSearch(
-                    self.session, tenant_id=self.caller.tenant_id, question=question, feedback=self.feedback
+                    self.session,
+                    tenant_id=self.caller.tenant_id,
+                    question=question,
+                    change_seq=head.change_seq,
+                    feedback=self.feedback,
+                    stats=head.embeddings,
                 )
-                change_seq = dense.change_seq
             except DenseUnavailable as exc:
                 self.warn(str(exc))
                 self.response.degraded = True
-                change_seq = exc.change_seq
-            if change_seq is None:
-                change_seq = self._change_seq()
-            index = catch_up(tenant_id=self.caller.tenant_id, current_seq=change_seq)
+            index = catch_up(tenant_id=self.caller.tenant_id, current_seq=head.change_seq)
             ft_question = fulltext_query(question)
+            found: dict[tuple[frozenset[str], int], Ranking] = {}
+
+            def search_kinds(kinds: frozenset[str], limit: int) -> Ranking:
+                if (kinds, limit) not in found:
+                    found[kinds, limit] = index.search(ft_question, limit=limit, doc_kinds=kinds)
+                return found[kinds, limit]
 
             def fulltext(bucket: str, limit: int) -> Ranking:
-                kind = memory_doc_kind(bucket == EXAMPLE_QUERIES)
-                found = index.search(ft_question, limit=limit, doc_kinds={kind})
-                return [(doc_id[len(MEMORY_DOC_PREFIX) :], s) for doc_id, s in found]
+                hits = search_kinds(frozenset({memory_doc_kind(bucket == EXAMPLE_QUERIES)}), limit)
+                return [(doc_id[len(MEMORY_DOC_PREFIX) :], s) for doc_id, s in hits]
 
+            # While PostgreSQL runs the approximate dense query, full-text runs the first look of every
+            # ranking the buckets will ask it for (the same calls they would make, answered from ``found``).
+            with dense.overlapped() if dense is not None and OVERLAP_DENSE else contextlib.nullcontext():
+                for bucket, cap in self.caps.items():
+                    if bucket_depth(cap):
+                        fulltext(bucket, min(FIRST_LOOK * bucket_depth(cap), MAX_SCAN))
+                if entity_depth:
+                    search_kinds(ENTITY_KINDS, min(FIRST_LOOK * entity_depth, MAX_SCAN))
             memory_fetch["fulltext"] = fulltext
             if dense is not None:
                 channels.dense = True
@@ -272,9 +367,7 @@ class _Search:
             if entity_depth:
                 keep = self._entity_keep
                 entity_rankings["fulltext"] = filtered_ranking(
-                    _Memo(lambda limit: index.search(ft_question, limit=limit, doc_kinds=ENTITY_KINDS)),
-                    keep=keep,
-                    depth=entity_depth,
+                    _Memo(lambda limit: search_kinds(ENTITY_KINDS, limit)), keep=keep, depth=entity_depth
                 )
                 if dense is not None:
                     entity_rankings["dense"] = filtered_ranking(
@@ -285,7 +378,28 @@ class _Search:
         entities = fuse(entity_rankings, active=entity_active)[: request.max_entities]
         self._hydrate(buckets, tokens=inputs.bm25_tokens)
         if entities:
-            self.response.entities = hits.entity_hits(self.session, ranked=entities, snapshot=self.snapshot)
+            self.response.entities = hits.entity_hits(
+                self.session,
+                ranked=entities,
+                snapshot=self.snapshot,
+                tenant_id=self.caller.tenant_id,
+                version=self.head.catalog_version,
+            )
+
+    def _entity_bm25(self, tokens: list[str]) -> tuple[Ranking, dict[str, list[str]]]:
+        """Channel 1's ranking; the head, when not read yet, comes in the same round trip."""
+        tenant_id, eligibility = self.caller.tenant_id, self.eligibility
+        queries: list[sql.Query] = []
+        if "head" not in self.__dict__:
+            queries.append(head_query(tenant_id=tenant_id, model=self.model))
+        if tokens:
+            queries.append(entity_channel.query(tenant_id=tenant_id, query_entities=tokens, eligibility=eligibility))
+        results = sql.run_many(self.session, queries) if queries else []
+        if "head" not in self.__dict__:
+            head = self.__dict__["head"] = head_from_rows(results.pop(0), model=self.model)
+            if self.guessed_version is not None and head.catalog_version != self.guessed_version:
+                raise _CatalogMoved(head)
+        return entity_channel.from_rows(results[0] if results else [], query_entities=tokens, eligibility=eligibility)
 
     def _memory_buckets(self, memory_fetch: dict[str, BucketFetch]) -> dict[str, Ranking]:
         """Each memory bucket fused from every channel's ranking of that bucket's eligible docs.
@@ -388,10 +502,6 @@ class _Search:
             return verdict
 
         return accept
-
-    def _change_seq(self) -> int:
-        tenant_id = self.caller.tenant_id
-        return int(self.session.scalar(select(Tenant.change_seq).where(Tenant.id == tenant_id)) or 0)
 
     # -- output ---------------------------------------------------------------------------
 
