@@ -21,6 +21,8 @@ class Settings(BaseSettings):
     # "use what serve wrote into home/runtime.json" (every other command).
     database_url: str = ""
     redis_url: str = ""
+    # The embedded PostgreSQL's shared_buffers (e.g. "4GB"); empty: an eighth of RAM, 128MB..2GB.
+    embedded_pg_shared_buffers: str = ""
 
     host: str = "127.0.0.1"
     port: int = 8000

