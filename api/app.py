@@ -10,6 +10,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 import core.schema  # noqa: F401 - every table known to the ORM
 from api.errors import error_response, install_error_handlers
+from core.parsing import plain_int
 
 log = logging.getLogger("engram.api")
 
@@ -123,11 +124,7 @@ def _declared_length(value: str | None) -> int | None:
     """The Content-Length as a number; None when absent or malformed (the server refuses those itself)."""
     if value is None:
         return None
-    value = value.strip()
-    # isascii: "²".isdigit() is True but int() refuses it; the length cap keeps int() cheap.
-    if not (value.isascii() and value.isdigit() and len(value) <= 20):
-        return None
-    return int(value)
+    return plain_int(value.strip(), max_digits=20)
 
 
 def _accepts_other_media(path: str) -> bool:

@@ -31,6 +31,7 @@ from core.db import system_session
 from core.errors import BadRequest, Forbidden, NotFound, Unauthorized
 from core.jobs import queries
 from core.jobs.service import get_job
+from core.parsing import plain_int
 
 router = APIRouter(prefix="/dashboard")
 
@@ -66,10 +67,8 @@ def valid_session_cookie(value: str | None, *, operator_key: str, now: float | N
         return False
     payload, _, signature = value.rpartition(".")
     expires, _, _nonce = payload.partition(".")
-    # isascii: "²".isdigit() is True but int() refuses it; the length cap keeps int() cheap and in range.
-    if not (expires.isascii() and expires.isdigit() and len(expires) <= _MAX_EXPIRES_DIGITS):
-        return False
-    if int(expires) < (now or time.time()):
+    expires_at = plain_int(expires, max_digits=_MAX_EXPIRES_DIGITS)
+    if expires_at is None or expires_at < (now or time.time()):
         return False
     # Bytes, not str: compare_digest raises TypeError on non-ASCII text, and the cookie is the client's.
     expected = _sign(payload, operator_key).encode()

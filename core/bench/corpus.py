@@ -191,15 +191,14 @@ def embedding_copy_rows(
     Binary COPY sends each vector as pgvector's wire format (dims, 0, big-endian float4s) instead of a
     decimal literal per float, which is most of the load time of a large corpus when formatted in Python.
     """
+    from core.embeddings.wire import vector_records
     from core.search.render import content_hash
 
     head = struct.pack(">hiq", 7, 8, tenant_id)
     model_field = _copy_field(model.encode())
     dims_field = struct.pack(">ii", 4, dims)
-    vector_head = struct.pack(">ihh", 4 + 4 * dims, dims, 0)
-    big_endian = np.ascontiguousarray(vectors, dtype=">f4")
     parts = []
-    for (doc_id, kind, body), vector in zip(docs, big_endian, strict=True):
+    for (doc_id, kind, body), vector in zip(docs, vector_records(np.asarray(vectors, dtype=np.float32)), strict=True):
         parts.append(
             head
             + _copy_field(doc_id.encode())
@@ -207,7 +206,6 @@ def embedding_copy_rows(
             + _copy_field(kind.encode())
             + dims_field
             + _copy_field(content_hash(body).encode())
-            + vector_head
             + vector.tobytes()
         )
     return b"".join(parts)

@@ -41,12 +41,20 @@ class _VectorArrayDumper(Dumper):
         if not n:
             return struct.pack(">iiI", 0, 0, obj.vector_oid)  # no dimensions: the empty array
         header = struct.pack(">iiIii", 1, 0, obj.vector_oid, n, 1)  # 1-D, no nulls, element type, size, lower bound
-        body = np.empty(n, dtype=[("length", ">i4"), ("dims", ">u2"), ("unused", ">u2"), ("values", ">f4", (dims,))])
-        body["length"] = 4 + 4 * dims
-        body["dims"] = dims
-        body["unused"] = 0
-        body["values"] = obj.vectors
-        return header + body.tobytes()
+        return header + vector_records(obj.vectors).tobytes()
+
+
+def vector_records(vectors: np.ndarray) -> np.ndarray:
+    """One record per row of an (n, dims) matrix, each a length-prefixed binary pgvector value (int32 length,
+    uint16 dims, uint16 unused, big-endian float32s): the element form of a binary array and the field form
+    of binary COPY alike."""
+    n, dims = vectors.shape
+    records = np.empty(n, dtype=[("length", ">i4"), ("dims", ">u2"), ("unused", ">u2"), ("values", ">f4", (dims,))])
+    records["length"] = 4 + 4 * dims
+    records["dims"] = dims
+    records["unused"] = 0
+    records["values"] = vectors
+    return records
 
 
 @lru_cache(maxsize=8)

@@ -19,6 +19,7 @@ from sqlalchemy.orm import Session
 from core.errors import BadRequest, Conflict, Invalid, NotFound
 from core.jobs.models import JOB_KINDS, JOB_STATES, Job
 from core.jobs.service import get_job, job_to_dict, now, retry_job
+from core.parsing import plain_int
 from core.tenancy.models import Tenant
 
 MAX_PAGE = 200
@@ -44,12 +45,10 @@ def parse_filters(params: dict[str, str], *, tenant_id: int | None) -> JobFilter
         raise Invalid(f"kind must be one of {', '.join(JOB_KINDS)}", field="kind")
     if state is not None and state not in JOB_STATES:
         raise Invalid(f"state must be one of {', '.join(JOB_STATES)}", field="state")
-    raw_limit = params.get("limit", "50")
-    # isascii: "²".isdigit() is True but int() refuses it; the length cap keeps int() cheap.
-    well_formed = raw_limit.isascii() and raw_limit.isdigit() and len(raw_limit) <= 6
-    if not well_formed or not 1 <= int(raw_limit) <= MAX_PAGE:
+    limit = plain_int(params.get("limit", "50"), max_digits=6)
+    if limit is None or not 1 <= limit <= MAX_PAGE:
         raise Invalid(f"limit must be an integer from 1 to {MAX_PAGE}", field="limit")
-    return JobFilters(kind=kind, state=state, tenant_id=tenant_id, limit=int(raw_limit), cursor=params.get("cursor"))
+    return JobFilters(kind=kind, state=state, tenant_id=tenant_id, limit=limit, cursor=params.get("cursor"))
 
 
 def tenant_id_by_name(session: Session, *, name: str) -> int:
