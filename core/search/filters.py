@@ -8,10 +8,10 @@ it has at least one entity rooted at that datasource.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import (
     ARRAY,
@@ -29,11 +29,15 @@ from sqlalchemy import (
 from sqlalchemy.orm import Session
 
 from core.memories.models import Memory
-from core.memories.visibility import visible_clause
+from core.memories.visibility import AGENT_SCOPED, visible_clause
 from core.search import sql
 from core.tenancy.context import Caller
 
+if TYPE_CHECKING:
+    from core.search.facts import Fact, TenantFacts
+
 MEMORIES, EXAMPLE_QUERIES = "memories", "example_queries"
+_UNKNOWN = "?"
 
 
 def any_of(column: Any, values: Iterable[str]) -> ColumnElement[bool]:
@@ -98,6 +102,28 @@ class MemoryFilter:
     def caller_predicate(self) -> ColumnElement[bool]:
         return and_(*self.caller_clauses())
 
+    def verdict(self, fact: Fact | None) -> str | None:
+        """The bucket of a memory with these facts, or None when :meth:`clauses` would exclude it."""
+        if fact is None or fact.status not in self.statuses:
+            return None
+        if self.datasource is not None and self.datasource not in fact.roots:
+            return None
+        caller = self.caller
+        if not caller.is_admin:
+            if fact.persona is not None and fact.persona != caller.persona:
+                return None
+            if fact.agent_id is not None and fact.category in AGENT_SCOPED and fact.agent_id != caller.agent_id:
+                return None
+        if self.kind is not None and fact.kind != self.kind:
+            return None
+        if self.category is not None and fact.category != self.category:
+            return None
+        if self.occurred_after is not None and (fact.occurred_at is None or fact.occurred_at < self.occurred_after):
+            return None
+        if self.occurred_before is not None and (fact.occurred_at is None or fact.occurred_at > self.occurred_before):
+            return None
+        return EXAMPLE_QUERIES if fact.carries_query else MEMORIES
+
 
 @dataclass
 class Eligibility:
@@ -109,6 +135,10 @@ class Eligibility:
     session: Session
     memory_filter: MemoryFilter
     _verdicts: dict[str, str | None] = field(default_factory=dict)
+    # Gives the tenant's facts (core.search.facts) caught up to the search's snapshot, or None (too many to
+    # keep): verdicts without a query. Called at the first check that needs a verdict.
+    facts_source: Callable[[], TenantFacts | None] | None = None
+    _tenant_facts: TenantFacts | None = None
 
     def learn(self, verdicts: dict[str, str | None]) -> None:
         self._verdicts.update(verdicts)
@@ -118,6 +148,15 @@ class Eligibility:
         if not missing:
             return
         memory_filter = self.memory_filter
+        facts = self._facts()
+        if facts is not None:
+            verdict, fact_of, memo = memory_filter.verdict, facts.get, facts.memo(memory_filter)
+            for memory_id in missing:
+                known = memo.get(memory_id, _UNKNOWN)
+                if known is _UNKNOWN:
+                    known = memo[memory_id] = verdict(fact_of(memory_id))
+                self._verdicts[memory_id] = known
+            return
         tenant_id = memory_filter.caller.tenant_id
 
         def build() -> Executable:
@@ -130,9 +169,28 @@ class Eligibility:
         for memory_id in missing:
             self._verdicts[memory_id] = found.get(memory_id)
 
+    def _facts(self) -> TenantFacts | None:
+        source, self.facts_source = self.facts_source, None
+        if source is not None:
+            self._tenant_facts = source()
+        return self._tenant_facts
+
     def known(self, memory_id: str) -> bool:
         """Whether the verdict on ``memory_id`` is known (asked or learned)."""
         return memory_id in self._verdicts
 
     def bucket(self, memory_id: str) -> str | None:
         return self._verdicts.get(memory_id)
+
+    def pick(self, ranking: Iterable[tuple[str, float]], bucket: str, depth: int) -> list[tuple[str, float]]:
+        """The first ``depth`` entries of ``ranking`` whose memory is eligible for ``bucket``."""
+        picked: list[tuple[str, float]] = []
+        if depth <= 0:
+            return picked
+        verdict = self._verdicts.get
+        for entry in ranking:
+            if verdict(entry[0]) == bucket:
+                picked.append(entry)
+                if len(picked) >= depth:
+                    break
+        return picked

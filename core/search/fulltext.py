@@ -98,6 +98,10 @@ class _State:
     generation: str
 
 
+# Doc ids remembered per reader (about 100 bytes each).
+DOC_ID_CACHE_MAX = 200_000
+
+
 class FulltextIndex:
     """One tenant's full-text index in ``path``; safe to use from many threads and processes."""
 
@@ -112,6 +116,9 @@ class FulltextIndex:
         # The seq the in-process reader is known to reflect, and the generation it was opened at.
         self._reader_seq = 0
         self._generation = ""
+        # Doc id by doc address for the current reader (addresses change only when it reloads): reading a
+        # stored doc for every hit cost more than the search itself.
+        self._doc_ids: dict[tuple[int, int], str] = {}
         self._index = self._open()
 
     # -- state -----------------------------------------------------------------------------
@@ -188,6 +195,7 @@ class FulltextIndex:
         index.register_tokenizer(TOKENIZER_NAME, self._analyzer)
         index.config_reader("manual")
         index.reload()
+        self._doc_ids = {}
 
     def _open_or_recreate_locked(self) -> tantivy.Index:
         """Under the lock: open a sound index with its state, else recreate it empty at seq 0."""
@@ -312,6 +320,7 @@ class FulltextIndex:
         # Reloading is cheap (reads meta.json, opens only new segments), so it is done after every
         # write path unconditionally: a wipe-and-rebuild can end at the seq the reader already had.
         self._index.reload()
+        self._doc_ids = {}
         self._reader_seq = seq
 
     # -- reading -----------------------------------------------------------------------------
@@ -342,11 +351,17 @@ class FulltextIndex:
                     (tantivy.Occur.Must, tantivy.Query.boost_query(kinds, 0.0)),
                 ]
             )
-        searcher = self._index.searcher()
-        hits = [
-            (searcher.doc(address)["doc_id"][0], float(hit_score))
-            for hit_score, address in searcher.search(query, limit, count=False).hits
-        ]
+        with self._mutex:  # the searcher and the doc ids of its reader, together
+            searcher, doc_ids = self._index.searcher(), self._doc_ids
+        hits = []
+        for hit_score, address in searcher.search(query, limit, count=False).hits:
+            key = (address.segment_ord, address.doc)
+            doc_id = doc_ids.get(key)
+            if doc_id is None:
+                doc_id = searcher.doc(address)["doc_id"][0]
+                if len(doc_ids) < DOC_ID_CACHE_MAX:
+                    doc_ids[key] = doc_id
+            hits.append((doc_id, float(hit_score)))
         return sorted(hits, key=lambda hit: (-hit[1], hit[0]))
 
     @property

@@ -16,24 +16,28 @@ def rrf(rankings: Mapping[str, Sequence[str]] | Sequence[Sequence[str]], *, k: i
     """
     channels = rankings.values() if isinstance(rankings, Mapping) else rankings
     ranks: dict[str, list[int]] = {}
+    known = ranks.get
     for ranking in channels:
         seen: set[str] = set()
-        for position, doc_id in enumerate(ranking, start=1):
+        position = 0
+        for doc_id in ranking:
+            position += 1
             if doc_id in seen:
                 continue
             seen.add(doc_id)
-            doc_ranks = ranks.get(doc_id)
+            doc_ranks = known(doc_id)
             if doc_ranks is None:
                 ranks[doc_id] = [position]
             else:
                 doc_ranks.append(position)
-    fused: list[tuple[str, float, int]] = []
+    # Sorted as plain tuples (negated score, best rank, doc id): the order the docstring gives.
+    fused: list[tuple[float, int, str]] = []
     for doc_id, doc_ranks in ranks.items():
         if len(doc_ranks) == 1:
-            fused.append((doc_id, 1.0 / (k + doc_ranks[0]), doc_ranks[0]))
+            fused.append((-1.0 / (k + doc_ranks[0]), doc_ranks[0], doc_id))
         else:
             # Summing in sorted rank order makes the float sum independent of channel order.
             doc_ranks.sort()
-            fused.append((doc_id, sum(1.0 / (k + r) for r in doc_ranks), doc_ranks[0]))
-    fused.sort(key=lambda item: (-item[1], item[2], item[0]))
-    return [(doc_id, score) for doc_id, score, _ in fused]
+            fused.append((-sum(1.0 / (k + r) for r in doc_ranks), doc_ranks[0], doc_id))
+    fused.sort()
+    return [(doc_id, -negated) for negated, _, doc_id in fused]

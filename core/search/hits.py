@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import datetime
-from typing import Any
+from typing import Any, NamedTuple, cast
 
 from sqlalchemy import Executable, any_, select
 from sqlalchemy.orm import Session
@@ -40,10 +40,26 @@ def memories_query(*, tenant_id: int, memory_ids: Sequence[str]) -> sql.Query:
     return ("hits", tenant_id), build, {"ids": list(memory_ids)}
 
 
+class HitMemory(NamedTuple):
+    """What a hit shows of a memory: the attributes of :class:`Memory` it reads, read-only."""
+
+    id: str
+    content: str
+    kind: str
+    category: str
+    importance: float
+    created_at: datetime
+    query: dict[str, Any] | None
+    entities: list[str]
+
+
+assert HitMemory._fields == tuple(column.key for column in _HIT_COLUMNS)
+
+
 def memories_from_rows(rows: Sequence[Any]) -> dict[str, Memory]:
-    """Detached memories holding the hit columns (never added to the session, so never written)."""
-    names = [column.key for column in _HIT_COLUMNS]
-    return {row[0]: Memory(**dict(zip(names, row, strict=True))) for row in rows}
+    """The hit columns of each row, by id, readable as a :class:`Memory` (a plain tuple: building ORM objects
+    cost more than the query, and these are never written)."""
+    return {row[0]: cast(Memory, HitMemory._make(row)) for row in rows}
 
 
 def load_memories(session: Session, *, tenant_id: int, memory_ids: Sequence[str]) -> dict[str, Memory]:

@@ -38,7 +38,7 @@ from core.entities.resolver import extract_query_entities, resolve_entities
 from core.errors import BadRequest
 from core.memories.models import Memory
 from core.memories.visibility import visible_clause
-from core.search import entity_channel, graph, hits, sql
+from core.search import entity_channel, facts, graph, hits, sql
 from core.search.catalog import last_snapshot, load_snapshot, snapshot_memo
 from core.search.dense import ENTITIES, DenseSearch, DenseUnavailable, EmbeddingStats, dense_model
 from core.search.filters import EXAMPLE_QUERIES, MEMORIES, Eligibility, MemoryFilter, any_of
@@ -132,10 +132,13 @@ class _Head:
     change_seq: int
     catalog_version: int
     embeddings: EmbeddingStats
+    memories: int  # active and stale
 
 
 _HEAD_SQL = text(
-    "SELECT t.change_seq, (SELECT c.version FROM catalog_state AS c WHERE c.tenant_id = t.id), s.docs, s.version "
+    "SELECT t.change_seq, (SELECT c.version FROM catalog_state AS c WHERE c.tenant_id = t.id), s.docs, s.version, "
+    "(SELECT sum(x.docs) FROM search_corpus_stats AS x WHERE x.tenant_id = t.id AND x.scope = '' "
+    "AND x.status IN ('active', 'stale')) "
     "FROM tenants AS t LEFT JOIN search_embedding_stats AS s ON s.tenant_id = t.id AND s.model = :model "
     "WHERE t.id = :tenant"
 )
@@ -146,11 +149,12 @@ def head_query(*, tenant_id: int, model: str | None) -> sql.Query:
 
 
 def head_from_rows(rows: Sequence[Any], *, model: str | None) -> _Head:
-    change_seq, catalog_version, docs, version = rows[0] if rows else (0, 0, 0, 0)
+    change_seq, catalog_version, docs, version, memories = rows[0] if rows else (0, 0, 0, 0, 0)
     return _Head(
         change_seq=int(change_seq or 0),
         catalog_version=int(catalog_version or 0),
         embeddings=EmbeddingStats(model=model, docs=int(docs or 0), version=int(version or 0)),
+        memories=int(memories or 0),
     )
 
 
@@ -189,7 +193,7 @@ class _Search:
             occurred_before=request.occurred_before,
             datasource=request.datasource,
         )
-        self.eligibility = Eligibility(session=session, memory_filter=self.memory_filter)
+        self.eligibility = Eligibility(session=session, memory_filter=self.memory_filter, facts_source=self._facts)
         self.caps = {MEMORIES: request.max_memories, EXAMPLE_QUERIES: request.max_example_queries}
         # Per memory bucket: the memory ids the dense channel takes as relevant (see _memory_buckets).
         self.feedback: dict[str, list[str]] = {}
@@ -217,6 +221,12 @@ class _Search:
         guess = last_snapshot(self.caller.tenant_id)
         if guess is not None:
             self.guessed_version, self.__dict__["snapshot"] = guess
+
+    def _facts(self) -> facts.TenantFacts | None:
+        head = self.head
+        return facts.tenant_facts(
+            self.session, tenant_id=self.caller.tenant_id, current_seq=head.change_seq, memories=head.memories
+        )
 
     @cached_property
     def snapshot(self) -> CatalogSnapshot:
@@ -316,9 +326,7 @@ class _Search:
             channels.entity_bm25 = True
             bm25, _ = self._entity_bm25(inputs.bm25_tokens)
             # BM25 saw every candidate with its verdict, so its bucket rankings need no deeper look.
-            memory_fetch["entity_bm25"] = lambda bucket, limit: [
-                (d, score) for d, score in bm25 if self.eligibility.bucket(d) == bucket
-            ][:limit]
+            memory_fetch["entity_bm25"] = lambda bucket, limit: self.eligibility.pick(bm25, bucket, limit)
             entity_rankings["entity_bm25"] = [
                 (e, 1.0 / (RRF_K + rank)) for rank, e in enumerate(inputs.entity_refs, start=1)
             ][:entity_depth]
@@ -455,14 +463,12 @@ class _Search:
         for (name, bucket), ranking in rankings.items():
             per_bucket[bucket][name] = self._pick(ranking, bucket, depths[bucket])
         if self.response.channels.graph:
-            seeds = {
-                bucket: [d for d, _ in fuse(per_bucket[bucket], active=len(memory_fetch))[: graph.SEEDS]]
-                for bucket in live
-            }
+            # Every channel ranked every live bucket, so the seeds are the fused ranking's first.
+            fused = {bucket: fuse(per_bucket[bucket], active=len(per_bucket[bucket])) for bucket in live}
+            seeds = {bucket: [d for d, _ in fused[bucket][: graph.SEEDS]] for bucket in live}
             # A new ranking only raises the fused score of the docs it holds, so a bucket's final hits are
             # among its top hits without the graph and the graph's hops: the former are loaded with the
             # graph's query, in the same round trip (the latter, rarely needed, when hydrating).
-            fused = {bucket: fuse(per_bucket[bucket], active=len(per_bucket[bucket])) for bucket in live}
             likely = [d for bucket in live for d, _ in fused[bucket][: self.caps[bucket]]]
             edges, rows = sql.run_many(
                 self.session,
@@ -486,7 +492,7 @@ class _Search:
         return [d for d, _ in ranking if not known(d) or self.eligibility.bucket(d) == bucket][:FEEDBACK_DOCS]
 
     def _pick(self, ranking: Ranking, bucket: str, depth: int) -> Ranking:
-        return [(d, s) for d, s in ranking if self.eligibility.bucket(d) == bucket][:depth]
+        return self.eligibility.pick(ranking, bucket, depth)
 
     def _entity_keep(self, doc_ids: list[str]) -> Callable[[str], bool]:
         ds, snapshot = self.request.datasource, self.snapshot

@@ -1,0 +1,173 @@
+"""What a search needs to know of a memory to judge its eligibility, held in this process per tenant.
+
+Judging a few hundred candidate ids was one query per search (an index probe and a heap fetch per id,
+a few milliseconds at 10k memories): the same few columns of the same rows, read again and again. A
+tenant's facts (status, persona, agent, category, kind, event time, whether it carries a query, the
+datasources its entities are rooted at) are loaded once and then caught up from the tenant's change
+feed, as the full-text index is: every write that touches a memory stamps it with the tenant's new
+``change_seq`` and a purge leaves a tombstone, so the rows with ``change_seq`` above the last one
+applied, read in the search's own snapshot (which the head's ``change_seq`` came from), are all that
+changed. A search with nothing new makes no query for eligibility at all.
+
+The verdict (:meth:`MemoryFilter.verdict`) is the same predicate as the SQL one of
+:meth:`MemoryFilter.clauses`; a test checks both on random memories, callers and filters.
+
+Memory: a fact costs about 300 bytes. A process keeps at most ``search_facts_max_memories`` facts over
+all tenants (least recently searched tenants go first); a tenant larger than that is judged in SQL.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+from collections import OrderedDict
+from collections.abc import Hashable, Sequence
+from datetime import datetime
+from typing import Any, NamedTuple
+
+from sqlalchemy import text
+from sqlalchemy.orm import Session
+
+from core.config import get_settings
+from core.entities.canonical import is_memory_ref
+from core.search import sql
+from core.search.filters import HAS_QUERY_SQL
+
+MEMORY_REF = "memory:"
+# Filters (caller, statuses, kind, ...) whose verdicts a tenant's facts remember, least recent out first.
+MEMOS = 64
+
+
+class Fact(NamedTuple):
+    status: str
+    persona: str | None
+    agent_id: str | None
+    category: str
+    kind: str
+    occurred_at: datetime | None
+    carries_query: bool
+    roots: frozenset[str]
+
+
+_FACT_SQL = (
+    "SELECT memories.id, memories.status, memories.persona, memories.agent_id, memories.category, memories.kind, "
+    f"memories.occurred_at, {HAS_QUERY_SQL}, memories.entities FROM memories "
+    "WHERE memories.tenant_id = :tenant AND memories.change_seq > :since"
+)
+_GONE_SQL = (
+    "SELECT tombstones.doc_id FROM tombstones WHERE tombstones.tenant_id = :tenant "
+    "AND tombstones.change_seq > :since AND starts_with(tombstones.doc_id, 'memory:')"
+)
+
+
+class TenantFacts:
+    """One tenant's facts, as of change seq ``seq`` (-1: nothing loaded)."""
+
+    def __init__(self, tenant_id: int) -> None:
+        self.tenant_id = tenant_id
+        self.seq = -1
+        self.rows: dict[str, Fact] = {}
+        self.lock = threading.Lock()
+        # Repeated values (statuses, agents, root sets) are shared, not stored once per memory.
+        self._shared: dict[Any, Any] = {}
+        # Verdicts already reached per filter (caller and search filters), until the facts change.
+        self._memos: OrderedDict[Hashable, dict[str, str | None]] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def get(self, memory_id: str) -> Fact | None:
+        return self.rows.get(memory_id)
+
+    def catch_up(self, session: Session, *, current_seq: int) -> None:
+        """Apply the changes up to ``current_seq``, read in ``session`` (whose snapshot saw that seq)."""
+        if self.seq >= current_seq:
+            return
+        with self.lock:
+            if self.seq >= current_seq:
+                return
+            since = self.seq
+            values = {"tenant": self.tenant_id, "since": since}
+            changed, gone = sql.run_many(
+                session,
+                [
+                    ("facts", lambda: text(_FACT_SQL), values),
+                    ("facts-gone", lambda: text(_GONE_SQL), values),
+                ],
+            )
+            self._apply(changed, gone)
+            if changed or gone:
+                self._memos = OrderedDict()
+            self.seq = current_seq
+
+    def memo(self, key: Hashable) -> dict[str, str | None]:
+        """The verdicts reached so far under ``key`` (a search's filter) on these facts, to read and add to."""
+        with self.lock:
+            memos = self._memos
+            found = memos.get(key)
+            if found is None:
+                found = memos[key] = {}
+                while len(memos) > MEMOS:
+                    memos.popitem(last=False)
+            else:
+                memos.move_to_end(key)
+            return found
+
+    def _apply(self, changed: Sequence[Any], gone: Sequence[Any]) -> None:
+        rows, share = self.rows, self._share
+        for (doc_id,) in gone:
+            rows.pop(doc_id[len(MEMORY_REF) :], None)
+        for memory_id, status, persona, agent_id, category, kind, occurred_at, carries_query, entities in changed:
+            if status == "forgotten":
+                rows.pop(memory_id, None)
+                continue
+            roots = frozenset(e.split(".", 1)[0] for e in entities or () if not is_memory_ref(e))
+            rows[sys.intern(memory_id)] = Fact(
+                share(status),
+                share(persona),
+                share(agent_id),
+                share(category),
+                share(kind),
+                occurred_at,
+                bool(carries_query),
+                share(roots),
+            )
+
+    def _share(self, value: Any) -> Any:
+        return self._shared.setdefault(value, value)
+
+
+_tenants: OrderedDict[int, TenantFacts] = OrderedDict()
+_registry_lock = threading.Lock()
+
+
+def tenant_facts(session: Session, *, tenant_id: int, current_seq: int, memories: int) -> TenantFacts | None:
+    """The tenant's facts caught up to ``current_seq``, or None when the tenant (``memories`` active or
+    stale memories) is too large to keep: its eligibility is then asked of the database."""
+    budget = get_settings().search_facts_max_memories
+    if memories > budget:
+        forget_tenant(tenant_id)
+        return None
+    with _registry_lock:
+        facts = _tenants.get(tenant_id)
+        if facts is None:
+            facts = _tenants[tenant_id] = TenantFacts(tenant_id)
+        _tenants.move_to_end(tenant_id)
+        # Make room: the least recently searched tenants go first (never the one asked for).
+        held = sum(len(f) for f in _tenants.values())
+        while held - len(facts) + memories > budget and len(_tenants) > 1:
+            _, evicted = _tenants.popitem(last=False)
+            held -= len(evicted)
+    facts.catch_up(session, current_seq=current_seq)
+    return facts
+
+
+def forget_tenant(tenant_id: int) -> None:
+    with _registry_lock:
+        _tenants.pop(tenant_id, None)
+
+
+def clear() -> None:
+    """Drop every tenant's facts (tests that rebuild a database under the same tenant ids)."""
+    with _registry_lock:
+        _tenants.clear()
