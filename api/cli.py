@@ -74,10 +74,21 @@ def api(host: str | None, port: int | None, workers: int | None, migrate: bool, 
 @click.option(
     "--pool", default="threads", type=click.Choice(["threads", "prefork", "solo"]), show_default=True
 )
+@click.option(
+    "--supervise/--no-supervise",
+    default=True,
+    show_default=True,
+    help="run Celery in a child process and restart it if it dies (a broker outage can end it)",
+)
 @home_option
-def worker(concurrency: int, pool: str, home: str | None) -> None:
+def worker(concurrency: int, pool: str, supervise: bool, home: str | None) -> None:
     """Run one Celery worker."""
     _set_home(home)
+    if supervise:
+        from api.supervise import run_supervised
+
+        argv = [sys.executable, "-m", "api.cli", "worker", f"--concurrency={concurrency}", f"--pool={pool}"]
+        sys.exit(run_supervised("worker", [*argv, "--no-supervise", *(["--home", home] if home else [])]))
     from workers.celery_app import app
 
     app.worker_main(

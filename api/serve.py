@@ -20,6 +20,7 @@ from pathlib import Path
 
 import click
 
+from api.supervise import die_with_parent
 from core.config import Settings, get_settings, reset_settings_cache
 
 
@@ -31,17 +32,10 @@ class Child:
     restarts: list[float] = field(default_factory=list)
 
 
-def _die_with_parent() -> None:
-    import ctypes
-
-    libc = ctypes.CDLL("libc.so.6", use_errno=True)
-    libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-
-
 def _spawn(child: Child, env: dict[str, str], log_dir: Path) -> None:
     log = open(log_dir / f"{child.name}.log", "ab")  # noqa: SIM115 - the child owns it
     child.process = subprocess.Popen(
-        child.argv, env=env, stdout=log, stderr=subprocess.STDOUT, preexec_fn=_die_with_parent
+        child.argv, env=env, stdout=log, stderr=subprocess.STDOUT, preexec_fn=die_with_parent(signal.SIGTERM)
     )
 
 

@@ -138,6 +138,32 @@ def test_worker_killed_mid_batch_loses_no_embedding(drill):
     wait_for(lambda: _embedded_count(tenant_id) == 2000, timeout=120, interval=0.5)
 
 
+def _children(pid: int) -> list[int]:
+    found = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        found += [int(c) for c in (task / "children").read_text().split()]
+    return found
+
+
+def test_worker_restarts_its_celery_process_when_it_dies(drill):
+    """`engram worker` keeps Celery running: when the Celery process dies on its own (a broker outage can end
+    it with kombu's "Unrecoverable error"), it starts again and jobs saved meanwhile are embedded; asked to
+    stop, it stops with its child."""
+    tenant_id, headers = _new_tenant()
+    worker = drill.start_worker()
+    (celery,) = _children(worker.process.pid)
+    os.kill(celery, signal.SIGKILL)
+    _save_batches(drill.url, headers, total=50, size=50)
+    wait_for(lambda: worker.log().count("ready.") == 2, timeout=60, interval=0.2)
+    assert "worker exited with -9; restarting" in worker.log()
+    (again,) = _children(worker.process.pid)
+    assert again != celery
+    wait_for(lambda: _embedded_count(tenant_id) == 50, timeout=60, interval=0.2)
+    worker.stop()
+    assert worker.process.returncode == 0
+    assert not Path(f"/proc/{again}").exists() or "zombie" in Path(f"/proc/{again}/status").read_text()
+
+
 def test_redis_down_during_saves_then_converges(drill):
     """With Redis stopped, 1,000 saves all succeed; after it returns, coverage reaches 1.0."""
     tenant_id, headers = _new_tenant()

@@ -1,0 +1,67 @@
+"""Keep one child process running: restart it when it dies on its own, stop it when asked to stop.
+
+`engram worker` runs its Celery worker under this. A broker outage can end a Celery worker for good: when
+Redis drops while the consumer holds unacknowledged messages, kombu's restore of them raises where no one
+catches it ("Unrecoverable error") and the process exits. Committed jobs are never lost (the outbox and
+reconcile bring them back), but nothing embeds them until a worker runs again: so the worker comes back by
+itself, at most RESTARTS_PER_MINUTE times a minute, instead of relying on a process manager being there.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import signal
+import subprocess
+import time
+from collections.abc import Callable, Sequence
+from types import FrameType
+
+import click
+
+RESTARTS_PER_MINUTE = 5
+_PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent(death_signal: int) -> Callable[[], None]:
+    """A ``preexec_fn`` that makes the child receive ``death_signal`` when this process dies."""
+
+    def arm() -> None:
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, death_signal)
+
+    return arm
+
+
+def run_supervised(name: str, argv: Sequence[str]) -> int:
+    """Run ``argv`` until it exits cleanly or this process is told to stop; returns its exit code.
+
+    SIGTERM and SIGINT are passed on to the child (a Celery worker then finishes its tasks first). If this
+    process is killed outright, the child is killed too (SIGKILL), exactly as if it had been the one killed.
+    """
+    stopping = False
+    child: subprocess.Popen[bytes] | None = None
+
+    def forward(signum: int, frame: FrameType | None) -> None:
+        nonlocal stopping
+        stopping = True
+        if child is not None and child.poll() is None:
+            child.send_signal(signum)
+
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, forward)
+    restarts: list[float] = []
+    while True:
+        child = subprocess.Popen(list(argv), preexec_fn=die_with_parent(signal.SIGKILL))
+        if stopping:  # asked to stop while it was starting
+            child.terminate()
+        code = child.wait()
+        if stopping or code == 0:
+            return code
+        now = time.monotonic()
+        restarts = [t for t in restarts if now - t < 60] + [now]
+        if len(restarts) > RESTARTS_PER_MINUTE:
+            click.echo(f"{name} exited with {code} {len(restarts)} times in a minute; giving up", err=True)
+            return code
+        delay = min(2.0 ** (len(restarts) - 1), 10.0)
+        click.echo(f"{name} exited with {code}; restarting in {delay:.0f} s", err=True)
+        time.sleep(delay)
