@@ -80,9 +80,9 @@ class Settings(BaseSettings):
 
     # Search.
     dense_exact_max_docs: int = 20_000
-    # Memories whose eligibility facts one process keeps in memory, over all tenants (~300 bytes each;
-    # core.search.facts). A larger tenant is judged in SQL; 0 turns the cache off.
-    search_facts_max_memories: int = 300_000
+    # Memories whose eligibility facts one process keeps in memory, over all tenants (~450 bytes each,
+    # so ~90 MB at most; core.search.facts). A larger tenant is judged in SQL; 0 turns the cache off.
+    search_facts_max_memories: int = 200_000
 
     @property
     def index_dir(self) -> Path:

@@ -12,8 +12,9 @@ changed. A search with nothing new makes no query for eligibility at all.
 The verdict (:meth:`MemoryFilter.verdict`) is the same predicate as the SQL one of
 :meth:`MemoryFilter.clauses`; a test checks both on random memories, callers and filters.
 
-Memory: a fact costs about 300 bytes. A process keeps at most ``search_facts_max_memories`` facts over
-all tenants (least recently searched tenants go first); a tenant larger than that is judged in SQL.
+Memory: a fact costs about 450 bytes (measured with tracemalloc at 10k: the row tuple, its id, its event
+time and the dict entry). A process keeps at most ``search_facts_max_memories`` facts over all tenants
+(least recently searched tenants go first); a tenant larger than that is judged in SQL.
 """
 
 from __future__ import annotations

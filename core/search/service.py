@@ -488,8 +488,13 @@ class _Search:
 
     def _feedback(self, ranking: Ranking, bucket: str) -> list[str]:
         """The first FEEDBACK_DOCS docs of a ranking that are in the bucket or not yet checked."""
-        known = self.eligibility.known
-        return [d for d, _ in ranking if not known(d) or self.eligibility.bucket(d) == bucket][:FEEDBACK_DOCS]
+        known, verdict, picked = self.eligibility.known, self.eligibility.bucket, []
+        for d, _ in ranking:
+            if not known(d) or verdict(d) == bucket:
+                picked.append(d)
+                if len(picked) == FEEDBACK_DOCS:
+                    break
+        return picked
 
     def _pick(self, ranking: Ranking, bucket: str, depth: int) -> Ranking:
         return self.eligibility.pick(ranking, bucket, depth)
