@@ -26,3 +26,25 @@ def test_bench_write_prints_latency_and_throughput_figures(tmp_path):
     assert all(f["bench"] == "write" and f["value"] > 0 for f in figures)
     assert by_metric["save_p50_ms"]["params"] == {"memories": 50} and by_metric["save_p50_ms"]["unit"] == "ms"
     assert by_metric["batch_per_s"]["unit"] == "memories/s"
+
+
+def test_bench_search_prints_every_mode_and_the_machine_speed(tmp_path):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ENGRAM_")}
+    env["ENGRAM_HOME"] = str(tmp_path / "home")
+    done = subprocess.run(
+        [sys.executable, "-m", "api.cli", "bench", "search", "--json"]
+        + ["--memories", "300", "--entities", "60", "--queries", "5"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    figures = [json.loads(line) for line in done.stdout.splitlines() if line.strip()]
+    assert figures[0]["metric"] == "python_loop_ms" and figures[0]["value"] > 0
+    modes = {f["params"]["mode"] for f in figures[1:]}
+    assert modes == {"hybrid", "entities", "question", "recent", "important", "typed"}
+    for mode in modes:
+        metrics = {f["metric"]: f["value"] for f in figures[1:] if f["params"]["mode"] == mode}
+        assert set(metrics) == {"p50_ms", "p95_ms", "cpu_p50_ms", "cpu_p95_ms"}
+        assert 0 < metrics["p50_ms"] <= metrics["p95_ms"]

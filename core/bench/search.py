@@ -98,10 +98,11 @@ def measure_both(corpus: Corpus, *, mode: str, queries: int, seed: int = 11) -> 
 def run(*, memories: int, entities: int, queries: int, log: Callable[[str], None]) -> list[dict[str, Any]]:
     """Figures p50_ms / p95_ms per mode, params memories, entities, mode; also cpu_p50_ms / cpu_p95_ms, the
     search process's own CPU per call (steady under machine load, unlike wall latency)."""
-    from core.bench import figure
+    from core.bench import figure, machine_speed_ms
     from core.bench.stack import bench_stack
 
-    figures = []
+    # The machine's speed is printed first: wall figures on shared cores move with it.
+    figures = [figure("search", "python_loop_ms", machine_speed_ms(), "ms", loop="1e6 additions, best of 5")]
     with bench_stack():
         if not os.environ.get("ENGRAM_SECRET_KEY"):
             # The throwaway home needs a key to store the generated datasource's (empty) credentials.
