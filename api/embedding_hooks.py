@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from core.config import get_settings
 from core.db import tenant_session
 from core.embeddings.providers import EmbeddingProviderError, get_embedder
@@ -12,17 +14,16 @@ from core.tenancy.context import Caller
 
 
 def after_save(*, caller: Caller, result: SaveResult) -> SaveResult:
-    settings = get_settings()
     try:
-        embedder = get_embedder(settings.embedding_model)
-        with tenant_session(caller.tenant_id) as session:
-            outcome = embed_docs(
-                session,
-                tenant_id=caller.tenant_id,
-                doc_ids=[memory_doc_id(result.memory_id)],
-                embedder=embedder,
-            )
+        outcome = embed_now(caller=caller, memory_id=result.memory_id)
         result.similar_existing = outcome.get("similar", {}).get(result.memory_id, [])
     except EmbeddingProviderError as exc:
         result.warnings.append(f"embedding failed ({exc}); it will be retried in the background")
     return result
+
+
+def embed_now(*, caller: Caller, memory_id: str) -> dict[str, Any]:
+    """Embed one memory in this request (the embed job queued by its write then finds nothing to do)."""
+    embedder = get_embedder(get_settings().embedding_model)
+    with tenant_session(caller.tenant_id) as session:
+        return embed_docs(session, tenant_id=caller.tenant_id, doc_ids=[memory_doc_id(memory_id)], embedder=embedder)

@@ -43,3 +43,54 @@ def test_callers_never_share_compiled_visibility(client, tenant, member_key):
         for kind, expected in (("fact", {a, b}), ("todo", set())):
             seen = set(ids(search(client, tenant, {"question": "ledger close", "kind": kind})["memories"]))
             assert seen == expected
+
+
+def test_exact_matrix_is_refreshed_with_new_vectors_not_reread(client, tenant, monkeypatch):
+    """A search after a write reads only the vectors written since the cached matrix (the whole matrix only
+    when a vector was deleted), and ranks exactly as a matrix read whole would."""
+    import numpy as np
+
+    from core.db import tenant_session
+    from core.search import dense
+
+    loads: list[int] = []
+    full_load = dense._load_matrix
+
+    def counted(*args, **kwargs):  # type: ignore[no-untyped-def]
+        loads.append(1)
+        return full_load(*args, **kwargs)
+
+    monkeypatch.setattr(dense, "_load_matrix", counted)
+    body = {"question": "warehouse freight costs"}
+    first = save(client, tenant, {"content": "warehouse freight costs rose in march", "sync_embed": True})
+    search(client, tenant, body)
+    assert len(loads) == 1
+    key = next(k for k in dense._cache if k[0] == tenant.tenant_id)
+    before = dense._cache[key].memories
+    old_vector = before.matrix[before.row_of[f"memory:{first}"]].copy()
+    second = save(client, tenant, {"content": "freight invoices from the warehouse", "sync_embed": True})
+    assert (
+        client.patch(
+            f"/v1/memories/{first}",
+            json={"content": "warehouse freight costs fell in april", "sync_embed": True},
+            headers=tenant.headers(),
+        ).status_code
+        == 200
+    )
+    out = search(client, tenant, body)
+    assert set(ids(out["memories"])) == {first, second} and out["channels"]["dense"]
+    assert len(loads) == 1  # refreshed, not read again
+    refreshed = dense._cache[key]
+    # The edited memory's vector was replaced (sync_embed on the edit), the new one added.
+    assert not np.allclose(refreshed.memories.matrix[refreshed.memories.row_of[f"memory:{first}"]], old_vector)
+    assert f"memory:{second}" in refreshed.memories.row_of
+    with tenant_session(tenant.tenant_id) as session:
+        whole = full_load(session, model=key[1], dims=refreshed.memories.matrix.shape[1], version=refreshed.version)
+    for side in ("memories", "entities"):
+        got, want = getattr(refreshed, side), getattr(whole, side)
+        assert sorted(got.ids) == sorted(want.ids)
+        for doc_id in want.ids:
+            assert np.allclose(got.matrix[got.row_of[doc_id]], want.matrix[want.row_of[doc_id]], atol=1e-6)
+    assert client.delete(f"/v1/memories/{second}?purge=true", headers=tenant.headers()).status_code == 200
+    assert ids(search(client, tenant, body)["memories"]) == [first]
+    assert len(loads) == 2  # a deleted vector: read whole again

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 from fastapi import APIRouter, Body, Depends, Query, Request
 from fastapi.responses import JSONResponse
 
 from api.auth import require_caller
-from api.embedding_hooks import after_save
+from api.embedding_hooks import after_save, embed_now
 from core.db import tenant_session
+from core.embeddings.providers import EmbeddingProviderError
 from core.errors import EngramError, Invalid
 from core.memories import listing, service
 from core.memories.schemas import (
@@ -118,7 +120,12 @@ def patch_memory(
     caller = acting_identity(caller, body, request)
     with tenant_session(caller.tenant_id) as session:
         memory = service.patch_memory(session, caller=caller, memory_id=memory_id, patch=patch)
-        return service.memories_to_dicts(session, [memory])[0]
+        out = service.memories_to_dicts(session, [memory])[0]
+    if patch.sync_embed and patch.content is not None:
+        # As on save; a provider failure leaves it to the embed job the edit queued.
+        with contextlib.suppress(EmbeddingProviderError):
+            embed_now(caller=caller, memory_id=memory.id)
+    return out
 
 
 @router.delete("/memories/{memory_id}")

@@ -33,6 +33,7 @@ from collections import OrderedDict
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from datetime import datetime, timedelta
 from functools import cached_property
 from typing import Any
 
@@ -82,15 +83,24 @@ class _Side:
     def row_of(self) -> dict[str, int]:
         return {doc_id: n for n, doc_id in enumerate(self.ids)}
 
+    @cached_property
+    def memory_ids(self) -> list[str]:
+        """The ids without their ``memory:`` prefix (memory ids, as the memory buckets rank them)."""
+        return [doc_id[len(MEMORY_PREFIX) :] if doc_id.startswith(MEMORY_PREFIX) else doc_id for doc_id in self.ids]
+
 
 @dataclass(frozen=True)
 class _Matrix:
     version: int
     memories: _Side
     entities: _Side
+    # The latest ``updated_at`` among its rows: an incremental refresh reads what was written since.
+    watermark: datetime | None = None
 
 
 _cache: OrderedDict[tuple[int, str], _Matrix] = OrderedDict()
+# How far before a matrix's watermark a refresh looks: longer than any transaction writing vectors is open.
+REFRESH_LOOKBACK = timedelta(minutes=5)
 _cache_lock = threading.Lock()
 
 
@@ -126,36 +136,95 @@ def _stats(session: Session, *, tenant_id: int, model: str) -> tuple[int, int, i
     return int(row[1] or 0), int(row[2] or 0), int(row[0] or 0)
 
 
-def _load_matrix(session: Session, *, model: str, dims: int, version: int) -> _Matrix:
-    rows = session.execute(
-        select(Embedding.canonical_id, Embedding.doc_kind, Embedding.embedding).where(
-            Embedding.model == model, Embedding.dims == dims
-        )
-    ).all()
+def _vector_rows(session: Session, *, model: str, dims: int, since: datetime | None = None) -> Sequence[Any]:
+    """(canonical id, doc kind, vector, updated_at) of the tenant's vectors of ``model``, all or those
+    written at or after ``since``."""
+    query = select(Embedding.canonical_id, Embedding.doc_kind, Embedding.embedding, Embedding.updated_at).where(
+        Embedding.model == model, Embedding.dims == dims
+    )
+    if since is not None:
+        query = query.where(Embedding.updated_at >= since)
+    return session.execute(query).all()
+
+
+def _normalised(vectors: list[np.ndarray], dims: int) -> np.ndarray:
+    matrix = np.vstack(vectors) if vectors else np.zeros((0, dims), dtype=np.float32)
+    norms = np.linalg.norm(matrix, axis=1, keepdims=True)
+    np.maximum(norms, 1e-12, out=norms)
+    return np.ascontiguousarray(matrix / norms, dtype=np.float32)
+
+
+def _split(rows: Sequence[Any]) -> dict[bool, tuple[list[str], list[np.ndarray]]]:
+    """Rows by side (memory or catalog): their ids and vectors."""
     sides: dict[bool, tuple[list[str], list[np.ndarray]]] = {True: ([], []), False: ([], [])}
-    for canonical_id, doc_kind, vector in rows:
+    for canonical_id, doc_kind, vector, _ in rows:
         ids, vectors = sides[doc_kind == MEMORY_KIND]
         ids.append(canonical_id)
         vectors.append(np.asarray(vector, dtype=np.float32))
-
-    def side(is_memory: bool) -> _Side:
-        ids, vectors = sides[is_memory]
-        matrix = np.vstack(vectors) if vectors else np.zeros((0, dims), dtype=np.float32)
-        norms = np.linalg.norm(matrix, axis=1, keepdims=True)
-        np.maximum(norms, 1e-12, out=norms)
-        return _Side(ids=ids, matrix=np.ascontiguousarray(matrix / norms, dtype=np.float32))
-
-    return _Matrix(version=version, memories=side(True), entities=side(False))
+    return sides
 
 
-def _cached_matrix(session: Session, *, tenant_id: int, model: str, dims: int, version: int) -> _Matrix:
+def _watermark(rows: Sequence[Any], previous: datetime | None = None) -> datetime | None:
+    return max((row[3] for row in rows if row[3] is not None), default=previous)
+
+
+def _load_matrix(session: Session, *, model: str, dims: int, version: int) -> _Matrix:
+    rows = _vector_rows(session, model=model, dims=dims)
+    sides = _split(rows)
+    return _Matrix(
+        version=version,
+        memories=_Side(ids=sides[True][0], matrix=_normalised(sides[True][1], dims)),
+        entities=_Side(ids=sides[False][0], matrix=_normalised(sides[False][1], dims)),
+        watermark=_watermark(rows),
+    )
+
+
+def _merged(side: _Side, ids: list[str], vectors: list[np.ndarray], dims: int) -> _Side:
+    """A new side: ``side`` with these rows replaced or added (``side`` itself is never changed: other
+    searches may be reading it)."""
+    if not ids:
+        return side
+    added = [doc_id for doc_id in dict.fromkeys(ids) if doc_id not in side.row_of]
+    merged = _Side(ids=[*side.ids, *added], matrix=np.zeros((len(side.ids) + len(added), dims), dtype=np.float32))
+    merged.matrix[: len(side.ids)] = side.matrix
+    merged.matrix[[merged.row_of[doc_id] for doc_id in ids]] = _normalised(vectors, dims)
+    return merged
+
+
+def _refreshed_matrix(
+    session: Session, base: _Matrix, *, model: str, dims: int, version: int, docs: int
+) -> _Matrix | None:
+    """``base`` brought up to ``version`` from the vectors written since its watermark (less REFRESH_LOOKBACK:
+    a write stamped just before the watermark may have committed after it), or None when the result would
+    not hold exactly the tenant's ``docs`` vectors (a vector deleted, or a write older than the lookback):
+    then the whole matrix is read again."""
+    if base.watermark is None:
+        return None
+    rows = _vector_rows(session, model=model, dims=dims, since=base.watermark - REFRESH_LOOKBACK)
+    sides = _split(rows)
+    memories = _merged(base.memories, *sides[True], dims)
+    entities = _merged(base.entities, *sides[False], dims)
+    if len(memories.ids) + len(entities.ids) != docs:
+        return None
+    return _Matrix(version=version, memories=memories, entities=entities, watermark=_watermark(rows, base.watermark))
+
+
+def _cached_matrix(
+    session: Session, *, tenant_id: int, model: str, dims: int, version: int, docs: int | None = None
+) -> _Matrix:
+    """The tenant's matrix at embeddings ``version``: cached, else refreshed from an older cached one with the
+    vectors written since (when ``docs``, the tenant's vector count, is known), else read whole."""
     key = (tenant_id, model)
     with _cache_lock:
         hit = _cache.get(key)
         if hit is not None and hit.version == version:
             _cache.move_to_end(key)
             return hit
-    matrix = _load_matrix(session, model=model, dims=dims, version=version)
+    matrix = None
+    if hit is not None and hit.version < version and docs is not None:
+        matrix = _refreshed_matrix(session, hit, model=model, dims=dims, version=version, docs=docs)
+    if matrix is None:
+        matrix = _load_matrix(session, model=model, dims=dims, version=version)
     with _cache_lock:
         _cache[key] = matrix
         _cache.move_to_end(key)
@@ -299,7 +368,7 @@ class DenseSearch:
         if self._exact:
             single_threaded_blas()
             self._matrix = _cached_matrix(
-                session, tenant_id=tenant_id, model=self._model, dims=self._dims, version=version
+                session, tenant_id=tenant_id, model=self._model, dims=self._dims, version=version, docs=docs
             )
             if not self._matrix.memories.ids and not self._matrix.entities.ids:
                 raise DenseUnavailable(
@@ -321,9 +390,8 @@ class DenseSearch:
         if limit <= 0:
             return []
         if self._exact:
-            hits = self._exact_rank(bucket, limit)
-        else:
-            hits = self._hnsw_rank(bucket, limit)
+            return self._exact_rank(bucket, limit)
+        hits = self._hnsw_rank(bucket, limit)
         if bucket == ENTITIES:
             return hits
         return [(doc_id[len(MEMORY_PREFIX) :], score) for doc_id, score in hits]
@@ -386,7 +454,8 @@ class DenseSearch:
             return []
         top = np.argpartition(-sub, k - 1)[:k] if k < len(sub) else np.arange(len(sub))
         top = top[np.argsort(-sub[top], kind="stable")]
-        return [(side.ids[rows[i]], float(sub[i])) for i in top.tolist()]
+        ids = side.ids if bucket == ENTITIES else side.memory_ids
+        return list(zip([ids[r] for r in rows[top].tolist()], sub[top].tolist(), strict=True))
 
     def _hnsw_rank(self, bucket: str, limit: int) -> list[tuple[str, float]]:
         if self._pool is None:

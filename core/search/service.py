@@ -356,9 +356,13 @@ class _Search:
                     found[kinds, limit] = index.search(ft_question, limit=limit, doc_kinds=kinds)
                 return found[kinds, limit]
 
+            memory_hits: dict[tuple[str, int], Ranking] = {}
+
             def fulltext(bucket: str, limit: int) -> Ranking:
-                hits = search_kinds(frozenset({memory_doc_kind(bucket == EXAMPLE_QUERIES)}), limit)
-                return [(doc_id[len(MEMORY_DOC_PREFIX) :], s) for doc_id, s in hits]
+                if (bucket, limit) not in memory_hits:
+                    hits = search_kinds(frozenset({memory_doc_kind(bucket == EXAMPLE_QUERIES)}), limit)
+                    memory_hits[bucket, limit] = [(doc_id[len(MEMORY_DOC_PREFIX) :], s) for doc_id, s in hits]
+                return memory_hits[bucket, limit]
 
             # While PostgreSQL runs the approximate dense query, full-text runs the first look of every
             # ranking the buckets will ask it for (the same calls they would make, answered from ``found``).
