@@ -85,7 +85,10 @@ def test_jobs_are_idempotent_when_run_twice(client, tenant, stack):
         row = session.get(Job, job.id)
         row.state = "queued"  # simulate a redelivered message for a job that already ran
     second = run_job(job.id, session_factory=system_session, max_attempts=3)
-    assert second.state == "succeeded"
+    # The module's worker may have taken the requeued job first (reconcile re-dispatches queued jobs): then
+    # this run is skipped and the worker's run is the second one.
+    assert second.state in ("succeeded", "skipped")
+    wait_for(succeeded, timeout=60)
     with system_session() as session:
         assert session.get(Job, job.id).result == {"embedded": 0, "unchanged": 1}
 
