@@ -94,3 +94,17 @@ def test_exact_matrix_is_refreshed_with_new_vectors_not_reread(client, tenant, m
     assert client.delete(f"/v1/memories/{second}?purge=true", headers=tenant.headers()).status_code == 200
     assert ids(search(client, tenant, body)["memories"]) == [first]
     assert len(loads) == 2  # a deleted vector: read whole again
+
+
+def test_fulltext_started_before_the_head_still_reads_your_writes(client, tenant):
+    """With entities and a question, full-text starts from the change seq this process saw last while the
+    head is read; a write in between is still found (the head shows it, and full-text runs again)."""
+    from core.search import service
+
+    assert service.EARLY_FULLTEXT
+    anchor = save(client, tenant, {"content": "glacier survey index"})
+    body = {"entities": [f"memory:{anchor}"], "question": "glacier melt rates"}
+    assert ids(search(client, tenant, body)["memories"]) == [anchor]
+    assert service._last_heads[tenant.tenant_id].change_seq > 0
+    later = save(client, tenant, {"content": "glacier melt rates doubled"})
+    assert later in ids(search(client, tenant, body)["memories"])

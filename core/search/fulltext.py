@@ -365,5 +365,10 @@ class FulltextIndex:
         return sorted(hits, key=lambda hit: (-hit[1], hit[0]))
 
     @property
+    def reader_seq(self) -> int:
+        """The change seq the in-process reader is known to reflect."""
+        return self._reader_seq
+
+    @property
     def num_docs(self) -> int:
         return self._index.searcher().num_docs

@@ -33,6 +33,7 @@ from typing import Any
 from sqlalchemy import select, text
 from sqlalchemy.orm import Session
 
+from core.config import get_settings
 from core.entities.canonical import CatalogSnapshot, is_memory_ref, memory_id_of, rooted_in
 from core.entities.resolver import extract_query_entities, resolve_entities
 from core.errors import BadRequest
@@ -42,7 +43,7 @@ from core.search import entity_channel, facts, graph, hits, sql
 from core.search.catalog import last_snapshot, load_snapshot, snapshot_memo
 from core.search.dense import ENTITIES, DenseSearch, DenseUnavailable, EmbeddingStats, dense_model
 from core.search.filters import EXAMPLE_QUERIES, MEMORIES, Eligibility, MemoryFilter, any_of
-from core.search.fulltext import ENTITY_KINDS
+from core.search.fulltext import ENTITY_KINDS, FulltextIndex
 from core.search.fusion import RRF_K, rrf
 from core.search.index import MEMORY_DOC_PREFIX, catch_up, memory_doc_kind
 from core.search.modes import ordered_buckets
@@ -163,6 +164,57 @@ def read_head(session: Session, *, tenant_id: int, model: str | None) -> _Head:
     return head_from_rows(sql.run(session, key, build, **values), model=model)
 
 
+# The head this process read last per tenant: what full-text may start from before the head comes back.
+_last_heads: dict[int, _Head] = {}
+# Run full-text while the head and entity queries are out (False: after them, as the head requires).
+EARLY_FULLTEXT = True
+
+
+class _FulltextRankings:
+    """Channel 2 for one search: rankings of a question by doc kinds, memoised per (kinds, limit).
+
+    The rankings read an index caught up to at least the tenant's change seq (read-your-writes), as
+    :meth:`follow` ensures: the rankings already made are kept when the index they came from reflected
+    that seq, else dropped and made again.
+    """
+
+    def __init__(self, *, tenant_id: int, question: str) -> None:
+        self.tenant_id = tenant_id
+        self.question = fulltext_query(question)
+        self.index: FulltextIndex | None = None
+        self._seq = -1  # the change seq the index reflected when the memoised rankings were made
+        self._found: dict[tuple[frozenset[str], int], Ranking] = {}
+        self._buckets: dict[tuple[str, int], Ranking] = {}
+
+    def follow(self, change_seq: int) -> None:
+        if self.index is not None and self._seq >= change_seq:
+            return
+        self.index = catch_up(tenant_id=self.tenant_id, current_seq=change_seq)
+        self._seq = self.index.reader_seq
+        self._found.clear()
+        self._buckets.clear()
+
+    def kinds(self, kinds: frozenset[str], limit: int) -> Ranking:
+        assert self.index is not None
+        if (kinds, limit) not in self._found:
+            self._found[kinds, limit] = self.index.search(self.question, limit=limit, doc_kinds=kinds)
+        return self._found[kinds, limit]
+
+    def bucket(self, bucket: str, limit: int) -> Ranking:
+        if (bucket, limit) not in self._buckets:
+            hits = self.kinds(frozenset({memory_doc_kind(bucket == EXAMPLE_QUERIES)}), limit)
+            self._buckets[bucket, limit] = [(doc_id[len(MEMORY_DOC_PREFIX) :], s) for doc_id, s in hits]
+        return self._buckets[bucket, limit]
+
+    def first_looks(self, caps: dict[str, int], entity_depth: int) -> None:
+        """The first look of every ranking the buckets will ask for (the same calls they make later)."""
+        for bucket, cap in caps.items():
+            if bucket_depth(cap):
+                self.bucket(bucket, min(FIRST_LOOK * bucket_depth(cap), MAX_SCAN))
+        if entity_depth:
+            self.kinds(ENTITY_KINDS, min(FIRST_LOOK * entity_depth, MAX_SCAN))
+
+
 class _CatalogMoved(Exception):
     """The catalog snapshot a search guessed is not the one its transaction sees; ``head`` is what it sees."""
 
@@ -204,10 +256,13 @@ class _Search:
             self.__dict__["head"] = head
         # The catalog version of a snapshot taken on trust (see _guess_snapshot), until the head confirms it.
         self.guessed_version: int | None = None
+        self._ft: _FulltextRankings | None = None
 
     @cached_property
     def head(self) -> _Head:
-        return read_head(self.session, tenant_id=self.caller.tenant_id, model=self.model)
+        head = read_head(self.session, tenant_id=self.caller.tenant_id, model=self.model)
+        _last_heads[self.caller.tenant_id] = head
+        return head
 
     def _guess_snapshot(self) -> None:
         """Resolve the inputs with the tenant's last snapshot before the head has confirmed its version.
@@ -324,7 +379,12 @@ class _Search:
         entity_depth = bucket_depth(request.max_entities)
         if request.has_entity_input:
             channels.entity_bm25 = True
-            bm25, _ = self._entity_bm25(inputs.bm25_tokens)
+            meanwhile = None
+            if question and "head" not in self.__dict__:
+                early = self._early_fulltext(question)
+                if early is not None:
+                    meanwhile = lambda: early.first_looks(self.caps, entity_depth)  # noqa: E731
+            bm25, _ = self._entity_bm25(inputs.bm25_tokens, meanwhile=meanwhile)
             # BM25 saw every candidate with its verdict, so its bucket rankings need no deeper look.
             memory_fetch["entity_bm25"] = lambda bucket, limit: self.eligibility.pick(bm25, bucket, limit)
             entity_rankings["entity_bm25"] = [
@@ -347,31 +407,13 @@ class _Search:
             except DenseUnavailable as exc:
                 self.warn(str(exc))
                 self.response.degraded = True
-            index = catch_up(tenant_id=self.caller.tenant_id, current_seq=head.change_seq)
-            ft_question = fulltext_query(question)
-            found: dict[tuple[frozenset[str], int], Ranking] = {}
-
-            def search_kinds(kinds: frozenset[str], limit: int) -> Ranking:
-                if (kinds, limit) not in found:
-                    found[kinds, limit] = index.search(ft_question, limit=limit, doc_kinds=kinds)
-                return found[kinds, limit]
-
-            memory_hits: dict[tuple[str, int], Ranking] = {}
-
-            def fulltext(bucket: str, limit: int) -> Ranking:
-                if (bucket, limit) not in memory_hits:
-                    hits = search_kinds(frozenset({memory_doc_kind(bucket == EXAMPLE_QUERIES)}), limit)
-                    memory_hits[bucket, limit] = [(doc_id[len(MEMORY_DOC_PREFIX) :], s) for doc_id, s in hits]
-                return memory_hits[bucket, limit]
-
+            ft = self._fulltext(question)
+            ft.follow(head.change_seq)
             # While PostgreSQL runs the approximate dense query, full-text runs the first look of every
-            # ranking the buckets will ask it for (the same calls they would make, answered from ``found``).
+            # ranking the buckets will ask it for (the same calls they would make, answered from its memo).
             with dense.overlapped() if dense is not None and OVERLAP_DENSE else contextlib.nullcontext():
-                for bucket, cap in self.caps.items():
-                    if bucket_depth(cap):
-                        fulltext(bucket, min(FIRST_LOOK * bucket_depth(cap), MAX_SCAN))
-                if entity_depth:
-                    search_kinds(ENTITY_KINDS, min(FIRST_LOOK * entity_depth, MAX_SCAN))
+                ft.first_looks(self.caps, entity_depth)
+            fulltext, search_kinds = ft.bucket, ft.kinds
             memory_fetch["fulltext"] = fulltext
             if dense is not None:
                 channels.dense = True
@@ -398,17 +440,40 @@ class _Search:
                 version=self.head.catalog_version,
             )
 
-    def _entity_bm25(self, tokens: list[str]) -> tuple[Ranking, dict[str, list[str]]]:
-        """Channel 1's ranking; the head, when not read yet, comes in the same round trip."""
+    def _fulltext(self, question: str) -> _FulltextRankings:
+        if self._ft is None:
+            self._ft = _FulltextRankings(tenant_id=self.caller.tenant_id, question=question)
+        return self._ft
+
+    def _early_fulltext(self, question: str) -> _FulltextRankings | None:
+        """Full-text to run while the first round trip is out, when this process saw the tenant's head
+        before and the dense channel then took the exact path (the approximate one overlaps full-text with
+        its own query instead). The index is caught up to the change seq seen last; :meth:`_FulltextRankings.follow`
+        redoes the work if the head shows a newer one."""
+        last = _last_heads.get(self.caller.tenant_id)
+        if last is None or not EARLY_FULLTEXT:
+            return None
+        if last.embeddings.docs > get_settings().dense_exact_max_docs:
+            return None
+        ft = self._fulltext(question)
+        ft.follow(last.change_seq)
+        return ft
+
+    def _entity_bm25(
+        self, tokens: list[str], *, meanwhile: Callable[[], None] | None = None
+    ) -> tuple[Ranking, dict[str, list[str]]]:
+        """Channel 1's ranking; the head, when not read yet, comes in the same round trip (and ``meanwhile``
+        runs while that round trip is out)."""
         tenant_id, eligibility = self.caller.tenant_id, self.eligibility
         queries: list[sql.Query] = []
         if "head" not in self.__dict__:
             queries.append(head_query(tenant_id=tenant_id, model=self.model))
         if tokens:
             queries.append(entity_channel.query(tenant_id=tenant_id, query_entities=tokens, eligibility=eligibility))
-        results = sql.run_many(self.session, queries) if queries else []
+        results = sql.run_many(self.session, queries, meanwhile=meanwhile) if queries else []
         if "head" not in self.__dict__:
             head = self.__dict__["head"] = head_from_rows(results.pop(0), model=self.model)
+            _last_heads[tenant_id] = head
             if self.guessed_version is not None and head.catalog_version != self.guessed_version:
                 raise _CatalogMoved(head)
         return entity_channel.from_rows(results[0] if results else [], query_entities=tokens, eligibility=eligibility)

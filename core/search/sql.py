@@ -67,9 +67,14 @@ def run(session: Session, key: Hashable, build: Callable[[], Executable], **valu
 Query = tuple[Hashable, Callable[[], Executable], dict[str, Any]]
 
 
-def run_many(session: Session, queries: Sequence[Query]) -> list[Sequence[Any]]:
-    """The rows of several independent statements, sent together: one round trip (psycopg pipeline)."""
-    if len(queries) == 1:
+def run_many(
+    session: Session, queries: Sequence[Query], *, meanwhile: Callable[[], None] | None = None
+) -> list[Sequence[Any]]:
+    """The rows of several independent statements, sent together: one round trip (psycopg pipeline).
+
+    ``meanwhile`` runs once they are sent, before their rows are read; it must not use the session.
+    """
+    if len(queries) == 1 and meanwhile is None:
         key, build, values = queries[0]
         return [run(session, key, build, **values)]
     connection: Any = session.connection().connection.driver_connection
@@ -80,6 +85,9 @@ def run_many(session: Session, queries: Sequence[Query]) -> list[Sequence[Any]]:
             cursor = connection.cursor()
             cursor.execute(text, {**fixed, **values})
             cursors.append(cursor)
+        if meanwhile is not None:
+            # Each statement went out as it was executed; the rows are read when the pipeline ends.
+            meanwhile()
     return [cursor.fetchall() for cursor in cursors]
 
 
