@@ -108,3 +108,43 @@ def test_fulltext_started_before_the_head_still_reads_your_writes(client, tenant
     assert service._last_heads[tenant.tenant_id].change_seq > 0
     later = save(client, tenant, {"content": "glacier melt rates doubled"})
     assert later in ids(search(client, tenant, body)["memories"])
+
+
+def test_dense_layout_is_kept_across_writes_that_touch_none_of_its_memories(client, tenant):
+    """The exact path's layout (query rows, run neighbours) survives a plain note saved; a write to a memory
+    in a run rebuilds it; either way the search ranks as with a layout made afresh."""
+    from core.search import dense
+
+    for i in range(6):
+        body = {"content": f"turn {i} about the harbour crane schedule", "run_id": f"run-{i % 2}", "sync_embed": True}
+        if i == 3:
+            body["query"] = {"measures": ["crane_hours"]}
+        save(client, tenant, body)
+    question = {"question": "harbour crane schedule", "max_memories": 8}
+
+    def layout() -> dense._Layout:
+        return next(v for k, v in dense._layouts.items() if k[0] == tenant.tenant_id)
+
+    def same_as_fresh(out: dict) -> None:  # type: ignore[type-arg]
+        dense._layouts.clear()
+        fresh = search(client, tenant, question)
+        assert [(h["id"], h["score"]) for h in out["memories"]] == [(h["id"], h["score"]) for h in fresh["memories"]]
+
+    search(client, tenant, question)
+    built = layout()
+    assert built.has_context and len(built.members) == 6
+    save(client, tenant, {"content": "a plain note about cranes"})  # no run, no query: not a member
+    out = search(client, tenant, question)
+    assert layout().rows is built.rows and layout().change_seq > built.change_seq
+    same_as_fresh(out)
+    kept = layout()
+    joined = save(client, tenant, {"content": "turn 6 about the harbour crane schedule", "run_id": "run-0"})
+    out = search(client, tenant, question)
+    assert layout().rows is not kept.rows and joined in layout().members
+    same_as_fresh(out)
+    rebuilt = layout()
+    member = sorted(rebuilt.members)[0]
+    assert client.delete(f"/v1/memories/{member}", headers=tenant.headers()).status_code == 200
+    out = search(client, tenant, question)
+    assert member not in layout().members
+    same_as_fresh(out)

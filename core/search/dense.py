@@ -32,7 +32,7 @@ import threading
 from collections import OrderedDict
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from functools import cached_property
 from typing import Any
@@ -257,18 +257,41 @@ class _Layout:
     rows: dict[str, np.ndarray]
     neighbours: dict[str, np.ndarray]
     has_context: bool
+    # The memories it was made from (those carrying a query or a run id, not forgotten).
+    members: frozenset[str] = frozenset()
 
 
 _layouts: OrderedDict[tuple[int, str], _Layout] = OrderedDict()
+# Memories changed since a layout whose ids a search reads to know whether the layout still holds.
+_LAYOUT_CHANGES = text(
+    f"SELECT memories.id, memories.status <> 'forgotten' AND ({HAS_QUERY_SQL} OR memories.run_id IS NOT NULL) "
+    "FROM memories WHERE memories.tenant_id = :tenant AND memories.change_seq > :since "
+    "UNION ALL SELECT substr(tombstones.doc_id, 8), false FROM tombstones WHERE tombstones.tenant_id = :tenant "
+    "AND tombstones.change_seq > :since AND starts_with(tombstones.doc_id, 'memory:')"
+)
+
+
+def _still_holds(session: Session, layout: _Layout, *, tenant_id: int) -> bool:
+    """Whether no memory written since ``layout`` was or now is one of the memories it is made from (a plain
+    note saved or edited leaves it as it is)."""
+    changed = session.execute(_LAYOUT_CHANGES, {"tenant": tenant_id, "since": layout.change_seq}).all()
+    return not any(member or memory_id in layout.members for memory_id, member in changed)
 
 
 def _layout(session: Session, *, tenant_id: int, model: str, matrix: _Matrix, change_seq: int) -> _Layout:
-    """The matrix's memory layout, from one query, cached per (embeddings version, change seq)."""
+    """The matrix's memory layout, from one query, cached per (embeddings version, change seq); a newer
+    change seq whose writes touch none of its memories keeps it."""
     key = (tenant_id, model)
     with _cache_lock:
         hit = _layouts.get(key)
         if hit is not None and hit.version == matrix.version and hit.change_seq == change_seq:
             return hit
+    if hit is not None and hit.version == matrix.version and hit.change_seq < change_seq:
+        if _still_holds(session, hit, tenant_id=tenant_id):
+            kept = replace(hit, change_seq=change_seq)
+            with _cache_lock:
+                _layouts[key] = kept
+            return kept
     found = session.execute(
         select(Memory.id, Memory.run_id, has_query())
         .where(Memory.status != "forgotten", or_(has_query(), Memory.run_id.is_not(None)))
@@ -299,6 +322,7 @@ def _layout(session: Session, *, tenant_id: int, model: str, matrix: _Matrix, ch
         rows=rows,
         neighbours={bucket: neighbours[bucket_rows] for bucket, bucket_rows in rows.items()},
         has_context=bool((neighbours >= 0).any()),
+        members=frozenset(memory_id for memory_id, _, _ in found),
     )
     with _cache_lock:
         _layouts[key] = layout
