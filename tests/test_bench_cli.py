@@ -8,19 +8,23 @@ import subprocess
 import sys
 
 
-def test_bench_write_prints_latency_and_throughput_figures(tmp_path):
+def _bench(tmp_path, *args: str) -> list[dict]:  # type: ignore[no-untyped-def,type-arg]
+    """The figures of `engram bench ... --json` run on its own throwaway stack (no ENGRAM_* of the suite's)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("ENGRAM_")}
     env["ENGRAM_HOME"] = str(tmp_path / "home")
     done = subprocess.run(
-        [sys.executable, "-m", "api.cli", "bench", "write", "--json"]
-        + ["--sizes", "50", "--saves", "20", "--batches", "1"],
+        [sys.executable, "-m", "api.cli", "bench", *args, "--json"],
         env=env,
         capture_output=True,
         text=True,
         timeout=300,
     )
     assert done.returncode == 0, done.stderr[-2000:]
-    figures = [json.loads(line) for line in done.stdout.splitlines() if line.strip()]
+    return [json.loads(line) for line in done.stdout.splitlines() if line.strip()]
+
+
+def test_bench_write_prints_latency_and_throughput_figures(tmp_path):
+    figures = _bench(tmp_path, "write", "--sizes", "50", "--saves", "20", "--batches", "1")
     by_metric = {f["metric"]: f for f in figures}
     assert set(by_metric) == {"save_p50_ms", "save_p95_ms", "save_p50_ms_httpx", "batch_per_s"}
     assert all(f["bench"] == "write" and f["value"] > 0 for f in figures)
@@ -29,18 +33,7 @@ def test_bench_write_prints_latency_and_throughput_figures(tmp_path):
 
 
 def test_bench_search_prints_every_mode_and_the_machine_speed(tmp_path):
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ENGRAM_")}
-    env["ENGRAM_HOME"] = str(tmp_path / "home")
-    done = subprocess.run(
-        [sys.executable, "-m", "api.cli", "bench", "search", "--json"]
-        + ["--memories", "300", "--entities", "60", "--queries", "5"],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
-    figures = [json.loads(line) for line in done.stdout.splitlines() if line.strip()]
+    figures = _bench(tmp_path, "search", "--memories", "300", "--entities", "60", "--queries", "5")
     assert figures[0]["metric"] == "python_loop_ms" and figures[0]["value"] > 0
     modes = {f["params"]["mode"] for f in figures[1:]}
     assert modes == {"hybrid", "entities", "question", "recent", "important", "typed"}
