@@ -70,6 +70,14 @@ def measure(corpus: Corpus, *, mode: str, queries: int, seed: int = 11) -> list[
 
 def measure_both(corpus: Corpus, *, mode: str, queries: int, seed: int = 11) -> tuple[list[float], list[float]]:
     """Wall and CPU milliseconds per search call (CPU of this process only: PostgreSQL's is not in it)."""
+    timings, cpu, _ = measure_answers(corpus, mode=mode, queries=queries, seed=seed)
+    return timings, cpu
+
+
+def measure_answers(
+    corpus: Corpus, *, mode: str, queries: int, seed: int = 11
+) -> tuple[list[float], list[float], list[Any]]:
+    """As `measure_both`, with the responses, so a figure can show what the timed calls answered."""
     from core.db import tenant_session
     from core.search.schemas import SearchRequest
     from core.search.service import search
@@ -84,15 +92,16 @@ def measure_both(corpus: Corpus, *, mode: str, queries: int, seed: int = 11) -> 
         agent_id="agent-1",
     )
     rng = random.Random(seed)
-    timings, cpu = [], []
+    timings, cpu, answers = [], [], []
     for _ in range(queries):
         request = SearchRequest(**MODES[mode](corpus, rng))
         started, cpu_started = time.perf_counter(), time.process_time()
         with tenant_session(corpus.tenant_id) as session:
-            search(session, caller=caller, request=request)
+            answer = search(session, caller=caller, request=request)
         cpu.append((time.process_time() - cpu_started) * 1000)
         timings.append((time.perf_counter() - started) * 1000)
-    return timings, cpu
+        answers.append(answer)
+    return timings, cpu, answers
 
 
 def run(*, memories: int, entities: int, queries: int, log: Callable[[str], None]) -> list[dict[str, Any]]:
@@ -114,10 +123,15 @@ def run(*, memories: int, entities: int, queries: int, log: Callable[[str], None
         log(f"full-text index built by the first search in {time.perf_counter() - started:.1f}s")
         for mode in MODES:
             measure(corpus, mode=mode, queries=max(5, queries // 10))  # warm caches
-            timings, cpu = measure_both(corpus, mode=mode, queries=queries)
+            timings, cpu, answers = measure_answers(corpus, mode=mode, queries=queries)
             params = {"memories": memories, "entities": len(corpus.entity_ids), "mode": mode}
             figures.append(figure("search", "p50_ms", statistics.median(timings), "ms", **params))
             figures.append(figure("search", "p95_ms", percentile(timings, 0.95), "ms", **params))
             figures.append(figure("search", "cpu_p50_ms", statistics.median(cpu), "ms", **params))
             figures.append(figure("search", "cpu_p95_ms", percentile(cpu, 0.95), "ms", **params))
+            # What the timed calls answered: a fast figure from a degraded or empty search means nothing.
+            hits = [len(a.memories) for a in answers]
+            figures.append(figure("search", "hits_mean", statistics.fmean(hits), "memories", **params))
+            degraded = sum(1 for a in answers if a.degraded) / len(answers)
+            figures.append(figure("search", "degraded_share", degraded, "ratio", **params))
     return figures
