@@ -1,0 +1,79 @@
+"""The optional full MiniLM backend (`local/all-minilm-l6-v2`, extra engram[minilm]): real vectors from the
+real transformer, offline, and a tenant that switches to it searches by meaning."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from core.config import get_settings
+from core.embeddings.providers import MINILM_MODEL_NAME, LocalTransformerEmbedder, get_embedder
+
+
+@pytest.fixture(scope="module")
+def minilm() -> LocalTransformerEmbedder:
+    embedder = get_embedder(MINILM_MODEL_NAME)
+    assert isinstance(embedder, LocalTransformerEmbedder)
+    return embedder
+
+
+def test_loads_offline_in_a_fresh_process():
+    code = (
+        "import socket\n"
+        "def _no_net(*a, **k): raise RuntimeError('network access attempted')\n"
+        "socket.socket.connect = _no_net\n"
+        "socket.create_connection = _no_net\n"
+        "from core.embeddings import get_embedder\n"
+        f"e = get_embedder({MINILM_MODEL_NAME!r})\n"
+        "print(e.name, e.embed_documents(['offline check']).shape)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split()[:2] == [MINILM_MODEL_NAME, "(1,"]
+
+
+def test_vectors_are_unit_length_deterministic_and_mean_something(minilm):
+    texts = [
+        "orders.amount is stored in cents",
+        "the order total column holds values in cents, not dollars",
+        "our office plants need watering on fridays",
+        "",
+    ]
+    vecs = minilm.embed_documents(texts)
+    assert vecs.shape == (4, minilm.dims) == (4, 384) and vecs.dtype == np.float32
+    np.testing.assert_allclose(np.linalg.norm(vecs, axis=1), 1.0, atol=1e-5)
+    np.testing.assert_allclose(minilm.embed_documents(texts[:1])[0], vecs[0], atol=1e-5)  # batch independent
+    paraphrase, unrelated = float(vecs[0] @ vecs[1]), float(vecs[0] @ vecs[2])
+    assert paraphrase > 0.5 > unrelated + 0.2, (paraphrase, unrelated)
+    assert minilm.embed_documents([]).shape == (0, 384)
+
+
+def test_a_tenant_on_minilm_finds_a_paraphrase_by_meaning(client, tenant):
+    settings = get_settings()
+    saved = settings.embedding_model
+    settings.embedding_model = MINILM_MODEL_NAME
+    try:
+        h = tenant.headers()
+        notes = [
+            "Revenue figures in the finance mart are reported net of refunds.",
+            "The staging warehouse is rebuilt every night at two o'clock.",
+            "Customer churn is computed over a rolling ninety day window.",
+        ]
+        for note in notes:
+            response = client.post("/v1/memories", json={"content": note, "sync_embed": True}, headers=h)
+            assert response.status_code == 201, response.text
+        coverage = client.get("/v1/ops/coverage", headers=h).json()["coverage"]
+        assert {(r["model"], r["indexed"]) for r in coverage if r["doc_kind"] == "memory"} >= {(MINILM_MODEL_NAME, 3)}
+        # No word of the question is in the note it should find: only the dense channel can rank it first.
+        response = client.post(
+            "/v1/search", json={"question": "how long is the attrition lookback period?"}, headers=h
+        )
+        assert response.status_code == 200, response.text
+        body = response.json()
+        assert body["degraded"] is False
+        assert body["memories"][0]["text"] == notes[2], body["memories"]
+    finally:
+        settings.embedding_model = saved
