@@ -7,6 +7,7 @@ throwaway embedded home unless ENGRAM_DATABASE_URL / ENGRAM_REDIS_URL name real 
 from __future__ import annotations
 
 import json
+import os
 from typing import Any
 
 import click
@@ -96,10 +97,20 @@ def bench_ingest(rows: int, pg_url: str, as_json: bool) -> None:
 @click.option("--memories", default=10_000, show_default=True)
 @click.option("--batch-size", default=64, show_default=True, help="texts per embedding call")
 @click.option("--port", default=0, type=int, help="API port (default: a free one)")
+@click.option(
+    "--model",
+    default=None,
+    help="embedding model for both figures (default: ENGRAM_EMBEDDING_MODEL, else the bundled one)",
+)
 @json_option
-def bench_embed(memories: int, batch_size: int, port: int, as_json: bool) -> None:
+def bench_embed(memories: int, batch_size: int, port: int, model: str | None, as_json: bool) -> None:
     """Raw embedder throughput, and the pipeline end to end (saves until coverage 1.0)."""
     from core.bench.embed import run
+    from core.config import reset_settings_cache
     from core.embedded import free_port
+
+    if model:
+        os.environ["ENGRAM_EMBEDDING_MODEL"] = model  # the API and worker processes inherit it
+        reset_settings_cache()
 
     emit_figures(run(memories=memories, batch_size=batch_size, port=port or free_port()), as_json=as_json)

@@ -1,4 +1,4 @@
-"""`engram bench write` end to end on its own throwaway embedded stack: the figures it names come out."""
+"""`engram bench ...` end to end on their own throwaway embedded stacks: the figures they name come out."""
 
 from __future__ import annotations
 
@@ -43,3 +43,14 @@ def test_bench_search_prints_every_mode_and_the_machine_speed(tmp_path):
         assert 0 < metrics["p50_ms"] <= metrics["p95_ms"]
         # The timed calls answered: every mode finds memories on this corpus, with every channel up.
         assert metrics["hits_mean"] > 0 and metrics["degraded_share"] == 0
+
+
+def test_bench_embed_runs_the_pipeline_on_the_model_asked_for(tmp_path):
+    """Saves through a real API process, embedded by a real worker until coverage is complete."""
+    figures = _bench(tmp_path, "embed", "--memories", "300", "--model", "local/hashing-256")
+    by_metric = {f["metric"]: f for f in figures}
+    assert set(by_metric) == {"raw_per_s", "pipeline_per_s", "pipeline_ratio"}
+    assert all(f["params"]["model"] == "local/hashing-256" for f in figures)
+    raw, pipeline = by_metric["raw_per_s"]["value"], by_metric["pipeline_per_s"]["value"]
+    assert raw > 0 and pipeline > 0
+    assert abs(by_metric["pipeline_ratio"]["value"] - pipeline / raw) < 1e-3  # figures are printed rounded
