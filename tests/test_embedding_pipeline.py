@@ -396,3 +396,33 @@ def _model_name() -> str:
     from core.embeddings.providers import get_embedder
 
     return get_embedder(get_settings().embedding_model).name
+
+
+def test_repeated_statements_are_never_served_a_generic_plan(client, tenant):
+    """psycopg prepares a statement after five runs; PostgreSQL would then reuse one generic plan, made
+    while the tenant was small, after it has grown (coverage went quadratic that way). Every connection
+    plans each run for its own parameters instead (core.db)."""
+    from sqlalchemy import text
+
+    from core.db import system_session, tenant_session
+    from core.embeddings.store import coverage
+
+    model = get_settings().embedding_model
+    with tenant_session(tenant.tenant_id) as session:
+        for _ in range(3):
+            coverage(session, configured_model=model)
+    items = [{"content": f"note {i}"} for i in range(50)]
+    client.post("/v1/memories:batch", json={"items": items}, headers=tenant.headers())
+    with tenant_session(tenant.tenant_id) as session:
+        for _ in range(8):
+            coverage(session, configured_model=model)
+        prepared = session.execute(
+            text(
+                "SELECT count(*), coalesce(sum(custom_plans), 0), coalesce(sum(generic_plans), 0)"
+                " FROM pg_prepared_statements"
+            )
+        ).one()
+    assert prepared[0] > 0 and prepared[1] > 0  # psycopg did prepare them, and each run was planned afresh
+    assert prepared[2] == 0
+    with system_session() as session:
+        assert session.execute(text("SHOW plan_cache_mode")).scalar() == "force_custom_plan"
