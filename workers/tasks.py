@@ -35,8 +35,9 @@ def single_threaded_native_pools() -> None:
 @worker_init.connect
 def warm_embedding_path(**_: object) -> None:
     """Load the configured embedding model and the embed job's modules before the worker says it is ready,
-    so the first job does not pay for them (the local model takes ~0.4 s to load). Prefork children inherit
-    them. A model that cannot load is only logged: its jobs fail and retry as they would anyway.
+    so the first job does not pay for them (the static model takes ~0.4 s to load, the full MiniLM ~8 s).
+    Prefork children inherit them. A model that cannot load is only logged: its jobs fail and retry as they
+    would anyway.
 
     Then everything loaded so far is moved out of the garbage collector's sight (gc.freeze): the full
     collections that jobs' allocations trigger no longer walk the whole start-up heap (measured: three
@@ -47,7 +48,7 @@ def warm_embedding_path(**_: object) -> None:
     from core.embeddings.chaos import embedder_for_settings
 
     try:
-        embedder_for_settings()
+        embedder_for_settings().warm()
     except Exception as exc:
         log.warning("could not load the embedding model at start: %s", exc)
     gc.collect()

@@ -28,6 +28,9 @@ class FaultInjectingEmbedder(Embedder):
     def dims(self) -> int:
         return self.inner.dims
 
+    def warm(self) -> None:
+        self.inner.warm()
+
     def embed_documents(self, texts: Sequence[str]) -> np.ndarray:
         with self._lock:
             fail = self._rng.random() < self.fault_rate

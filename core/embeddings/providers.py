@@ -80,6 +80,9 @@ class Embedder(ABC):
     def embed_documents(self, texts: Sequence[str]) -> np.ndarray:
         """Embed ``texts`` -> float32 array of shape (len(texts), dims), rows L2-normalised."""
 
+    def warm(self) -> None:  # noqa: B027 - most embedders have nothing to load
+        """Load what the first call would need, without calling a provider (worker start-up)."""
+
     def embed_query(self, text: str) -> np.ndarray:
         """Embed one search text -> float32 (dims,) unit vector; LRU-cached per embedder.
 
@@ -386,6 +389,10 @@ class LocalTransformerEmbedder(Embedder):
     @property
     def dims(self) -> int:
         return 384
+
+    def warm(self) -> None:
+        with self._lock:
+            self._load()
 
     def _load(self) -> Any:
         if self._model is None:
