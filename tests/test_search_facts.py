@@ -118,7 +118,10 @@ def test_a_tenant_over_the_budget_is_judged_in_sql(client, make_tenant, monkeypa
     assert ids(search(client, small, body)["memories"]) == answers[small.tenant_id]
     # Room for one tenant of three memories: the least recently searched one is let go.
     assert small.tenant_id in facts._tenants and large.tenant_id not in facts._tenants
+    # The running total the budget is checked against is the sum over the tenants held, no more.
+    assert set(facts._sizes) == set(facts._tenants) and facts._held == sum(facts._sizes.values()) <= 3
     monkeypatch.setattr(get_settings(), "search_facts_max_memories", 2)
     save(client, large, {"content": "cohort retention note 4"})
     assert len(search(client, large, body)["memories"]) == 4
     assert large.tenant_id not in facts._tenants
+    assert set(facts._sizes) == set(facts._tenants) and facts._held == sum(facts._sizes.values())

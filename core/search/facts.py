@@ -139,12 +139,17 @@ class TenantFacts:
 
 
 _tenants: OrderedDict[int, TenantFacts] = OrderedDict()
+# Each held tenant's memory count when it was last searched, and their sum: the budget is checked in
+# constant time per search, however many tenants the process holds.
+_sizes: dict[int, int] = {}
+_held = 0
 _registry_lock = threading.Lock()
 
 
 def tenant_facts(session: Session, *, tenant_id: int, current_seq: int, memories: int) -> TenantFacts | None:
     """The tenant's facts caught up to ``current_seq``, or None when the tenant (``memories`` active or
     stale memories) is too large to keep: its eligibility is then asked of the database."""
+    global _held
     budget = get_settings().search_facts_max_memories
     if memories > budget:
         forget_tenant(tenant_id)
@@ -154,21 +159,27 @@ def tenant_facts(session: Session, *, tenant_id: int, current_seq: int, memories
         if facts is None:
             facts = _tenants[tenant_id] = TenantFacts(tenant_id)
         _tenants.move_to_end(tenant_id)
+        _held += memories - _sizes.get(tenant_id, 0)
+        _sizes[tenant_id] = memories
         # Make room: the least recently searched tenants go first (never the one asked for).
-        held = sum(len(f) for f in _tenants.values())
-        while held - len(facts) + memories > budget and len(_tenants) > 1:
-            _, evicted = _tenants.popitem(last=False)
-            held -= len(evicted)
+        while _held > budget and len(_tenants) > 1:
+            evicted, _ = _tenants.popitem(last=False)
+            _held -= _sizes.pop(evicted, 0)
     facts.catch_up(session, current_seq=current_seq)
     return facts
 
 
 def forget_tenant(tenant_id: int) -> None:
+    global _held
     with _registry_lock:
         _tenants.pop(tenant_id, None)
+        _held -= _sizes.pop(tenant_id, 0)
 
 
 def clear() -> None:
     """Drop every tenant's facts (tests that rebuild a database under the same tenant ids)."""
+    global _held
     with _registry_lock:
         _tenants.clear()
+        _sizes.clear()
+        _held = 0
