@@ -109,6 +109,7 @@ def evaluate(*, conversations: list[dict[str, Any]], log: Callable[[str], None])
             tenant_id = tenant.id
         load_conversation(tenant_id=tenant_id, conversation=conversation)
         ask(tenant_id=tenant_id, question="warm up")
+        at_10: list[float] = []
         for item in conversation["questions"]:
             gold = set(item["gold"])
             if not gold:
@@ -119,7 +120,10 @@ def evaluate(*, conversations: list[dict[str, Any]], log: Callable[[str], None])
                 hit = len(gold.intersection(ranked[:k])) / len(gold)
                 recalls["all"][k].append(hit)
                 recalls[item.get("category", "unknown")][k].append(hit)
-        log(f"conversation {conversation['conversation']}: {len(conversation['questions'])} questions")
+            at_10.append(len(gold.intersection(ranked[:10])) / len(gold))
+        # Per conversation, so a change can be judged by how many conversations it helps, not only the mean.
+        recall = f"{statistics.fmean(at_10):.3f}" if at_10 else "-"
+        log(f"conversation {conversation['conversation']}: {len(at_10)} questions, recall@10 {recall}")
     figures = []
     for category in ["all", *sorted(c for c in recalls if c != "all")]:
         for k in KS:
