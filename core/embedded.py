@@ -308,6 +308,9 @@ class EmbeddedPostgres(_ChildServer):
             "shared_buffers": shared_buffers(),
             "fsync": "on" if self.durable else "off",
             "synchronous_commit": "on" if self.durable else "off",
+            # autoprewarm: the blocks in shared buffers are listed on shutdown (and every 5 minutes) and
+            # read back at start, so a restarted service does not serve its first searches from disk.
+            "shared_preload_libraries": "pg_prewarm",
         }
         argv = [str(bin_dir / "postgres"), "-D", data_dir]
         for name, value in settings.items():

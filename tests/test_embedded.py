@@ -242,3 +242,38 @@ def test_servers_die_with_a_sigkilled_parent(home: Path) -> None:
         assert _wait_gone(pid), f"pid {pid} outlived its SIGKILLed parent"
     # The postmaster got SIGINT (fast shutdown), so it left no postmaster.pid behind either.
     assert not (pg_data_dir_for(home) / "postmaster.pid").exists()
+
+
+def test_a_restart_reads_back_the_buffers_it_had(home: Path) -> None:
+    """pg_prewarm's autoprewarm: the pages in shared buffers at shutdown are loaded again at start (a 1M
+    tenant's HNSW index is GBs: read lazily, the first searches after a restart took hundreds of ms)."""
+    data_dir = pg_data_dir_for(home)
+    first = _throwaway_postgres(data_dir)
+    try:
+        with psycopg.connect(_psycopg_dsn(first.start()), autocommit=True) as conn:
+            conn.execute("CREATE TABLE warm AS SELECT g, repeat('x', 400) AS pad FROM generate_series(1, 5000) g")
+            conn.execute("SELECT count(*) FROM warm").fetchone()
+    finally:
+        first.stop()
+    assert (data_dir / "autoprewarm.blocks").stat().st_size > 0
+
+    second = _throwaway_postgres(data_dir)
+    try:
+        with psycopg.connect(_psycopg_dsn(second.start()), autocommit=True) as conn:
+            conn.execute("CREATE EXTENSION IF NOT EXISTS pg_buffercache")
+            pages = conn.execute("SELECT pg_relation_size('warm') / current_setting('block_size')::int").fetchone()
+            assert pages is not None and pages[0] > 100
+
+            def cached() -> int:
+                row = conn.execute(
+                    "SELECT count(*) FROM pg_buffercache b JOIN pg_class c"
+                    " ON b.relfilenode = pg_relation_filenode(c.oid) WHERE c.relname = 'warm'"
+                ).fetchone()
+                return int(row[0]) if row else 0
+
+            deadline = time.monotonic() + 20
+            while cached() < pages[0] and time.monotonic() < deadline:
+                time.sleep(0.2)  # the autoprewarm worker loads them in the background
+            assert cached() >= pages[0]  # nothing has read the table since the start
+    finally:
+        second.stop()
