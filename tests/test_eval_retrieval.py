@@ -22,8 +22,10 @@ def test_parse_session_date(raw, expected):
     assert parse_session_date(raw) == expected
 
 
-def test_evaluate_reports_recall_per_category(stack):
-    """Each conversation is its own tenant; turns keep their ids; recall@k is the share of gold ids in the top k."""
+@pytest.mark.parametrize("id_format", ["t1-{}", "D1:{}"])
+def test_evaluate_reports_recall_per_category(stack, id_format):
+    """Each conversation is its own tenant; recall@k is the share of gold ids in the top k. Turn ids are kept,
+    or mapped and back when the memory API would refuse them (LoCoMo's own `D1:3`)."""
     turns = [
         ("s1", "Ana: I adopted a grey kitten named Pixel last week."),
         ("s1", "Ben: That's lovely! How is she settling in?"),
@@ -35,7 +37,7 @@ def test_evaluate_reports_recall_per_category(stack):
         "conversation": "t1",
         "memories": [
             {
-                "id": f"t1-{i}",
+                "id": id_format.format(i),
                 "session": s,
                 "session_date": "1:56 pm on 8 May, 2023",
                 "speaker": c.split(":")[0],
@@ -44,9 +46,9 @@ def test_evaluate_reports_recall_per_category(stack):
             for i, (s, c) in enumerate(turns)
         ],
         "questions": [
-            {"question": "What is the name of Ana's kitten?", "gold": ["t1-0"], "category": "single-hop"},
-            {"question": "Which marathon did Ben run?", "gold": ["t1-3"], "category": "single-hop"},
-            {"question": "Where does the kitten sleep?", "gold": ["t1-2"], "category": "multi-hop"},
+            {"question": "What is the name of Ana's kitten?", "gold": [id_format.format(0)], "category": "single-hop"},
+            {"question": "Which marathon did Ben run?", "gold": [id_format.format(3)], "category": "single-hop"},
+            {"question": "Where does the kitten sleep?", "gold": [id_format.format(2)], "category": "multi-hop"},
         ],
     }
     figures = evaluate(conversations=[conversation], log=lambda _: None)
@@ -55,3 +57,12 @@ def test_evaluate_reports_recall_per_category(stack):
     assert by_key[("recall_at_20", "multi-hop")] == 1.0
     assert ("search_p50_ms", None) in by_key
     assert all(f["bench"] == "eval" for f in figures)
+
+
+def test_turn_ids_the_api_refuses_are_mapped_without_collisions():
+    from core.bench.retrieval import memory_ids
+
+    turns = [{"id": "D1:1"}, {"id": "t0-0"}, {"id": "ok-2"}, {"id": "D1:3"}]
+    mapping = memory_ids(turns)
+    assert mapping["ok-2"] == "ok-2" and mapping["t0-0"] == "t0-0"
+    assert len(set(mapping.values())) == 4 and not any(":" in v for v in mapping.values())

@@ -35,7 +35,28 @@ def parse_session_date(value: str | None) -> datetime | None:
     return None
 
 
-def load_conversation(*, tenant_id: int, conversation: dict[str, Any]) -> None:
+def memory_ids(turns: list[dict[str, Any]]) -> dict[str, str]:
+    """Turn id -> the memory id it is saved under: itself when the memory API accepts it, else ``t<n>``.
+
+    LoCoMo's own turn ids look like ``D1:3``, and ``:`` is not allowed in a memory id (CONTRACT section 4).
+    """
+    from core.errors import Invalid
+    from core.memories.ids import validate_memory_id
+
+    mapping: dict[str, str] = {}
+    taken = {str(turn["id"]) for turn in turns}
+    for n, turn in enumerate(turns):
+        turn_id = str(turn["id"])
+        try:
+            mapping[turn_id] = validate_memory_id(turn_id)
+        except Invalid:
+            mapping[turn_id] = next(f"t{n}-{k}" for k in range(len(turns) + 1) if f"t{n}-{k}" not in taken)
+            taken.add(mapping[turn_id])
+    return mapping
+
+
+def load_conversation(*, tenant_id: int, conversation: dict[str, Any]) -> dict[str, str]:
+    """Save the conversation's turns and embed them; returns memory id -> turn id."""
     from core.config import get_settings
     from core.db import tenant_session
     from core.embeddings.providers import get_embedder
@@ -47,10 +68,11 @@ def load_conversation(*, tenant_id: int, conversation: dict[str, Any]) -> None:
 
     caller = Caller(tenant_id=tenant_id, tenant_name="eval", user="eval@localhost", role="admin", key_id="eval")
     turns = conversation["memories"]
+    ids = memory_ids(turns)
     for start in range(0, len(turns), BATCH):
         items = [
             SaveMemoryIn(
-                id=turn["id"],
+                id=ids[str(turn["id"])],
                 content=turn["content"],
                 kind="event",
                 category="workspace",
@@ -71,10 +93,11 @@ def load_conversation(*, tenant_id: int, conversation: dict[str, Any]) -> None:
         embed_docs(
             session,
             tenant_id=tenant_id,
-            doc_ids=[f"memory:{t['id']}" for t in turns],
+            doc_ids=[f"memory:{memory_id}" for memory_id in ids.values()],
             embedder=embedder,
             batch_size=256,
         )
+    return {memory_id: turn_id for turn_id, memory_id in ids.items()}
 
 
 def ask(*, tenant_id: int, question: str) -> tuple[list[str], float]:
@@ -107,14 +130,15 @@ def evaluate(*, conversations: list[dict[str, Any]], log: Callable[[str], None])
             tenant = get_tenant_by_name(session, name=name)
             assert tenant is not None
             tenant_id = tenant.id
-        load_conversation(tenant_id=tenant_id, conversation=conversation)
+        turn_of = load_conversation(tenant_id=tenant_id, conversation=conversation)
         ask(tenant_id=tenant_id, question="warm up")
         at_10: list[float] = []
         for item in conversation["questions"]:
-            gold = set(item["gold"])
+            gold = {str(g) for g in item.get("gold") or ()}
             if not gold:
                 continue
-            ranked, ms = ask(tenant_id=tenant_id, question=item["question"])
+            memory_ids_ranked, ms = ask(tenant_id=tenant_id, question=item["question"])
+            ranked = [turn_of.get(memory_id, memory_id) for memory_id in memory_ids_ranked]
             latencies.append(ms)
             for k in KS:
                 hit = len(gold.intersection(ranked[:k])) / len(gold)
