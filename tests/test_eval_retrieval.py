@@ -66,3 +66,23 @@ def test_turn_ids_the_api_refuses_are_mapped_without_collisions():
     mapping = memory_ids(turns)
     assert mapping["ok-2"] == "ok-2" and mapping["t0-0"] == "t0-0"
     assert len(set(mapping.values())) == 4 and not any(":" in v for v in mapping.values())
+
+
+def test_turns_the_api_would_refuse_are_saved_clipped_and_the_evaluation_goes_on(stack):
+    long_turn = "Ana: my grandmother's sourdough starter is named Clint. " + "blah " * 12_000
+    conversation = {
+        "conversation": "t2",
+        "memories": [
+            {"id": "a", "session": "s1", "speaker": "Ana", "content": long_turn},
+            {"id": "b", "session": "s1", "speaker": "Ben" * 4000, "content": "Ben: I repair old bicycles."},
+            {"id": "c", "session": "s1", "speaker": "Ana", "content": "   "},
+        ],
+        "questions": [
+            {"question": "What is the sourdough starter called?", "gold": ["a"], "category": "single-hop"},
+            {"question": "What does Ben repair?", "gold": ["b"], "category": "single-hop"},
+        ],
+    }
+    assert len(long_turn.encode()) > 50_000
+    figures = evaluate(conversations=[conversation], log=lambda _: None)
+    by_key = {(f["metric"], f["params"].get("category")): f["value"] for f in figures}
+    assert by_key[("recall_at_5", "all")] == 1.0
