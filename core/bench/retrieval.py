@@ -141,8 +141,9 @@ def evaluate(*, conversations: list[dict[str, Any]], log: Callable[[str], None])
 
     recalls: dict[str, dict[int, list[float]]] = defaultdict(lambda: {k: [] for k in KS})
     latencies: list[float] = []
-    for conversation in conversations:
-        name = f"eval-{conversation['conversation']}-{int(time.time() * 1000)}"
+    for number, given in enumerate(conversations, start=1):
+        conversation = {**given, "conversation": str(given.get("conversation", number))}
+        name = f"eval-{number}-{int(time.time() * 1000)}"  # the file's own ids may not make a tenant name
         with system_session() as session:
             create_tenant(session, name=name)
             tenant = get_tenant_by_name(session, name=name)
