@@ -80,9 +80,12 @@ def test_turns_the_api_would_refuse_are_saved_clipped_and_the_evaluation_goes_on
         "questions": [
             {"question": "What is the sourdough starter called?", "gold": ["a"], "category": "single-hop"},
             {"question": "What does Ben repair?", "gold": ["b"], "category": "single-hop"},
+            {"question": "", "gold": ["c"], "category": "odd"},
+            {"question": "bicycles " * 5_000, "gold": ["b"], "category": "odd"},
         ],
     }
     assert len(long_turn.encode()) > 50_000
     figures = evaluate(conversations=[conversation], log=lambda _: None)
     by_key = {(f["metric"], f["params"].get("category")): f["value"] for f in figures}
-    assert by_key[("recall_at_5", "all")] == 1.0
+    assert by_key[("recall_at_5", "single-hop")] == 1.0
+    assert ("recall_at_20", "odd") in by_key

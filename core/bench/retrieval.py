@@ -126,7 +126,11 @@ def ask(*, tenant_id: int, question: str) -> tuple[list[str], float]:
     from core.tenancy.context import Caller
 
     caller = Caller(tenant_id=tenant_id, tenant_name="eval", user="eval@localhost", role="admin", key_id="eval")
-    request = SearchRequest(question=question, max_memories=max(KS), max_example_queries=0, max_entities=0)
+    from core.search.schemas import MAX_QUESTION_CHARS
+
+    request = SearchRequest(
+        question=question[:MAX_QUESTION_CHARS], max_memories=max(KS), max_example_queries=0, max_entities=0
+    )
     started = time.perf_counter()
     with tenant_session(tenant_id) as session:
         response = search(session, caller=caller, request=request)
@@ -156,7 +160,7 @@ def evaluate(*, conversations: list[dict[str, Any]], log: Callable[[str], None])
             gold = {str(g) for g in item.get("gold") or ()}
             if not gold:
                 continue
-            memory_ids_ranked, ms = ask(tenant_id=tenant_id, question=item["question"])
+            memory_ids_ranked, ms = ask(tenant_id=tenant_id, question=str(item.get("question") or ""))
             ranked = [turn_of.get(memory_id, memory_id) for memory_id in memory_ids_ranked]
             latencies.append(ms)
             for k in KS:
