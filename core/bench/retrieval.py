@@ -21,7 +21,6 @@ from typing import Any
 
 KS = (5, 10, 20)
 BATCH = 500
-MAX_CONTENT_BYTES = 50_000  # CONTRACT section 4
 
 
 def parse_session_date(value: str | None) -> datetime | None:
@@ -61,7 +60,7 @@ def _save_item(conversation: dict[str, Any], turn: dict[str, Any], memory_id: st
     speaker) is saved with its content clipped to the limit and without them, rather than not at all."""
     from pydantic import ValidationError
 
-    from core.memories.schemas import SaveMemoryIn
+    from core.memories.schemas import MAX_CONTENT_BYTES, SaveMemoryIn
 
     content = str(turn.get("content") or "").strip() or "(empty turn)"
     session = turn.get("session")
@@ -121,13 +120,11 @@ def load_conversation(
 def ask(*, tenant_id: int, question: str) -> tuple[list[str], float]:
     """(memory ids best first, milliseconds) for a question-only search of depth max(KS)."""
     from core.db import tenant_session
-    from core.search.schemas import SearchRequest
+    from core.search.schemas import MAX_QUESTION_CHARS, SearchRequest
     from core.search.service import search
     from core.tenancy.context import Caller
 
     caller = Caller(tenant_id=tenant_id, tenant_name="eval", user="eval@localhost", role="admin", key_id="eval")
-    from core.search.schemas import MAX_QUESTION_CHARS
-
     request = SearchRequest(
         question=question[:MAX_QUESTION_CHARS], max_memories=max(KS), max_example_queries=0, max_entities=0
     )
@@ -167,7 +164,8 @@ def evaluate(*, conversations: list[dict[str, Any]], log: Callable[[str], None])
                 hit = len(gold.intersection(ranked[:k])) / len(gold)
                 recalls["all"][k].append(hit)
                 recalls[item.get("category", "unknown")][k].append(hit)
-            at_10.append(len(gold.intersection(ranked[:10])) / len(gold))
+                if k == 10:
+                    at_10.append(hit)
         # Per conversation, so a change can be judged by how many conversations it helps, not only the mean.
         recall = f"{statistics.fmean(at_10):.3f}" if at_10 else "-"
         log(f"conversation {conversation['conversation']}: {len(at_10)} questions, recall@10 {recall}")
