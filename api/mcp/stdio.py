@@ -46,8 +46,8 @@ def _api_key(api_key: str | None) -> str:
 
 def run_stdio(*, agent_id: str | None, persona: str | None) -> None:
     """Serve MCP on stdin/stdout against the storage directly, until the client closes the stream."""
-    from api.client_base import EngramAPIError
-    from api.client_local import LocalEngramClient
+    from api.client.base import EngramAPIError
+    from api.client.local import LocalEngramClient
     from core.runtime import ServiceNotRunning, database_session_for_cli
 
     api_key = _api_key(None)
@@ -71,8 +71,8 @@ def run_remote_stdio(*, url: str, api_key: str | None, agent_id: str | None, per
     """
     import httpx
 
-    from api.client import EngramClient
-    from api.client_base import EngramAPIError
+    from api.client.base import EngramAPIError
+    from api.client.sync import EngramClient
 
     client = EngramClient(base_url=url, api_key=_api_key(api_key), agent_id=agent_id, persona=persona)
     try:

@@ -1,9 +1,9 @@
 """The MCP tools: one per agent-facing memory and catalog call, each a thin adapter to an engram client.
 
 A tool gathers the arguments the agent gave and hands them, in a worker thread, to either
-:class:`api.client_local.LocalEngramClient` (the same validation and core services as the REST routes,
-in-process) or :class:`api.client.EngramClient` (a remote engram's REST API); both have the same methods
-and results. The result is answered as structured content plus its JSON text. A refused call answers
+:class:`api.client.local.LocalEngramClient` (the same validation and core services as the REST
+routes, in-process) or :class:`api.client.sync.EngramClient` (a remote engram's REST API); both have the
+same methods and results. The result is answered as structured content plus its JSON text. A refused call answers
 ``isError`` with the REST error object ``{"error": {"code", "message", "field"?}}``, so an agent reads the
 same message it would over HTTP.
 """
@@ -21,9 +21,9 @@ from mcp.server.fastmcp import Context, FastMCP
 from mcp.types import CallToolResult, TextContent, ToolAnnotations
 from pydantic import BaseModel, Field, ValidationError
 
-from api.client import EngramClient
-from api.client_base import EngramAPIError, dump
-from api.client_local import LocalEngramClient
+from api.client.base import EngramAPIError, dump
+from api.client.local import LocalEngramClient
+from api.client.sync import EngramClient
 from api.mcp import descriptions as text
 from core.memories.schemas import MemoryCategory, MemoryKind, RelationType
 
