@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from functools import lru_cache
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
@@ -42,11 +42,24 @@ class Settings(BaseSettings):
 
     # Secret used to encrypt datasource credentials at rest (Fernet key, urlsafe base64).
     secret_key: str = ""
-    # Directories SQLite datasources may live under (a hosted deployment sets this; JSON list or
-    # comma-separated). Empty: any readable SQLite file outside /proc, /sys and /dev.
+    # Which datasources this process may open (core.entities.source_guard): "hosted" refuses loopback,
+    # private, link-local, CGNAT, multicast and metadata addresses and needs sqlite_roots for SQLite;
+    # "local" (what `engram serve` sets) allows them. Empty: the mode of a running `engram serve` on this
+    # home, else hosted. Engram's own database is refused in both.
+    datasource_policy: Literal["", "hosted", "local"] = ""
+    # Hosts a hosted server may still reach (JSON list or comma-separated): CIDRs ("10.1.0.0/16"), host
+    # names ("db.internal", "*.db.internal") and PostgreSQL socket directories ("/var/run/postgresql").
+    datasource_allow_hosts: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    # Directories SQLite datasources may live under (JSON list or comma-separated). Hosted mode refuses
+    # SQLite without them; local mode allows any readable SQLite file outside /proc, /sys, /dev and home.
     sqlite_roots: Annotated[list[Path], NoDecode] = Field(default_factory=list)
 
-    @field_validator("sqlite_roots", mode="before")
+    @field_validator("datasource_policy", mode="before")
+    @classmethod
+    def _lower_policy(cls, value: object) -> object:
+        return value.strip().lower() if isinstance(value, str) else value
+
+    @field_validator("sqlite_roots", "datasource_allow_hosts", mode="before")
     @classmethod
     def _split_roots(cls, value: object) -> object:
         if isinstance(value, str):
