@@ -108,9 +108,9 @@ def test_reconcile_finds_changed_content_and_missing_rows(client, tenant):
     # A content change whose job was lost: the row's hash no longer matches the memory.
     from sqlalchemy import update
 
+    from core.changes import bump_change_seq
     from core.db import tenant_session
     from core.memories.models import Memory
-    from core.memories.service import bump_change_seq
 
     with tenant_session(tenant.tenant_id) as session:
         # A content change whose embed job was lost: every write moves the tenant's change_seq.
@@ -211,7 +211,7 @@ def test_bulk_upsert_stores_exact_vectors_and_moves_stats_once(client, tenant):
     from core.db import tenant_session
     from core.embeddings.providers import get_embedder
     from core.embeddings.refresh import embed_docs
-    from core.memories.service import memory_doc_id
+    from core.refs import memory_ref as memory_doc_id
     from core.search.render import content_hash
 
     embedder = get_embedder("local")
@@ -267,7 +267,7 @@ def test_background_job_links_near_duplicates_without_storing_suggestions(client
 
     calls = EMBEDDING_CALLS.labels(model_name)._value.get()
     from core.jobs.service import enqueue
-    from core.memories.service import memory_doc_id
+    from core.refs import memory_ref as memory_doc_id
 
     with system_session() as session:
         enqueue(session, tenant_id=tenant.tenant_id, kind="embed", payload={"doc_ids": [memory_doc_id(older)]})
