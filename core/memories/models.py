@@ -35,6 +35,9 @@ class Memory(TenantScoped, Base):
     entities: Mapped[list[str]] = mapped_column(ARRAY(Text), default=list)
     # none_as_null: "no query" is SQL NULL, not JSON null, so `query IS NULL` finds plain learnings.
     query: Mapped[dict[str, Any] | None] = mapped_column(JSONB(none_as_null=True), nullable=True)
+    # What the attached query resolved to when it was saved: staleness is judged against these, never by
+    # resolving the query again against a catalog that has changed since.
+    query_entities: Mapped[list[str] | None] = mapped_column(ARRAY(Text), nullable=True)
     status: Mapped[str] = mapped_column(String(20), default="active")
     stale_reason: Mapped[str | None] = mapped_column(Text, nullable=True)
     forget_reason: Mapped[str | None] = mapped_column(Text, nullable=True)

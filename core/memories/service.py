@@ -147,8 +147,8 @@ def _write(session: Session, caller: Caller, valid: list[_Planned]) -> None:
 
 _WRITTEN = (
     "content", "kind", "category", "importance", "occurred_at", "tags", "source", "run_id", "persona",
-    "agent_id", "entities", "query", "status", "stale_reason", "forget_reason", "forgotten_by", "forgotten_at",
-    "updated_at", "change_seq",
+    "agent_id", "entities", "query", "query_entities", "status", "stale_reason", "forget_reason", "forgotten_by",
+    "forgotten_at", "updated_at", "change_seq",
 )  # fmt: skip
 
 # One statement: reserve ids and a change_seq under the tenant's row lock, upsert the rows (an upsert keeps
@@ -168,16 +168,17 @@ _SAVE_STATEMENT = text(
         FROM jsonb_to_recordset(CAST(:rows AS jsonb)) AS r(
             ord int, id text, auto int, content text, kind text, category text, importance float8,
             occurred_at timestamptz, tags text[], source text, run_id text, persona text, agent_id text,
-            entities text[], query jsonb, created_by text
+            entities text[], query jsonb, query_entities text[], created_by text
         ) CROSS JOIN seq
     ), saved AS (
         INSERT INTO memories (
             tenant_id, id, content, kind, category, importance, occurred_at, tags, source, run_id, persona,
-            agent_id, entities, query, status, created_by, created_at, updated_at, access_count, change_seq
+            agent_id, entities, query, query_entities, status, created_by, created_at, updated_at, access_count,
+            change_seq
         )
         SELECT :tenant_id, memory_id, content, kind, category, importance, coalesce(occurred_at, created_at), tags,
-               source, run_id, persona, agent_id, entities, query, 'active', created_by, created_at, created_at,
-               0, change_seq
+               source, run_id, persona, agent_id, entities, query, query_entities, 'active', created_by, created_at,
+               created_at, 0, change_seq
         FROM items ORDER BY ord
         ON CONFLICT (tenant_id, id) DO UPDATE SET {", ".join(f"{c} = excluded.{c}" for c in _WRITTEN)}
         RETURNING 1
@@ -224,6 +225,7 @@ def _row_values(caller: Caller, p: _Planned, *, auto: int | None) -> dict[str, A
     }
     if p.links.query is not None:
         row["query"] = p.links.query
+        row["query_entities"] = p.links.query_entities
     return row
 
 
@@ -323,7 +325,7 @@ def patch_memory(session: Session, *, caller: Caller, memory_id: str, patch: Pat
     if "linked_entities" in patch.model_fields_set:
         links = LinkResolver(session, tenant_id=caller.tenant_id).resolve(patch.linked_entities, query=None)
         memory.entities = links.entities
-        memory.query = links.query
+        memory.query, memory.query_entities = links.query, links.query_entities
     if patch.associations is not None:
         planned = _Planned(
             index=0,

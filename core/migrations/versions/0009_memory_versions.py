@@ -1,4 +1,5 @@
-"""memory_versions (every revision kept), who forgot a memory and when, every job attempt's error
+"""memory_versions (every revision kept), who forgot a memory and when, what an attached query resolved
+to when saved, every job attempt's error
 
 A PATCH or an upsert used to overwrite a memory in place; each revision is now a row of
 ``memory_versions`` keyed by the tenant's change_seq of the write. Existing memories get their current
@@ -50,6 +51,7 @@ def upgrade() -> None:
         FROM memories
         """
     )
+    op.add_column("memories", sa.Column("query_entities", postgresql.ARRAY(sa.Text()), nullable=True))
     op.add_column("memories", sa.Column("forgotten_by", sa.String(length=320), nullable=True))
     op.add_column("memories", sa.Column("forgotten_at", sa.DateTime(timezone=True), nullable=True))
     op.add_column(
@@ -62,4 +64,5 @@ def downgrade() -> None:
     op.drop_column("jobs", "attempt_errors")
     op.drop_column("memories", "forgotten_at")
     op.drop_column("memories", "forgotten_by")
+    op.drop_column("memories", "query_entities")
     op.drop_table("memory_versions")
