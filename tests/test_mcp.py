@@ -107,7 +107,13 @@ async def _lifecycle(session: ClientSession, client, tenant) -> None:  # type: i
     for tool in listed.values():
         assert "Example" in (tool.description or ""), tool.name
     schema = listed["save_memory"].inputSchema
-    assert schema["required"] == ["content"] and "ctx" not in schema["properties"]
+    # `content` or its REST alias `learning`: neither is required alone, one of them is.
+    assert not schema.get("required") and {"content", "learning"} <= set(schema["properties"])
+    assert "ctx" not in schema["properties"]
+    aliased = await call(session, "save_memory", {"learning": "invoices are due in 14 days"})
+    assert (await call(session, "get_memory", {"id": aliased["memory_id"]}))["content"] == "invoices are due in 14 days"
+    neither = await call(session, "save_memory", {"tags": ["x"]}, error=True)
+    assert neither["status"] == 422 and neither["field"] == "content"
     saved = await call(
         session, "save_memory", {"content": "the refund window is 30 days", "tags": ["policy"], "kind": "decision"}
     )

@@ -9,11 +9,11 @@ from datetime import timedelta
 
 from celery.signals import worker_init, worker_ready
 
-import core.jobs.handlers  # noqa: F401 - registers the job handlers
 import core.schema  # noqa: F401 - every table known to the ORM
 from core.config import get_settings
 from core.db import system_session
-from core.jobs.service import jobs_to_redispatch, run_job, set_job_queue
+from core.jobs.runner import run_job
+from core.jobs.service import jobs_to_redispatch, set_job_queue
 from core.native import single_threaded_blas
 from workers.celery_app import app
 from workers.queue import CeleryJobQueue

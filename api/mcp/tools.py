@@ -92,7 +92,10 @@ def register_tools(server: FastMCP, client_for: ClientFor) -> None:
     @server.tool(description=text.SAVE_MEMORY, annotations=writes)
     async def save_memory(
         ctx: Context,
-        content: Annotated[str, Field(description="The memory itself: concise, complete, at most 50,000 bytes.")],
+        content: Annotated[
+            str | None, Field(description="The memory itself: concise, complete, at most 50,000 bytes.")
+        ] = None,
+        learning: Annotated[str | None, Field(description="Another name for content, as in the REST API.")] = None,
         linked_entities: LinkedEntities = None,
         id: Annotated[str | None, Field(description="A stable id to upsert; omit for the next integer id.")] = None,
         kind: MemoryKind | None = None,

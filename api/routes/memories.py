@@ -112,6 +112,21 @@ def get_memory(
         return service.memories_to_dicts(session, [memory])[0]
 
 
+@router.get("/memories/{memory_id}/history")
+def memory_history(
+    memory_id: str,
+    request: Request,
+    include_forgotten: bool = False,
+    caller: Caller = Depends(require_caller),
+) -> dict[str, Any]:
+    caller = acting_identity(caller, None, request)
+    with tenant_session(caller.tenant_id) as session:
+        versions = service.memory_history(
+            session, caller=caller, memory_id=memory_id, include_forgotten=include_forgotten
+        )
+    return {"versions": versions}
+
+
 @router.patch("/memories/{memory_id}")
 def patch_memory(
     memory_id: str, request: Request, body: Any = Body(default=None), caller: Caller = Depends(require_caller)
