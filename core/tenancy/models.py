@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 from decimal import Decimal
 
-from sqlalchemy import BigInteger, DateTime, ForeignKey, Identity, Numeric, String, UniqueConstraint, func
+from sqlalchemy import BigInteger, Boolean, DateTime, ForeignKey, Identity, Numeric, String, UniqueConstraint, func
 from sqlalchemy.orm import Mapped, mapped_column
 
 from core.db import Base
@@ -50,5 +50,9 @@ class ApiKey(Base):
     user_email: Mapped[str] = mapped_column(String(320))
     role: Mapped[str] = mapped_column(String(20))
     key_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    # A bound key acts as this agent / persona whatever a call names (see Caller.acting_as).
+    agent_id: Mapped[str | None] = mapped_column(String(200), nullable=True)
+    persona: Mapped[str | None] = mapped_column(String(200), nullable=True)
+    read_only: Mapped[bool] = mapped_column(Boolean, default=False, server_default="false")
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
     revoked_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
