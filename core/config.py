@@ -21,6 +21,9 @@ class Settings(BaseSettings):
     # "use what serve wrote into home/runtime.json" (every other command).
     database_url: str = ""
     redis_url: str = ""
+    # The role API and workers connect as (row-level security applies to it). Empty: the database_url
+    # with the user `engram_app` (password derived from the owner's), which `engram migrate` creates.
+    app_database_url: str = ""
     # The embedded PostgreSQL's shared_buffers (e.g. "4GB"); empty: an eighth of RAM, 128MB..2GB.
     embedded_pg_shared_buffers: str = ""
 

@@ -218,8 +218,7 @@ def _row_values(caller: Caller, p: _Planned, *, auto: int | None) -> dict[str, A
         "tags": list(dict.fromkeys(item.tags)),
         "source": item.source,
         "run_id": item.run_id,
-        "persona": item.persona if item.persona is not None else caller.persona,
-        "agent_id": item.agent_id if item.agent_id is not None else caller.agent_id,
+        **caller.stamp(agent_id=item.agent_id, persona=item.persona),
         "entities": p.links.entities,
         "created_by": caller.user,
     }
