@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from fastapi import APIRouter, Body, Depends
+from pydantic import BaseModel, ConfigDict, Field
 
 from api.auth import forget_cached_keys, require_admin
 from core.db import system_session
 from core.errors import Invalid
+from core.memories.schemas import unknown_fields
 from core.tenancy.context import Caller
 from core.tenancy.models import Tenant
 from core.tenancy.service import issue_key, revoke_key
@@ -16,10 +18,20 @@ from core.tenancy.service import issue_key, revoke_key
 router = APIRouter(prefix="/v1")
 
 
+class CreateKeyIn(BaseModel):
+    """`POST /v1/keys`: a key for one user of the caller's tenant."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    user: str = Field(description="the key holder's email address", examples=["ana@example.com"])
+    role: Literal["admin", "member"] = Field(default="member", description="admin keys manage keys and the catalog")
+
+
 @router.post("/keys", status_code=201)
 def create_key(body: Any = Body(default=None), caller: Caller = Depends(require_admin)) -> dict[str, Any]:
     if not isinstance(body, dict):
         raise Invalid('body must be {"user": "...", "role": "member"}', field="user")
+    unknown_fields(CreateKeyIn, body)
     user, role = body.get("user"), body.get("role", "member")
     if not isinstance(user, str):
         raise Invalid("user must be an email address", field="user")
