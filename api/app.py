@@ -25,7 +25,8 @@ def create_app(*, install_queue: bool = False) -> FastAPI:
 
     app.add_middleware(BodyGuard)
 
-    from api.routes import catalog, dashboard, health, jobs, keys, memories, metrics, ops, runs, search, transfer
+    from api.dashboard import routes as dashboard
+    from api.routes import catalog, health, jobs, keys, memories, metrics, ops, runs, search, transfer
 
     for module in (health, keys, transfer, memories, jobs, catalog, search, ops, runs, dashboard, metrics):
         app.include_router(module.router)

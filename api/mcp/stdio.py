@@ -10,7 +10,7 @@ from collections.abc import Iterator
 import anyio
 from mcp.server.fastmcp import Context
 
-from api.client_local import LocalEngramClient
+from api.client.local import LocalEngramClient
 
 
 class McpStartupError(RuntimeError):
@@ -34,7 +34,7 @@ def _stdout_to_stderr() -> Iterator[None]:
 
 def run_stdio(*, agent_id: str | None, persona: str | None) -> None:
     """Serve MCP on stdin/stdout until the client closes the stream."""
-    from api.client_base import EngramAPIError
+    from api.client.base import EngramAPIError
     from core.runtime import ServiceNotRunning, database_session_for_cli
 
     api_key = os.environ.get("ENGRAM_API_KEY", "").strip()

@@ -1,6 +1,6 @@
 """The MCP tools: one per agent-facing memory and catalog call, each a thin adapter to the local client.
 
-A tool gathers the arguments the agent gave, hands them to :class:`api.client_local.LocalEngramClient`
+A tool gathers the arguments the agent gave, hands them to :class:`api.client.local.LocalEngramClient`
 (which runs the same validation and core services as the REST routes) in a worker thread, and answers
 the result as structured content plus its JSON text. A refused call answers ``isError`` with the REST
 error object ``{"error": {"code", "message", "field"}}``, so an agent reads the same message it would
@@ -19,8 +19,8 @@ from mcp.server.fastmcp import Context, FastMCP
 from mcp.types import CallToolResult, TextContent, ToolAnnotations
 from pydantic import BaseModel, Field
 
-from api.client_base import EngramAPIError, dump
-from api.client_local import LocalEngramClient
+from api.client.base import EngramAPIError, dump
+from api.client.local import LocalEngramClient
 from api.mcp import descriptions as text
 from core.memories.schemas import MemoryCategory, MemoryKind, RelationType
 

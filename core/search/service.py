@@ -47,7 +47,7 @@ from core.search.dense import ENTITIES, DenseSearch, DenseUnavailable, Embedding
 from core.search.filters import EXAMPLE_QUERIES, MEMORIES, Eligibility, MemoryFilter, any_of
 from core.search.fulltext import ENTITY_KINDS, FulltextIndex
 from core.search.fusion import relevance, with_hops
-from core.search.index import MEMORY_DOC_PREFIX, catch_up, memory_doc_kind
+from core.search.index import MEMORY_DOC_PREFIX, catch_up, catch_up_before_search, memory_doc_kind
 from core.search.modes import ordered_buckets
 from core.search.schemas import SearchRequest, SearchResponse
 from core.tenancy.context import Caller
@@ -633,5 +633,9 @@ class _Search:
 def search(session: Session, *, caller: Caller, request: SearchRequest) -> SearchResponse:
     """Run one search for ``caller`` in the caller's session (read-only)."""
     request.check()
+    if request.mode == "hybrid" and request.question_text:
+        # Full-text catches up before the session takes its connection: waiting for the index lock then
+        # holds no connection or transaction, and the catch-up's own connection is the only one in use.
+        catch_up_before_search(caller.tenant_id)
     session.connection(execution_options={"isolation_level": "REPEATABLE READ"})
     return _Search(session, caller=caller, request=request).run()

@@ -35,7 +35,7 @@ def main() -> None:
 @home_option
 def serve(host: str, port: int, home: str | None) -> None:
     """Run the whole service: API, worker, beat (and embedded PostgreSQL/Redis unless configured)."""
-    from api.serve import serve as run_serve
+    from api.serve.stack import serve as run_serve
     from core.config import get_settings
 
     run_serve(host=host, port=port, home=Path(home) if home else get_settings().home)
@@ -85,7 +85,7 @@ def worker(concurrency: int, pool: str, supervise: bool, home: str | None) -> No
     """Run one Celery worker."""
     _set_home(home)
     if supervise:
-        from api.supervise import run_supervised
+        from api.serve.supervise import run_supervised
 
         argv = [sys.executable, "-m", "api.cli", "worker", f"--concurrency={concurrency}", f"--pool={pool}"]
         sys.exit(run_supervised("worker", [*argv, "--no-supervise", *(["--home", home] if home else [])]))
@@ -171,10 +171,10 @@ def tenant_create(name: str, as_json: bool, admin_user: str, home: str | None) -
         click.echo(f"tenant {issued.tenant} created\nadmin key (shown once): {issued.api_key}")
 
 
-from api.cli_bench import bench, eval_  # noqa: E402 - registered after the group exists
-from api.cli_catalog import ingest  # noqa: E402
-from api.cli_memory import memory  # noqa: E402
-from api.cli_ops import jobs, search  # noqa: E402
+from api.cli.bench import bench, eval_  # noqa: E402 - registered after the group exists
+from api.cli.catalog import ingest  # noqa: E402
+from api.cli.memory import memory  # noqa: E402
+from api.cli.ops import jobs, search  # noqa: E402
 
 main.add_command(memory)
 main.add_command(search)
@@ -183,6 +183,3 @@ main.add_command(ingest)
 main.add_command(bench)
 main.add_command(eval_)
 
-
-if __name__ == "__main__":
-    sys.exit(main())
