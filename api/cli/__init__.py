@@ -126,14 +126,22 @@ def migrate(home: str | None) -> None:
 @main.command()
 @click.option("--agent-id", envvar="ENGRAM_AGENT_ID", default=None, help="default agent identity of the tools")
 @click.option("--persona", envvar="ENGRAM_PERSONA", default=None, help="default persona of the tools")
+@click.option("--url", envvar="ENGRAM_URL", default=None, help="serve through this remote engram's REST API")
+@click.option("--api-key", envvar="ENGRAM_API_KEY", default=None, help="the key the tools act for")
 @home_option
-def mcp(agent_id: str | None, persona: str | None, home: str | None) -> None:
-    """Run an MCP server over stdio for one agent (key: $ENGRAM_API_KEY), on the same storage as serve."""
+def mcp(agent_id: str | None, persona: str | None, url: str | None, api_key: str | None, home: str | None) -> None:
+    """Run an MCP server over stdio for one agent: on the same storage as serve, or with --url through a
+    hosted engram's REST API."""
     _set_home(home)
-    from api.mcp.stdio import McpStartupError, run_stdio
+    from api.mcp.stdio import McpStartupError, run_remote_stdio, run_stdio
 
     try:
-        run_stdio(agent_id=agent_id, persona=persona)
+        if url:
+            run_remote_stdio(url=url, api_key=api_key, agent_id=agent_id, persona=persona)
+        else:
+            if api_key:
+                os.environ["ENGRAM_API_KEY"] = api_key
+            run_stdio(agent_id=agent_id, persona=persona)
     except McpStartupError as exc:
         raise click.ClickException(str(exc)) from None
 
