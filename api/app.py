@@ -10,6 +10,8 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 import core.schema  # noqa: F401 - every table known to the ORM
 from api.errors import error_response, install_error_handlers
+from api.observe import RequestContext
+from core import __version__
 from core.parsing import plain_int
 
 log = logging.getLogger("engram.api")
@@ -20,10 +22,12 @@ _BODY_METHODS = ("POST", "PUT", "PATCH")
 
 
 def create_app(*, install_queue: bool = False) -> FastAPI:
-    app = FastAPI(title="engram", version="0.1.0", docs_url="/docs", redoc_url=None)
+    app = FastAPI(title="engram", version=__version__, docs_url="/docs", redoc_url=None)
     install_error_handlers(app)
 
     app.add_middleware(BodyGuard)
+    # Added last, so it runs first: even BodyGuard's refusals carry the request id and are counted.
+    app.add_middleware(RequestContext)
 
     from api.routes import catalog, dashboard, health, jobs, keys, memories, metrics, ops, runs, search, transfer
 
