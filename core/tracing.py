@@ -24,6 +24,7 @@ from opentelemetry import propagate, trace
 from core.logging import current_request_id
 
 _provider: Any = None  # the SDK TracerProvider once configured; the SDK is imported only then
+_sql_listeners: list[tuple[str, Any]] = []
 
 
 def tracing_enabled() -> bool:
@@ -73,6 +74,22 @@ def configure_tracing(*, service: str, exporter: Any = None) -> bool:
     _instrument_sqlalchemy()
     _provider = provider
     return True
+
+
+def stop_tracing() -> None:
+    """Export what is left and stop tracing in this process (the SQL listener detached; spans no longer kept).
+    OpenTelemetry's global provider cannot be replaced, so tracing cannot be switched on again afterwards."""
+    global _provider
+    if _provider is None:
+        return
+    from sqlalchemy import event
+    from sqlalchemy.engine import Engine
+
+    for name, listener in _sql_listeners:
+        event.remove(Engine, name, listener)
+    _sql_listeners.clear()
+    _provider.shutdown()
+    _provider = None
 
 
 def flush_traces() -> None:
@@ -150,6 +167,7 @@ def _instrument_sqlalchemy() -> None:
             span.end()
             exception_context.execution_context._engram_span = None
 
-    event.listen(Engine, "before_cursor_execute", before)
-    event.listen(Engine, "after_cursor_execute", after)
-    event.listen(Engine, "handle_error", failed)
+    listeners = (("before_cursor_execute", before), ("after_cursor_execute", after), ("handle_error", failed))
+    for name, listener in listeners:
+        event.listen(Engine, name, listener)
+        _sql_listeners.append((name, listener))
