@@ -10,7 +10,9 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 import core.schema  # noqa: F401 - every table known to the ORM
 from api.errors import error_response, install_error_handlers
+from api.observe import RequestContext
 from api.overload import LoadShedder
+from core import __version__
 from core.config import get_settings
 from core.db import limit_waits
 from core.parsing import plain_int
@@ -36,12 +38,12 @@ _BODY_METHODS = ("POST", "PUT", "PATCH")
 
 
 def create_app(*, install_queue: bool = False) -> FastAPI:
-    app = FastAPI(title="engram", version="0.1.0", docs_url="/docs", redoc_url=None)
+    app = FastAPI(title="engram", version=__version__, docs_url="/docs", redoc_url=None)
     install_error_handlers(app)
 
     app.add_middleware(BodyGuard)
     settings = get_settings()
-    # Outermost: a shed request costs no body read and no thread.
+    # Outside BodyGuard: a shed request costs no body read and no thread.
     app.add_middleware(
         LoadShedder,
         max_inflight=settings.api_max_inflight,
@@ -52,6 +54,8 @@ def create_app(*, install_queue: bool = False) -> FastAPI:
         lock_timeout_seconds=settings.db_lock_timeout_seconds,
         idle_in_transaction_seconds=settings.db_idle_in_transaction_seconds,
     )
+    # Added last, so it runs first: the shedder's and BodyGuard's refusals carry the request id and are counted.
+    app.add_middleware(RequestContext)
 
     from api.dashboard import routes as dashboard
     from api.routes import catalog, health, jobs, keys, memories, metrics, ops, runs, search, transfer

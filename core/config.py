@@ -30,6 +30,14 @@ class Settings(BaseSettings):
     host: str = "127.0.0.1"
     port: int = 8000
 
+    # Logs: JSON lines when stderr is not a terminal, readable lines when it is (core.logging).
+    log_level: str = "INFO"
+    # One line per HTTP request (method, path, route, status, duration, request id).
+    access_log: bool = True
+    # OpenTelemetry: traces are exported over OTLP/HTTP to this base URL (the standard
+    # OTEL_EXPORTER_OTLP_ENDPOINT works too); unset, tracing is off and costs nothing.
+    otlp_endpoint: str = ""
+
     # Embeddings: a litellm "<provider>/<model>" name, or "local" for the bundled model.
     embedding_model: str = "local"
     embedding_batch_size: int = 64
