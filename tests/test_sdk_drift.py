@@ -63,7 +63,7 @@ def test_response_models_have_the_spec_fields(components, ours, theirs):
 # Each SDK method's keyword parameters against the request body (or query) it sends.
 REQUESTS: list[tuple[str, type[BaseModel], set[str]]] = [
     ("save_memory", SaveMemoryIn, set()),
-    ("update_memory", PatchMemoryIn, {"memory_id", "agent_id", "persona"}),  # identity goes in the query
+    ("update_memory", PatchMemoryIn, {"memory_id"}),  # the id is in the path
     ("list_memories", ListFilters, {"agent_id", "persona"}),
     ("search", server_search.SearchRequest, set()),
 ]

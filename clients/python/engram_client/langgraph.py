@@ -41,6 +41,7 @@ TAG_PREFIX = "lg:"
 ID_PREFIX = "lg~"
 _PAGE = 200
 _SEARCH_CAP = 100  # engram's largest max_memories
+_SEARCH_TAG_CHARS = 200  # the longest tag a search filter takes
 
 
 class _Identity(TypedDict):
@@ -181,9 +182,15 @@ class EngramStore(BaseStore):
         wanted = op.offset + op.limit
         found: list[SearchItem] = []
         if op.query:
-            # engram ranks across the tenant; the namespace and filter narrow its answer afterwards.
+            # engram ranks within the namespace's tag; the filter narrows its answer afterwards.
+            tag = namespace_tag(prefix)
             hits = self.client.search(
-                op.query, max_memories=_SEARCH_CAP, max_entities=0, max_example_queries=0, **self._identity(prefix)
+                op.query,
+                tags=[tag] if prefix and len(tag) <= _SEARCH_TAG_CHARS else None,
+                max_memories=_SEARCH_CAP,
+                max_entities=0,
+                max_example_queries=0,
+                **self._identity(prefix),
             )
             for hit in hits.memories:
                 if not hit.id.startswith(ID_PREFIX):

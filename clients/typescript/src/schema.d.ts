@@ -232,7 +232,11 @@ export interface paths {
             path?: never;
             cookie?: never;
         };
-        get?: never;
+        /**
+         * Get Keys
+         * @description The tenant's live keys with their bindings (never the secret).
+         */
+        get: operations["get_keys_v1_keys_get"];
         put?: never;
         /** Create Key */
         post: operations["create_key_v1_keys_post"];
@@ -294,6 +298,23 @@ export interface paths {
         head?: never;
         /** Patch Memory */
         patch: operations["patch_memory_v1_memories__memory_id__patch"];
+        trace?: never;
+    };
+    "/v1/memories/{memory_id}/history": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** Memory History */
+        get: operations["memory_history_v1_memories__memory_id__history_get"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
         trace?: never;
     };
     "/v1/memories:batch": {
@@ -932,6 +953,28 @@ export interface operations {
             };
         };
     };
+    get_keys_v1_keys_get: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Successful Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        [key: string]: unknown;
+                    };
+                };
+            };
+        };
+    };
     create_key_v1_keys_post: {
         parameters: {
             query?: never;
@@ -1151,6 +1194,41 @@ export interface operations {
                 "application/json": unknown;
             };
         };
+        responses: {
+            /** @description Successful Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        [key: string]: unknown;
+                    };
+                };
+            };
+            /** @description Validation Error */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["HTTPValidationError"];
+                };
+            };
+        };
+    };
+    memory_history_v1_memories__memory_id__history_get: {
+        parameters: {
+            query?: {
+                include_forgotten?: boolean;
+            };
+            header?: never;
+            path: {
+                memory_id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
         responses: {
             /** @description Successful Response */
             200: {
