@@ -14,7 +14,6 @@ PyMySQL), so a DNS answer that changes between check and connect (rebinding) can
 from __future__ import annotations
 
 import ipaddress
-import os
 import socket
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -368,6 +367,7 @@ def check_sqlite_path(database: str) -> Path:
     return path
 
 
-def environment_policy() -> dict[str, str]:
-    """The settings `engram serve` hands its children: local mode unless the operator chose one."""
-    return {"ENGRAM_DATASOURCE_POLICY": os.environ.get("ENGRAM_DATASOURCE_POLICY") or LOCAL}
+def serve_policy() -> str:
+    """The mode `engram serve` runs its children in: local (one machine, its own sources), unless the
+    operator chose one with ENGRAM_DATASOURCE_POLICY."""
+    return get_settings().datasource_policy or LOCAL
