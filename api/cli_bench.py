@@ -29,6 +29,8 @@ def emit_figures(figures: list[dict[str, Any]], *, as_json: bool) -> None:
 @click.group()
 def bench() -> None:
     """Benchmarks that print figures."""
+    # Benchmarks build their sources on this machine (SQLite in /tmp, the local PostgreSQL), as serve does.
+    os.environ.setdefault("ENGRAM_DATASOURCE_POLICY", "local")
 
 
 @click.group(name="eval")

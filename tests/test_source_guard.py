@@ -334,3 +334,17 @@ def test_the_startup_line_says_what_is_allowed(mode, tmp_path):
     mode("hosted", allow="10.0.0.0/8", roots=str(tmp_path))
     line = describe_policy()
     assert "hosted mode" in line and "10.0.0.0/8" in line and str(tmp_path) in line and "\n" not in line
+
+
+def test_the_datasource_drivers_are_dependencies():
+    """PostgreSQL and MariaDB sources work out of the box: their drivers install with engram."""
+    import tomllib
+    from pathlib import Path
+
+    from core.entities.sources import parse_source_url
+
+    project = tomllib.loads((Path(__file__).resolve().parents[1] / "pyproject.toml").read_text())["project"]
+    names = {spec.split("==")[0].split("[")[0].lower() for spec in project["dependencies"]}
+    assert {"psycopg", "pymysql"} <= names
+    assert parse_source_url("mysql://u:p@db.example.com/x").drivername == "mysql+pymysql"
+    assert parse_source_url("mariadb://u:p@db.example.com/x").drivername == "mariadb+pymysql"
