@@ -186,7 +186,7 @@ def parse_target(url: URL) -> Target:
     if policy() == HOSTED:
         for name in sorted(_HOSTED_REFUSED_PARAMS.get(dialect, set()) & set(query)):
             raise SourceRefused(f"the URL parameter {name!r} is not accepted by this server")
-    hosts = ([url.host] if url.host else []) + _values(query.get("host"))
+    hosts = _values(url.host) + _values(query.get("host"))
     ports = ([str(url.port)] if url.port is not None else []) + _values(query.get("port"))
     hosts = [unquote(h).strip() for h in hosts if h.strip()]
     if len(set(hosts)) > 1 or len(set(ports)) > 1:
@@ -305,7 +305,8 @@ def _is_own(target: Target, owns: list[_Own]) -> bool:
         if path.startswith("/") and (Path(path).resolve() in dirs or Path(path).resolve().parent in dirs):
             return True
         # A socket's file name carries the port (.s.PGSQL.<port>), so any directory may hold ours.
-        return any(own.local and own.port == target.port for own in owns)
+        named = Path(path).name if path.startswith("/") else ""
+        return any(own.local and (target.port == own.port or named == f".s.PGSQL.{own.port}") for own in owns)
     for own in owns:
         machine = own.local and any(this_machine(a) for a in target.addresses)
         if own.port == target.port and (machine or set(target.addresses) & set(own.addresses)):
