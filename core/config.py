@@ -21,11 +21,22 @@ class Settings(BaseSettings):
     # "use what serve wrote into home/runtime.json" (every other command).
     database_url: str = ""
     redis_url: str = ""
+    # The role API and workers connect as (row-level security applies to it). Empty: the database_url
+    # with the user `engram_app` (password derived from the owner's), which `engram migrate` creates.
+    app_database_url: str = ""
     # The embedded PostgreSQL's shared_buffers (e.g. "4GB"); empty: an eighth of RAM, 128MB..2GB.
     embedded_pg_shared_buffers: str = ""
 
     host: str = "127.0.0.1"
     port: int = 8000
+
+    # Logs: JSON lines when stderr is not a terminal, readable lines when it is (core.logging).
+    log_level: str = "INFO"
+    # One line per HTTP request (method, path, route, status, duration, request id).
+    access_log: bool = True
+    # OpenTelemetry: traces are exported over OTLP/HTTP to this base URL (the standard
+    # OTEL_EXPORTER_OTLP_ENDPOINT works too); unset, tracing is off and costs nothing.
+    otlp_endpoint: str = ""
 
     # Embeddings: a litellm "<provider>/<model>" name, or "local" for the bundled model.
     embedding_model: str = "local"
@@ -77,6 +88,22 @@ class Settings(BaseSettings):
     # Redis redelivers an unacknowledged message (worker killed) after this long.
     broker_visibility_timeout_seconds: float = 3600.0
     api_workers: int = 1
+    # Load (per API process). Requests running at once; more wait up to api_queue_wait_seconds in a queue
+    # of at most api_max_queued, and the rest are answered 503 + Retry-After at once (no 5xx other than
+    # that, no request left hanging). The database pool holds a connection for each running request
+    # (a request never needs two) plus a few for probes and background threads.
+    api_max_inflight: int = 24
+    api_max_queued: int = 96
+    api_queue_wait_seconds: float = 10.0
+    db_pool_size: int = 28
+    # How long a request waits for a pooled connection before a 503.
+    db_pool_timeout_seconds: float = 10.0
+    # PostgreSQL lock waits (row locks taken by writes) end with a 503 after this long.
+    db_lock_timeout_seconds: float = 10.0
+    # A transaction left idle this long is ended by PostgreSQL (a stuck client never pins locks).
+    db_idle_in_transaction_seconds: float = 60.0
+    # How long a catch-up waits for a tenant's full-text index lock before a 503.
+    index_lock_wait_seconds: float = 10.0
     # Per-API-key request budget (0 disables): average requests a second and the burst allowed.
     rate_limit_per_second: float = 1000.0
     rate_limit_burst: float = 2000.0

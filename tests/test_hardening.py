@@ -85,7 +85,7 @@ def test_malformed_session_cookie_is_signed_out(client, cookie):
 
 
 def test_valid_session_cookie_rejects_odd_values_without_raising():
-    from api.routes.dashboard import make_session_cookie, valid_session_cookie
+    from api.dashboard.routes import make_session_cookie, valid_session_cookie
 
     cookie = make_session_cookie(operator_key="k1")
     assert valid_session_cookie(cookie, operator_key="k1")

@@ -18,6 +18,7 @@ from sqlalchemy import delete, select
 from sqlalchemy.engine import Engine, make_url
 from sqlalchemy.orm import Session
 
+from core.changes import bump_change_seq
 from core.entities.cascade import Removal, remove_entities
 from core.entities.models import (
     CATEGORICAL,
@@ -33,7 +34,6 @@ from core.entities.service import get_datasource, source_url
 from core.entities.sources import SourceError, source_engine
 from core.entities.store import datasource_doc_ids, touch_catalog
 from core.jobs.service import enqueue
-from core.memories.service import bump_change_seq
 
 _COLUMN_FIELDS = ("data_type", "type_family", "nullable", "is_primary_key", "position", "origin")
 

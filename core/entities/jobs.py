@@ -1,4 +1,4 @@
-"""Catalog job handlers: ingest, refresh_samples, ingest_cleanup. Importing this module registers them.
+"""Catalog job handlers: ingest, refresh_samples, ingest_cleanup (named in core.jobs.handlers.HANDLERS).
 
 A missing datasource, or one this server refuses to open, fails a job at once (retrying cannot change
 that); an unreachable source is retried with backoff like any other transient failure, and changes nothing.
@@ -17,7 +17,7 @@ from core.entities.profiling import refresh_samples
 from core.entities.sources import SourceError, SourceRefused
 from core.errors import NotFound
 from core.jobs.models import Job
-from core.jobs.service import PermanentJobError, handler
+from core.jobs.service import PermanentJobError
 
 
 def _datasource_of(session: Session, job: Job) -> tuple[int, str]:
@@ -39,7 +39,6 @@ def _optional_names(job: Job, key: str) -> list[str] | None:
     return value
 
 
-@handler("ingest")
 def run_ingest_job(session: Session, job: Job) -> dict[str, Any]:
     tenant_id, datasource = _datasource_of(session, job)
     try:
@@ -50,7 +49,6 @@ def run_ingest_job(session: Session, job: Job) -> dict[str, Any]:
         raise RuntimeError(f"source database: {exc}") from None
 
 
-@handler("refresh_samples")
 def run_refresh_samples_job(session: Session, job: Job) -> dict[str, Any]:
     tenant_id, datasource = _datasource_of(session, job)
     try:
@@ -67,7 +65,6 @@ def run_refresh_samples_job(session: Session, job: Job) -> dict[str, Any]:
         raise RuntimeError(f"source database: {exc}") from None
 
 
-@handler("ingest_cleanup")
 def run_ingest_cleanup_job(session: Session, job: Job) -> dict[str, Any]:
     tenant_id, datasource = _datasource_of(session, job)
     return cleanup_datasource_refs(session, tenant_id=tenant_id, datasource=datasource)
