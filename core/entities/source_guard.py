@@ -229,8 +229,11 @@ def _own_endpoints(resolve: Resolver) -> list[_Own]:
     """Engram's database and broker as this process reaches them (settings, else `engram serve`'s record)."""
     from core.runtime import ServiceNotRunning, resolve_database_url, resolve_redis_url
 
+    def app_database_url() -> str:  # the service's own role may reach the database another way (a pooler)
+        return get_settings().app_database_url or resolve_database_url()
+
     owns = []
-    for find in (resolve_database_url, resolve_redis_url):
+    for find in (resolve_database_url, app_database_url, resolve_redis_url):
         try:
             url = make_url(find())
         except (ServiceNotRunning, ArgumentError, ValueError):
