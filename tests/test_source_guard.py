@@ -359,3 +359,28 @@ def test_the_datasource_drivers_are_dependencies():
 def test_a_host_list_in_the_authority_is_refused(client, tenant):
     response = _create(client, tenant, "postgresql://u@db.example.com,127.0.0.1:5432/x")
     assert response.status_code == 422 and "one host" in response.json()["error"]["message"]
+
+
+def test_the_mode_is_the_setting_else_a_running_serves_else_hosted(monkeypatch, tmp_path):
+    """`engram api` and `engram worker` default to hosted; a CLI or `engram mcp` process on the home of a
+    running `engram serve` follows serve's local mode through runtime.json; the setting wins over both."""
+    from core.config import reset_settings_cache
+    from core.entities.source_guard import policy
+    from core.runtime import write_runtime
+
+    monkeypatch.setenv("ENGRAM_HOME", str(tmp_path))
+    monkeypatch.delenv("ENGRAM_DATASOURCE_POLICY", raising=False)
+    reset_settings_cache()
+    try:
+        assert policy() == "hosted"
+        write_runtime({"pid": os.getpid(), "datasource_policy": "local"}, tmp_path)
+        assert policy() == "local"
+        write_runtime({"pid": 2**22 + 7, "datasource_policy": "local"}, tmp_path)  # a serve that is gone
+        assert policy() == "hosted"
+        write_runtime({"pid": os.getpid(), "datasource_policy": "local"}, tmp_path)
+        monkeypatch.setenv("ENGRAM_DATASOURCE_POLICY", "HOSTED")
+        reset_settings_cache()
+        assert policy() == "hosted"
+    finally:
+        monkeypatch.undo()
+        reset_settings_cache()
