@@ -384,3 +384,18 @@ def test_the_mode_is_the_setting_else_a_running_serves_else_hosted(monkeypatch, 
     finally:
         monkeypatch.undo()
         reset_settings_cache()
+
+
+def test_hosted_mode_refuses_driver_parameters_that_read_server_files(client, tenant, mode):
+    mode("hosted")
+    for url in (
+        "postgresql://u@db.example.com/x?sslrootcert=/etc/engram/ca.pem",
+        "postgresql://u@db.example.com/x?sslkey=/root/.ssh/id_rsa",
+        "mysql+pymysql://u@db.example.com/x?ssl_ca=/etc/ssl/private/key.pem",
+    ):
+        response = _create(client, tenant, url)
+        assert response.status_code == 422 and "not accepted by this server" in response.json()["error"]["message"]
+    from core.entities.source_guard import parse_target
+
+    target = parse_target(make_url("postgresql://u@db.example.com/x?sslrootcert=system&sslmode=verify-full"))
+    assert target.host == "db.example.com" and target.port == 5432

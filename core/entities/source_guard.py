@@ -184,7 +184,9 @@ def parse_target(url: URL) -> Target:
     for name in sorted(_ALWAYS_REFUSED_PARAMS.get(dialect, set()) & set(query)):
         raise SourceRefused(f"the URL parameter {name!r} is not accepted in a datasource URL")
     if policy() == HOSTED:
-        for name in sorted(_HOSTED_REFUSED_PARAMS.get(dialect, set()) & set(query)):
+        # sslrootcert=system names the machine's trust store, not a file the tenant chose.
+        files = {k for k in _HOSTED_REFUSED_PARAMS.get(dialect, set()) & set(query) if query[k] != "system"}
+        for name in sorted(files):
             raise SourceRefused(f"the URL parameter {name!r} is not accepted by this server")
     hosts = _values(url.host) + _values(query.get("host"))
     ports = ([str(url.port)] if url.port is not None else []) + _values(query.get("port"))
@@ -251,7 +253,8 @@ def _own_endpoints(resolve: Resolver) -> list[_Own]:
                 continue
         local = not hosts or bool(sockets) or any(this_machine(a) for a in addresses)
         for port in ports or [DEFAULT_PORTS.get(backend, 0)]:
-            owns.append(_Own(port, tuple(addresses), sockets, local, _database_of(url, query)))
+            database = _database_of(url, query) if backend == "postgresql" else None
+            owns.append(_Own(port, tuple(addresses), sockets, local, database))
     return owns
 
 
