@@ -76,7 +76,10 @@ def catalog_gaps(session: Session, *, model: str) -> list[str]:
 
 
 def coverage(session: Session, *, configured_model: str) -> list[CoverageRow]:
-    """One row per doc kind and model: rows up to date with the docs' current text, over docs expected."""
+    """One row per doc kind for the configured model: rows up to date with the docs' current text, over docs
+    expected. A retired model's vectors may still serve search while the configured one converges
+    (:func:`serving_model`), but they are not what coverage measures; reconcile deletes them once the
+    configured model covers the tenant."""
     expected: dict[str, int] = defaultdict(int)
     expected["memory"] = int(
         session.scalar(select(func.count()).select_from(Memory).where(_embeddable_memories())) or 0
@@ -87,7 +90,7 @@ def coverage(session: Session, *, configured_model: str) -> list[CoverageRow]:
     catalog_hashes = {d.canonical_id: content_hash(d.text) for d in catalog}
     for doc in catalog:
         expected[doc.doc_kind] += 1
-    models = set(session.scalars(select(Embedding.model).distinct()).all()) | {configured_model}
+    models = {configured_model}
     indexed: dict[tuple[str, str], int] = defaultdict(int)
     memory_rows = session.execute(
         select(Embedding.model, func.count())
@@ -98,7 +101,9 @@ def coverage(session: Session, *, configured_model: str) -> list[CoverageRow]:
                 Embedding.canonical_id == literal(MEMORY_DOC_PREFIX) + Memory.id,
             ),
         )
-        .where(_embeddable_memories(), Embedding.content_hash == _memory_hash_sql())
+        .where(
+            _embeddable_memories(), Embedding.content_hash == _memory_hash_sql(), Embedding.model == configured_model
+        )
         .group_by(Embedding.model)
     ).all()
     for model, count in memory_rows:
@@ -106,7 +111,7 @@ def coverage(session: Session, *, configured_model: str) -> list[CoverageRow]:
     if catalog_hashes:
         rows = session.execute(
             select(Embedding.model, Embedding.doc_kind, Embedding.canonical_id, Embedding.content_hash).where(
-                Embedding.doc_kind != "memory"
+                Embedding.doc_kind != "memory", Embedding.model == configured_model
             )
         ).all()
         for model, kind, canonical_id, digest in rows:
@@ -138,7 +143,8 @@ def serving_model(session: Session, *, configured_model: str) -> str | None:
     return max(counts.items(), key=lambda item: (item[1], item[0] == configured_model))[0]
 
 
-def drop_other_models(session: Session, *, keep_model: str) -> int:
-    """Delete the rows of every model but `keep_model` (the explicit clean-up after a model change)."""
-    result = session.execute(delete(Embedding).where(Embedding.model != keep_model))
+def drop_other_models(session: Session, *, tenant_id: int, keep_model: str) -> int:
+    """Delete the tenant's rows of every model but `keep_model`: the clean-up after a model change, which
+    reconcile runs once `keep_model` covers the tenant (so search never loses its vectors meanwhile)."""
+    result = session.execute(delete(Embedding).where(Embedding.tenant_id == tenant_id, Embedding.model != keep_model))
     return int(result.rowcount or 0)  # type: ignore[attr-defined]
