@@ -15,9 +15,8 @@ from sqlalchemy.orm import Session
 
 from core.embeddings.store_models import Embedding
 from core.memories.models import Memory
+from core.refs import MEMORY_PREFIX
 from core.search.render import content_hash
-
-MEMORY_DOC_PREFIX = "memory:"
 
 
 def _memory_hash_sql() -> Any:
@@ -44,7 +43,7 @@ def memory_gaps(session: Session, *, model: str, limit: int) -> list[str]:
     """Doc ids of memories whose embedding for `model` is missing or was made from other content."""
     joined = and_(
         Embedding.tenant_id == Memory.tenant_id,
-        Embedding.canonical_id == literal(MEMORY_DOC_PREFIX) + Memory.id,
+        Embedding.canonical_id == literal(MEMORY_PREFIX) + Memory.id,
         Embedding.model == model,
     )
     rows = session.scalars(
@@ -55,7 +54,7 @@ def memory_gaps(session: Session, *, model: str, limit: int) -> list[str]:
         .order_by(Memory.id)
         .limit(limit)
     ).all()
-    return [MEMORY_DOC_PREFIX + r for r in rows]
+    return [MEMORY_PREFIX + r for r in rows]
 
 
 def catalog_gaps(session: Session, *, model: str) -> list[str]:
@@ -98,7 +97,7 @@ def coverage(session: Session, *, configured_model: str) -> list[CoverageRow]:
             Memory,
             and_(
                 Memory.tenant_id == Embedding.tenant_id,
-                Embedding.canonical_id == literal(MEMORY_DOC_PREFIX) + Memory.id,
+                Embedding.canonical_id == literal(MEMORY_PREFIX) + Memory.id,
             ),
         )
         .where(
