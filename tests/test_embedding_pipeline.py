@@ -207,9 +207,9 @@ def _stored_vectors(tenant_id: int, model: str) -> dict[str, tuple[str, list[flo
 def _embedding_stats(tenant_id: int, model: str) -> tuple[int, int]:
     from sqlalchemy import text
 
-    from core.db import get_engine
+    from core.db import system_connection
 
-    with get_engine().connect() as connection:
+    with system_connection() as connection:
         row = connection.execute(
             text("SELECT docs, version FROM search_embedding_stats WHERE tenant_id = :t AND model = :m"),
             {"t": tenant_id, "m": model},

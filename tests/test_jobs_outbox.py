@@ -55,9 +55,9 @@ def test_worker_runs_embed_job_and_api_shows_it(client, tenant, worker):
     assert body["kind"] == "embed" and body["attempts"] >= 1 and body["error"] is None
     from sqlalchemy import text
 
-    from core.db import get_engine
+    from core.db import system_connection
 
-    with get_engine().connect() as connection:
+    with system_connection() as connection:
         count = connection.execute(
             text("SELECT count(*) FROM embeddings WHERE tenant_id=:t AND canonical_id=:d"),
             {"t": tenant.tenant_id, "d": f"memory:{mid}"},

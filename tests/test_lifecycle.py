@@ -56,9 +56,9 @@ def row(tenant, memory_id):  # type: ignore[no-untyped-def]
 
 
 def tombstoned(tenant, memory_id) -> bool:  # type: ignore[no-untyped-def]
-    from core.db import get_engine
+    from core.db import system_connection
 
-    with get_engine().connect() as connection:
+    with system_connection() as connection:
         return bool(
             connection.execute(
                 text("SELECT 1 FROM tombstones WHERE tenant_id = :t AND doc_id = :d"),

@@ -19,6 +19,7 @@ from sqlalchemy.orm import Session
 
 from core.errors import NotFound
 from core.jobs.models import Job
+from core.tracing import job_context
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +48,13 @@ def now() -> datetime:
 
 
 def enqueue(session: Session, *, tenant_id: int | None, kind: str, payload: dict[str, Any]) -> Job:
-    """Add a job row to the caller's unit of work; it is dispatched after that unit commits."""
+    """Add a job row to the caller's unit of work; it is dispatched after that unit commits.
+
+    The payload also keeps the enqueuing request's id and trace (``context``), which the worker's logs and
+    spans continue."""
+    context = job_context()
+    if context:
+        payload = {**payload, "context": context}
     job = Job(
         id=uuid.uuid4().hex,
         tenant_id=tenant_id,

@@ -29,6 +29,7 @@ from core.memories.schemas import DEFAULT_IMPORTANCE, PatchMemoryIn, SaveMemoryI
 from core.memories.visibility import is_visible, may_modify, visible_clause
 from core.refs import MEMORY_PREFIX, memory_ref
 from core.tenancy.context import Caller
+from core.tracing import job_context
 
 
 @dataclass
@@ -137,6 +138,7 @@ def _write(session: Session, caller: Caller, valid: list[_Planned]) -> None:
             "rows": json.dumps(ordered, separators=(",", ":")),
             "base_time": datetime.now(UTC),
             "job_id": job_id,
+            "job_context": json.dumps({"context": context} if (context := job_context()) else {}),
         },
     ).one()
     first_auto = int(memory_seq) - n_auto + 1
@@ -194,7 +196,8 @@ _SAVE_STATEMENT = text(
     ), job AS (
         INSERT INTO jobs (id, tenant_id, kind, state, payload, attempts, created_at, updated_at)
         SELECT :job_id, :tenant_id, 'embed', 'queued',
-               jsonb_build_object('doc_ids', jsonb_agg('{MEMORY_PREFIX}' || memory_id ORDER BY ord)),
+               jsonb_build_object('doc_ids', jsonb_agg('{MEMORY_PREFIX}' || memory_id ORDER BY ord))
+                   || CAST(:job_context AS jsonb),
                0, now(), now()
         FROM items
         RETURNING 1
@@ -218,8 +221,7 @@ def _row_values(caller: Caller, p: _Planned, *, auto: int | None) -> dict[str, A
         "tags": list(dict.fromkeys(item.tags)),
         "source": item.source,
         "run_id": item.run_id,
-        "persona": item.persona if item.persona is not None else caller.persona,
-        "agent_id": item.agent_id if item.agent_id is not None else caller.agent_id,
+        **caller.stamp(agent_id=item.agent_id, persona=item.persona),
         "entities": p.links.entities,
         "created_by": caller.user,
     }
