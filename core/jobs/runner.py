@@ -17,13 +17,15 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-from sqlalchemy import text, update
+from sqlalchemy import literal, text, update
+from sqlalchemy.dialects.postgresql import JSONB
 
 from core.jobs.handlers import HANDLERS
 from core.jobs.models import Job
 from core.jobs.service import PermanentJobError, now
 
 log = logging.getLogger(__name__)
+_ATTEMPT_ERROR_CHARS = 2_000
 
 
 @dataclass(frozen=True)
@@ -34,9 +36,14 @@ class RunOutcome:
     retry_in: float = 0.0
 
 
-def backoff_seconds(attempt: int, *, base: float, cap: float = 300.0) -> float:
-    """Exponential backoff with full jitter."""
-    return random.uniform(0, min(cap, base * (2 ** max(attempt - 1, 0))))
+def backoff_seconds(attempt: int, *, base: float, cap: float) -> float:
+    """The wait before retrying after failed attempt number `attempt` (1-based).
+
+    Exponential: base * 2^(attempt-1), capped at `cap`; with jitter from the upper half of that delay
+    ("equal jitter"), so retries of jobs that failed together spread out while each job's waits still grow.
+    """
+    delay = min(cap, base * 2.0 ** min(max(attempt - 1, 0), 64))
+    return random.uniform(delay / 2, delay)
 
 
 def run_job(
@@ -45,7 +52,8 @@ def run_job(
     session_factory: Callable[[], Any],
     max_attempts: int,
     running_lease: timedelta = timedelta(seconds=20),
-    retry_base_seconds: float = 1.0,
+    retry_base_seconds: float = 2.0,
+    retry_max_seconds: float = 4 * 3600.0,
 ) -> RunOutcome:
     """Run one job once: claim it, call its handler in its own transaction, record the outcome.
 
@@ -88,7 +96,8 @@ def run_job(
             or getattr(exc, "retryable", True) is False
         )
         log.warning("job %s (%s) attempt %d failed: %s", job_id, kind, attempts, traceback.format_exc())
-        retry_in = 0.0 if final else backoff_seconds(attempts, base=retry_base_seconds)
+        retry_in = 0.0 if final else backoff_seconds(attempts, base=retry_base_seconds, cap=retry_max_seconds)
+        failed = {"attempt": attempts, "error": error[:_ATTEMPT_ERROR_CHARS], "at": now().isoformat()}
         with session_factory() as session:
             # dispatched_at of a queued job is when its next delivery is due: reconcile leaves it alone
             # until then, and an early duplicate message is skipped.
@@ -100,6 +109,8 @@ def run_job(
                 .values(
                     state="failed" if final else "queued",
                     error=error[:10_000],
+                    # Every attempt's error, not only the last: an outage's story is in the sequence.
+                    attempt_errors=Job.attempt_errors.op("||")(literal([failed], JSONB)),
                     updated_at=now(),
                     dispatched_at=None if final else now() + timedelta(seconds=retry_in),
                     finished_at=now() if final else None,

@@ -41,13 +41,14 @@ from core.entities.resolver import extract_query_entities, resolve_entities
 from core.errors import BadRequest
 from core.memories.models import Memory
 from core.memories.visibility import visible_clause
+from core.refs import MEMORY_PREFIX
 from core.search import entity_channel, facts, graph, hits, sql
 from core.search.catalog import last_snapshot, load_snapshot, snapshot_memo
 from core.search.dense import ENTITIES, DenseSearch, DenseUnavailable, EmbeddingStats, dense_model
 from core.search.filters import EXAMPLE_QUERIES, MEMORIES, Eligibility, MemoryFilter, any_of
 from core.search.fulltext import ENTITY_KINDS, FulltextIndex
 from core.search.fusion import relevance, with_hops
-from core.search.index import MEMORY_DOC_PREFIX, catch_up, catch_up_before_search, memory_doc_kind
+from core.search.index import catch_up, catch_up_before_search, memory_doc_kind
 from core.search.modes import ordered_buckets
 from core.search.schemas import SearchRequest, SearchResponse
 from core.tenancy.context import Caller
@@ -203,7 +204,7 @@ class _FulltextRankings:
     def bucket(self, bucket: str, limit: int) -> Ranking:
         if (bucket, limit) not in self._buckets:
             hits = self.kinds(frozenset({memory_doc_kind(bucket == EXAMPLE_QUERIES)}), limit)
-            self._buckets[bucket, limit] = [(doc_id[len(MEMORY_DOC_PREFIX) :], s) for doc_id, s in hits]
+            self._buckets[bucket, limit] = [(doc_id[len(MEMORY_PREFIX) :], s) for doc_id, s in hits]
         return self._buckets[bucket, limit]
 
     def first_looks(self, caps: dict[str, int], entity_depth: int) -> None:
@@ -612,7 +613,7 @@ class _Search:
         missing = [memory_id for memory_id in ids if memory_id not in memories]
         memories.update(hits.load_memories(self.session, tenant_id=self.caller.tenant_id, memory_ids=missing))
         matched = {
-            memory_id: [t for t in tokens if t in (memory.entities or []) or t == MEMORY_DOC_PREFIX + memory_id]
+            memory_id: [t for t in tokens if t in (memory.entities or []) or t == MEMORY_PREFIX + memory_id]
             for memory_id, memory in memories.items()
         }
         self.response.memories = hits.memory_hits(  # type: ignore[assignment]
