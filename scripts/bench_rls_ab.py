@@ -1,6 +1,7 @@
 """What row-level security costs, A/B in one process: the same searches and saves alternate between the old
 path (the schema owner, a superuser that RLS does not bind, no per-transaction setting) and the new one
-(the app role under the forced policies, `set_config` at each transaction's start).
+(the app role under the forced policies, `set_config` at each transaction's start), with a middle
+variant (the owner with the `set_config` round trip but no policy) that splits the cost in two.
 
 Alternating call by call puts both paths under the same machine load, which on shared cores moves wall
 figures by 2x between separate runs. Usage (a throwaway embedded stack, as `engram bench search`):
@@ -30,16 +31,20 @@ from core.config import reset_settings_cache
 
 
 @contextmanager
-def old_path(owner: sessionmaker[Session]) -> Iterator[None]:
-    """Sessions of the owner engine, without the hook that names the tenant to PostgreSQL."""
+def path(variant: str, owner: sessionmaker[Session]) -> Iterator[None]:
+    """`old`: owner sessions, no per-transaction setting (before RLS); `hook`: owner sessions with the
+    setting (its round trip, no policy: a superuser bypasses RLS); `new`: the service as it runs."""
     saved = db._factory
-    event.remove(Session, "after_begin", db._set_transaction_tenant)
-    db._factory = owner
+    if variant != "new":
+        db._factory = owner
+    if variant == "old":
+        event.remove(Session, "after_begin", db._set_transaction_tenant)
     try:
         yield
     finally:
         db._factory = saved
-        event.listen(Session, "after_begin", db._set_transaction_tenant)
+        if variant == "old":
+            event.listen(Session, "after_begin", db._set_transaction_tenant)
 
 
 def timed(call: Callable[[], Any]) -> float:
@@ -92,26 +97,27 @@ def main() -> None:
             for mode in MODES
         ]
         cases.append(("save", lambda i: lambda: run_save(f"a/b note {i} on revenue {random.random()}")))
-        print(f"{'case':<18} {'old p50':>9} {'new p50':>9} {'change':>8} {'old p95':>9} {'new p95':>9}")
+        variants = ("old", "hook", "new")
+        print(
+            f"{'case':<18} {'old p50':>9} {'+set_config':>12} {'+policies':>10} {'change':>8}"
+            f" {'old p95':>9} {'new p95':>9}"
+        )
         for name, make in cases:
-            old_ms: list[float] = []
-            new_ms: list[float] = []
+            ms: dict[str, list[float]] = {v: [] for v in variants}
             for i in range(args.queries + 10):
                 call = make(i)
-                if i % 2:  # alternate which path goes first, so neither always meets the warmer cache
-                    new = timed(call)
-                with old_path(owner):
-                    old = timed(call)
-                if not i % 2:
-                    new = timed(call)
-                if i >= 10:  # warm-up
-                    old_ms.append(old)
-                    new_ms.append(new)
-            old_p50, new_p50 = statistics.median(old_ms), statistics.median(new_ms)
-            old_p95, new_p95 = (sorted(v)[int(len(v) * 0.95)] for v in (old_ms, new_ms))
-            change = (new_p50 / old_p50 - 1) * 100
+                # Rotate which variant goes first, so none always meets the warmest cache.
+                for variant in variants[i % 3 :] + variants[: i % 3]:
+                    with path(variant, owner):
+                        elapsed = timed(call)
+                    if i >= 10:  # warm-up
+                        ms[variant].append(elapsed)
+            p50 = {v: statistics.median(ms[v]) for v in variants}
+            p95 = {v: sorted(ms[v])[int(len(ms[v]) * 0.95)] for v in variants}
+            change = (p50["new"] / p50["old"] - 1) * 100
             print(
-                f"{name:<18} {old_p50:>8.2f}ms {new_p50:>8.2f}ms {change:>+7.1f}% {old_p95:>8.2f}ms {new_p95:>8.2f}ms"
+                f"{name:<18} {p50['old']:>8.2f}ms {p50['hook']:>10.2f}ms {p50['new']:>8.2f}ms {change:>+7.1f}%"
+                f" {p95['old']:>8.2f}ms {p95['new']:>8.2f}ms"
             )
         owner_engine.dispose()
 
