@@ -60,6 +60,8 @@ _engine: Engine | None = None
 _owner_engine: Engine | None = None
 _factory: sessionmaker[Session] | None = None
 _lock = threading.Lock()
+# PostgreSQL settings every new connection of this process gets (see limit_waits).
+_session_settings: dict[str, str] = {}
 
 
 def normalize_url(url: str) -> str:
@@ -106,10 +108,14 @@ def get_engine() -> Engine:
     global _engine, _factory
     with _lock:
         if _engine is None:
+            settings = get_settings()
             _engine = create_engine(
                 app_database_url(),
-                pool_size=10,
-                max_overflow=20,
+                # A request holds at most one connection, and the API runs at most api_max_inflight requests
+                # at once, so the pool covers them; a wait for a connection is bounded and ends in a 503.
+                pool_size=settings.db_pool_size,
+                max_overflow=4,
+                pool_timeout=settings.db_pool_timeout_seconds,
                 # No pre-ping: it costs a round trip per request. A connection broken by a database
                 # restart fails one request with 503 and is discarded with the pool.
                 pool_pre_ping=False,
@@ -141,7 +147,22 @@ def _plan_each_statement(dbapi_connection: Any, _record: Any) -> None:
     """
     with dbapi_connection.cursor() as cursor:
         cursor.execute("SET plan_cache_mode = force_custom_plan")
+        for name, value in _session_settings.items():
+            cursor.execute(f"SET {name} = '{value}'")
     dbapi_connection.commit()
+
+
+def limit_waits(*, lock_timeout_seconds: float, idle_in_transaction_seconds: float) -> None:
+    """Bound what a connection of this process may wait on in PostgreSQL (the API calls this).
+
+    A row lock held by a slow writer ends the waiting statement after ``lock_timeout_seconds`` (a 503 for
+    the request), and a transaction left idle longer than ``idle_in_transaction_seconds`` (a client that
+    went away mid-request) is ended by the server instead of pinning locks and a connection. Workers and
+    migrations keep PostgreSQL's defaults: their waits are part of their job. Applies to connections
+    opened after the call, so it is made before the first one.
+    """
+    _session_settings["lock_timeout"] = f"{int(lock_timeout_seconds * 1000)}ms"
+    _session_settings["idle_in_transaction_session_timeout"] = f"{int(idle_in_transaction_seconds * 1000)}ms"
 
 
 def dispose_engine() -> None:

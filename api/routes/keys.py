@@ -2,20 +2,32 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from fastapi import APIRouter, Body, Depends
+from pydantic import BaseModel, ConfigDict, Field
 
 from api.auth import forget_cached_keys, require_admin
 from core.db import tenant_session
 from core.errors import Invalid
+from core.memories.schemas import unknown_fields
 from core.tenancy.context import Caller
 from core.tenancy.models import ApiKey, Tenant
 from core.tenancy.service import KeyBinding, issue_key, list_keys, revoke_key
 
 router = APIRouter(prefix="/v1")
 
-_FIELDS = {"user", "role", "agent_id", "persona", "read_only"}
+
+class CreateKeyIn(BaseModel):
+    """`POST /v1/keys`: a key for one user of the caller's tenant, optionally bound to an agent/persona."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    user: str = Field(description="the key holder's email address", examples=["ana@example.com"])
+    role: Literal["admin", "member"] = Field(default="member", description="admin keys manage keys and the catalog")
+    agent_id: str | None = Field(default=None, description="the key acts as this agent, whatever a call names")
+    persona: str | None = Field(default=None, description="the key acts under this persona, whatever a call names")
+    read_only: bool = Field(default=False, description="every write with this key is refused (403)")
 
 
 def _binding(body: dict[str, Any]) -> KeyBinding:
@@ -44,9 +56,7 @@ def _key_out(key: ApiKey) -> dict[str, Any]:
 def create_key(body: Any = Body(default=None), caller: Caller = Depends(require_admin)) -> dict[str, Any]:
     if not isinstance(body, dict):
         raise Invalid('body must be {"user": "...", "role": "member"}', field="user")
-    unknown = sorted(set(body) - _FIELDS)
-    if unknown:
-        raise Invalid(f"unknown field {unknown[0]!r}", field=unknown[0])
+    unknown_fields(CreateKeyIn, body)
     user, role = body.get("user"), body.get("role", "member")
     if not isinstance(user, str):
         raise Invalid("user must be an email address", field="user")

@@ -12,11 +12,17 @@ The feed is read in one REPEATABLE READ snapshot together with the tenant's ``ch
 write bumps that seq under the tenant row lock, so all changes up to it are visible in that snapshot
 and none is skipped. Any process can do this (the index serialises writers with a file lock), so a
 memory saved through one API process is found by the next search in any other.
+
+Connections and locks: a search catches up with :func:`catch_up_before_search` before it takes its own
+connection, so waiting for the index lock never holds a connection or a transaction, and the catch-up's
+connection is the only one the request holds at that moment. Inside the search's transaction
+:func:`catch_up` only moves the reader to what is committed already: it neither waits nor connects.
+The search still reflects every write committed before it started (read-your-writes); writes that
+commit while it runs may be missed by full-text, as they would be by a search started a moment earlier.
 """
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -24,6 +30,7 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from core.caches import BoundedCache
 from core.config import get_settings
 from core.db import tenant_session
 from core.entities.canonical import is_memory_ref
@@ -37,8 +44,11 @@ from core.tenancy.models import Tenant
 MEMORY_DOC_PREFIX = "memory:"
 # How many memories before and after a memory of the same run lend it their text.
 CONTEXT_TURNS = 2
-_indexes: dict[str, FulltextIndex] = {}
-_lock = threading.Lock()
+# An evicted handle is dropped; a search still holding it finishes on it, and the next one reopens the
+# directory (the index on disk is kept, so reopening costs a reader, not a rebuild).
+_indexes: BoundedCache[FulltextIndex] = BoundedCache(
+    "fulltext_indexes", max_entries=lambda: get_settings().fulltext_max_open_indexes
+)
 
 
 def memory_fulltext_text(*, content: str, entities: list[str], tags: list[str], context: Sequence[str] = ()) -> str:
@@ -65,21 +75,17 @@ def memory_doc_kind(carries_query: bool) -> str:
 
 
 def tenant_index(tenant_id: int) -> FulltextIndex:
-    """The process-wide handle on a tenant's index (opened once per process and directory)."""
+    """The process-wide handle on a tenant's index (opened once per process and directory, and kept while
+    it is among the ``fulltext_max_open_indexes`` most recently used)."""
     path = Path(get_settings().index_dir) / f"tenant-{tenant_id}"
-    key = str(path)
-    with _lock:
-        index = _indexes.get(key)
-        if index is None:
-            index = FulltextIndex(path)
-            _indexes[key] = index
-        return index
+    return _indexes.get_or_create(
+        str(path), lambda: FulltextIndex(path, lock_wait=get_settings().index_lock_wait_seconds)
+    )
 
 
 def forget_open_indexes() -> None:
     """Drop the process's index handles (tests that delete index directories)."""
-    with _lock:
-        _indexes.clear()
+    _indexes.clear()
 
 
 def fetch_changes(tenant_id: int, since: int) -> tuple[list[DocChange], int]:
@@ -162,8 +168,27 @@ def _rendered(content: str) -> str:
     return render_memory(Memory(content=content))
 
 
-def catch_up(*, tenant_id: int, current_seq: int) -> FulltextIndex:
-    """The tenant's index, brought up to ``current_seq`` (the tenant's change seq read by the caller)."""
+def current_change_seq(tenant_id: int) -> int:
+    """The tenant's committed change seq, read on a connection held only for that statement."""
+    with tenant_session(tenant_id) as session:
+        return int(session.scalar(select(Tenant.change_seq).where(Tenant.id == tenant_id)) or 0)
+
+
+def catch_up_before_search(tenant_id: int) -> FulltextIndex:
+    """The tenant's index, brought up to every write committed so far. Call it holding no connection:
+    it waits (bounded) for the index lock holding none, and the catch-up under the lock takes one."""
     index = tenant_index(tenant_id)
-    index.catch_up(lambda since: fetch_changes(tenant_id, since), current_seq=current_seq)
+    current = current_change_seq(tenant_id)
+    index.catch_up(lambda since: fetch_changes(tenant_id, since), current_seq=current)
+    return index
+
+
+def catch_up(*, tenant_id: int, current_seq: int) -> FulltextIndex:
+    """The tenant's index, its reader moved up to ``current_seq`` as far as committed catch-ups reach.
+
+    Runs inside a search's transaction, so it neither waits for the index lock nor opens a connection
+    (see the module docstring); :func:`catch_up_before_search` did the catching up.
+    """
+    index = tenant_index(tenant_id)
+    index.refresh(current_seq)
     return index

@@ -15,7 +15,7 @@ from alembic import op
 from core.tenancy.rls import POLICY, apply_row_security, tenant_tables
 
 revision = "0010"
-down_revision = "0008"
+down_revision = "0009"
 branch_labels = None
 depends_on = None
 

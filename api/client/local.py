@@ -13,9 +13,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from api.client_base import as_api_errors, validated
-from api.client_local_admin import LocalAdminCalls
-from api.client_models import (
+from api.client.base import as_api_errors, validated
+from api.client.local_admin import LocalAdminCalls
+from api.client.models import (
     BatchResult,
     ForgetResult,
     HydrateResult,
