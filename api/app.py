@@ -6,10 +6,12 @@ import logging
 
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse
+from fastapi_offline import FastAPIOffline
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 import core.schema  # noqa: F401 - every table known to the ORM
 from api.errors import error_response, install_error_handlers
+from api.openapi import install_openapi, operation_id
 from core.parsing import plain_int
 
 log = logging.getLogger("engram.api")
@@ -19,8 +21,24 @@ MAX_BODY_BYTES = 64 * 1024 * 1024
 _BODY_METHODS = ("POST", "PUT", "PATCH")
 
 
+DESCRIPTION = """Memory for AI agents: save what a run learns, find it again by entity, words and meaning.
+
+Every /v1 call takes an API key as `Authorization: Bearer egk_...` (the Authorize button); `agent_id` and
+`persona` (in the body or the query) say which agent and persona a call acts for. Every error is
+`{"error": {"code", "message", "field"?}}`, with `field` the offending field's path on 422."""
+
+
 def create_app(*, install_queue: bool = False) -> FastAPI:
-    app = FastAPI(title="engram", version="0.1.0", docs_url="/docs", redoc_url=None)
+    # Swagger UI and ReDoc from the fastapi-offline package's own files: /docs and /redoc work offline.
+    app = FastAPIOffline(
+        title="engram",
+        version="0.1.0",
+        docs_url="/docs",
+        redoc_url="/redoc",
+        static_url="/docs/assets",
+        generate_unique_id_function=operation_id,
+    )
+    install_openapi(app, description=DESCRIPTION)
     install_error_handlers(app)
 
     app.add_middleware(BodyGuard)

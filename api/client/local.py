@@ -15,7 +15,7 @@ from typing import Any
 
 from api.client.base import as_api_errors, validated
 from api.client.local_admin import LocalAdminCalls
-from api.client.models import (
+from api.schemas import (
     BatchResult,
     ForgetResult,
     HydrateResult,

@@ -6,7 +6,7 @@ from datetime import timedelta
 from typing import Any
 
 from api.client.base import as_api_errors, validated
-from api.client.models import (
+from api.schemas import (
     CoverageRow,
     Datasource,
     Deleted,

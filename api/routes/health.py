@@ -8,18 +8,24 @@ from fastapi import APIRouter
 from fastapi.responses import JSONResponse
 from sqlalchemy import text
 
+from api.openapi import operation
+from api.schemas import Health, Readiness
 from core.db import get_engine
 
-router = APIRouter()
+router = APIRouter(tags=["health"])
 
 
-@router.api_route("/healthz", methods=["GET", "HEAD"])
+@router.head("/healthz", include_in_schema=False)
+@router.get("/healthz", **operation(summary="Liveness", response=Health, keyed=False))
 def healthz() -> dict[str, Any]:
+    """200 while the process serves requests."""
     return {"status": "ok"}
 
 
-@router.api_route("/readyz", methods=["GET", "HEAD"])
+@router.head("/readyz", include_in_schema=False)
+@router.get("/readyz", **operation(summary="Readiness", response=Readiness, keyed=False, errors=(503,)))
 def readyz() -> JSONResponse:
+    """200 when the database and Redis answer; 503 (with `Retry-After` and the contract's `error`) when not."""
     checks: dict[str, str] = {}
     try:
         with get_engine().connect() as connection:

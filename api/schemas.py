@@ -1,4 +1,5 @@
-"""Response models of the REST API, for the Python clients (remote and local) and the MCP server.
+"""Response models of the REST API: the OpenAPI description's success bodies, and what the Python clients
+(remote and local) and the MCP server parse.
 
 Request models are the core ones (``SaveMemoryIn``, ``PatchMemoryIn``, ``ListFilters``, ``SearchRequest``,
 ``DatasourceIn``, ``ModelPutIn``, ``ModelPatchIn``); ``SaveResult`` and ``SearchResponse`` are core
@@ -111,6 +112,10 @@ class Datasource(_Out):
     model_count: int | None = None
 
 
+class DatasourceList(_Out):
+    datasources: list[Datasource]
+
+
 class Deleted(_Out):
     """A datasource or model delete, with the cascade's counters as extra fields."""
 
@@ -171,3 +176,16 @@ class ModelInspection(_Out):
     measures: list[dict[str, Any]] = Field(default_factory=list)
     aggregations: list[dict[str, Any]] = Field(default_factory=list)
     learnings: list[Memory] = Field(default_factory=list)
+
+
+class CoverageReport(_Out):
+    coverage: list[CoverageRow]
+
+
+class Health(_Out):
+    status: str = Field(examples=["ok"])
+
+
+class Readiness(_Out):
+    status: str = Field(description="`ready`, or `unavailable` (with a 503)", examples=["ready"])
+    checks: dict[str, str] = Field(description="per dependency: `ok` or why not", examples=[{"database": "ok"}])
