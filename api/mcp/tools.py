@@ -1,7 +1,7 @@
 """The MCP tools: one per agent-facing memory and catalog call, each a thin adapter to the local client.
 
-A tool gathers the arguments the agent gave, hands them to :class:`api.client.local.LocalEngramClient`
-(which runs the same validation and core services as the REST routes) in a worker thread, and answers
+A tool gathers the arguments the agent gave, hands them to an :class:`api.client.EngramClient` (local mode:
+the REST routes of this process, see :mod:`api.client.local`) in a worker thread, and answers
 the result as structured content plus its JSON text. A refused call answers ``isError`` with the REST
 error object ``{"error": {"code", "message", "field"}}``, so an agent reads the same message it would
 over HTTP.
@@ -20,12 +20,12 @@ from mcp.types import CallToolResult, TextContent, ToolAnnotations
 from pydantic import BaseModel, Field
 
 from api.client.base import EngramAPIError, dump
-from api.client.local import LocalEngramClient
+from api.client.sync import EngramClient
 from api.mcp import descriptions as text
 from core.memories.schemas import MemoryCategory, MemoryKind, RelationType
 
 # Resolves the client of the agent behind one tool call (stdio: fixed; HTTP: from the request's key).
-ClientFor = Callable[[Context], Awaitable[LocalEngramClient]]
+ClientFor = Callable[[Context], Awaitable[EngramClient]]
 
 Id = Annotated[str, Field(description="The memory id, e.g. '42' or 'kb.policy.42'.")]
 AgentId = Annotated[str | None, Field(description="Your agent id; memories you save carry it (optional).")]
@@ -75,7 +75,7 @@ def error_result(exc: EngramAPIError) -> CallToolResult:
     return CallToolResult(content=[TextContent(type="text", text=json.dumps(body, ensure_ascii=False))], isError=True)
 
 
-async def _run(client_for: ClientFor, ctx: Context, call: Callable[[LocalEngramClient], Any]) -> CallToolResult:
+async def _run(client_for: ClientFor, ctx: Context, call: Callable[[EngramClient], Any]) -> CallToolResult:
     try:
         client = await client_for(ctx)
         # Core services are synchronous database work: keep them off the event loop.
