@@ -51,6 +51,21 @@ class Memory(_Out):
     last_accessed_at: datetime | None = None
 
 
+class MemoryVersion(_Out):
+    content: str
+    kind: str
+    category: str
+    tags: list[str] = Field(default_factory=list)
+    importance: float
+    entities: list[str] = Field(default_factory=list)
+    changed_by: str
+    changed_at: datetime
+
+
+class MemoryHistory(_Out):
+    versions: list[MemoryVersion]
+
+
 class MemoryPage(_Out):
     memories: list[Memory]
     next_cursor: str | None = None
@@ -92,6 +107,23 @@ class IssuedKeyOut(_Out):
     user: str
     role: str
     tenant: str
+    agent_id: str | None = None
+    persona: str | None = None
+    read_only: bool = False
+
+
+class KeyOut(_Out):
+    id: str
+    user: str
+    role: str
+    agent_id: str | None = None
+    persona: str | None = None
+    read_only: bool = False
+    created_at: datetime | None = None
+
+
+class KeyList(_Out):
+    keys: list[KeyOut]
 
 
 class KeyRevoked(_Out):

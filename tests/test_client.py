@@ -52,8 +52,8 @@ def normalise(value: Any) -> Any:
     if isinstance(value, str) and GENERATED_ID.search(value):
         return GENERATED_ID.sub("<generated id>", value)
     if isinstance(value, str) and value.startswith("---\n"):  # the export: drop its record times
-        times = ("created_at:", "updated_at:", "occurred_at:")
-        return "\n".join(line for line in value.split("\n") if not line.startswith(times))
+        times = ("created_at:", "updated_at:", "occurred_at:", "changed_at:")  # also inside `history:`
+        return "\n".join(line for line in value.split("\n") if not line.strip().startswith(times))
     return value
 
 

@@ -67,12 +67,19 @@ def bench_search(memories: int, entities: int, queries: int, as_json: bool) -> N
 @eval_.command("retrieval")
 @click.argument("file", type=click.Path(exists=True, dir_okay=False))
 @click.option("--limit", default=0, help="only the first N conversations (0: all)")
+@click.option(
+    "--form",
+    type=click.Choice(["run", "content"]),
+    default="run",
+    show_default=True,
+    help="run: turns saved with their session as run_id and tag; content: content and occurred_at only",
+)
 @json_option
-def eval_retrieval(file: str, limit: int, as_json: bool) -> None:
+def eval_retrieval(file: str, limit: int, form: str, as_json: bool) -> None:
     """Recall@5/10/20 (overall and per category) and search latency over a LoCoMo-shaped file."""
     from core.bench.retrieval import run
 
-    figures = run(path=file, limit=limit, log=lambda m: click.echo(m, err=True))
+    figures = run(path=file, limit=limit, log=lambda m: click.echo(m, err=True), content_only=form == "content")
     emit_figures(figures, as_json=as_json)
 
 

@@ -11,7 +11,7 @@ from fastapi.responses import JSONResponse
 from api.auth import require_caller
 from api.embedding_hooks import after_save, embed_now
 from api.openapi import BEARER, IDENTITY, operation, query_from
-from api.schemas import BatchResult, ForgetResult, HydrateResult, Memory, MemoryPage
+from api.schemas import BatchResult, ForgetResult, HydrateResult, Memory, MemoryHistory, MemoryPage
 from core.db import tenant_session
 from core.embeddings.providers import EmbeddingProviderError
 from core.errors import EngramError, Invalid
@@ -165,6 +165,25 @@ def get_memory(
     with tenant_session(caller.tenant_id) as session:
         memory = service.get_memory(session, caller=caller, memory_id=memory_id, include_forgotten=include_forgotten)
         return service.memories_to_dicts(session, [memory])[0]
+
+
+@router.get(
+    "/memories/{memory_id}/history",
+    **operation(summary="A memory's versions", response=MemoryHistory, errors=(403, 404), query=IDENTITY),
+)
+def memory_history(
+    memory_id: str,
+    request: Request,
+    include_forgotten: bool = False,
+    caller: Caller = Depends(require_caller),
+) -> dict[str, Any]:
+    """Every revision, newest first (the current one first); visible as for GET, no access counted."""
+    caller = acting_identity(caller, None, request)
+    with tenant_session(caller.tenant_id) as session:
+        versions = service.memory_history(
+            session, caller=caller, memory_id=memory_id, include_forgotten=include_forgotten
+        )
+    return {"versions": versions}
 
 
 @router.patch(

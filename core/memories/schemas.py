@@ -183,6 +183,9 @@ class ListFilters(BaseModel):
     run_id: str | None = None
     status: MemoryStatus = "active"
     since: Time | None = None
+    # Event time bounds (``occurred_at``), both inclusive, as on search.
+    occurred_after: Time | None = None
+    occurred_before: Time | None = None
     entity: str | None = None
     sort: Literal["recent", "importance", "most_accessed"] = "recent"
     limit: int = Field(default=50, ge=1, le=200)
