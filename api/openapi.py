@@ -15,8 +15,10 @@ from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 from fastapi.routing import APIRoute
 from fastapi.security import HTTPBearer
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
+
+from api.schemas import ErrorResponse
 
 # A dependency of every keyed router: the spec gets the bearer `securitySchemes` (the Authorize button of
 # /docs). It never refuses a request itself (auto_error=False); api.auth checks the key.
@@ -46,20 +48,6 @@ ERROR_TEXT: dict[int, str] = {
     503: "A dependency (database, broker) is down; retry after `Retry-After` seconds.",
 }
 KEYED_ERRORS = (401, 422, 429, 503)
-
-
-class ErrorDetail(BaseModel):
-    model_config = ConfigDict(extra="allow")
-
-    code: str = Field(description="machine-readable kind of error", examples=["validation_error"])
-    message: str = Field(description="what went wrong, for a human", examples=["kind: Input should be 'fact', ..."])
-    field: str | None = Field(default=None, description="on 422: the offending field's path", examples=["kind"])
-
-
-class ErrorResponse(BaseModel):
-    """Every error of every route: ``{"error": {"code", "message", "field"?}}``."""
-
-    error: ErrorDetail
 
 
 _BODY_MODELS: dict[str, type[BaseModel]] = {}

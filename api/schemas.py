@@ -72,9 +72,17 @@ class MemoryPage(_Out):
 
 
 class ErrorBody(_Out):
-    code: str
-    message: str
-    field: str | None = None
+    """The contract's error object; more keys may follow (e.g. `status` in MCP answers)."""
+
+    code: str = Field(description="machine-readable kind of error", examples=["validation_error"])
+    message: str = Field(description="what went wrong, for a human", examples=["kind: Input should be 'fact', ..."])
+    field: str | None = Field(default=None, description="on 422: the offending field's path", examples=["kind"])
+
+
+class ErrorResponse(_Out):
+    """Every error of every route: ``{"error": {"code", "message", "field"?}}``."""
+
+    error: ErrorBody
 
 
 class BatchItemError(_Out):
