@@ -17,6 +17,7 @@ from api.schemas import ImportResult
 from core.db import tenant_session
 from core.errors import BadRequest, EngramError, Invalid
 from core.memories import transfer
+from core.memories.schemas import unknown_fields
 from core.tenancy.context import Caller
 
 router = APIRouter(prefix="/v1", tags=["memories"], dependencies=[Depends(BEARER)])
@@ -85,6 +86,7 @@ async def _markdown_body(request: Request) -> str:
             raise BadRequest("the request body is not valid JSON") from None
         if not isinstance(body, dict) or not isinstance(body.get("markdown"), str):
             raise Invalid('send {"markdown": "..."} or the markdown itself as text/markdown', field="markdown")
+        unknown_fields(ImportIn, body)
         return str(body["markdown"])
     if media not in _MARKDOWN_MEDIA:
         raise UnsupportedMedia("send the export as 'Content-Type: text/markdown' or JSON {\"markdown\": ...}")
