@@ -120,6 +120,8 @@ class Settings(BaseSettings):
 
     # Search.
     dense_exact_max_docs: int = 20_000
+    # Tenants' full-text index handles one process keeps open (least recently used evicted; core.caches).
+    fulltext_max_open_indexes: int = 1_000
     # Memories whose eligibility facts one process keeps in memory, over all tenants (~450 bytes each,
     # so ~90 MB at most; core.search.facts). A larger tenant is judged in SQL; 0 turns the cache off.
     search_facts_max_memories: int = 200_000
