@@ -145,3 +145,17 @@ def test_pasted_canonical_id_returns_that_column(client, catalog):  # noqa: F811
     for question in ("shop.addresses.country", "shop.addresses.country_code", "shop.orders.amount"):
         out = search(client, catalog, {"question": question})
         assert ids(out["entities"])[0] == question, (question, out["entities"])
+
+
+def test_memories_of_one_explicit_event_time_lend_their_words(client, tenant):
+    """Without a run id, memories saved with the same explicit ``occurred_at`` (the turns of one session imported
+    with its date) are one episode: each is indexed with its neighbours' text. A memory whose event time
+    defaulted to its save time, or differs, is in no episode."""
+    at = {"occurred_at": "2023-05-08T13:56:00Z"}
+    asked = save(client, tenant, {"content": "Did you visit the aquarium?", **at})
+    answer = save(client, tenant, {"content": "Yes, last Friday with my kids!", **at})
+    other = save(client, tenant, {"content": "Yes, we went on Sunday", "occurred_at": "2023-05-09T10:00:00Z"})
+    alone = save(client, tenant, {"content": "Yes, the museum, with no kids"})
+    found = ids(search(client, tenant, {"question": "aquarium", "max_memories": 10})["memories"])
+    assert set(found[:2]) == {asked, answer}
+    assert other not in found and alone not in found
