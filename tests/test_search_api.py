@@ -144,9 +144,9 @@ def test_forgotten_never_stale_only_with_flag(client, tenant):
     """Forgotten memories never appear; stale ones only with include_stale."""
     from sqlalchemy import update
 
+    from core.changes import bump_change_seq
     from core.db import tenant_session
     from core.memories.models import Memory
-    from core.memories.service import bump_change_seq
 
     gone = save(client, tenant, {"content": "obsolete margin rule"})
     stale = save(client, tenant, {"content": "stale margin rule"})

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import click
 
+from core import __version__
+
 
 def _set_home(home: str | None) -> None:
     if home:
@@ -25,6 +27,7 @@ home_option = click.option(
 
 
 @click.group()
+@click.version_option(__version__, "--version", prog_name="engram", message="%(prog)s %(version)s")
 def main() -> None:
     """engram: memory for AI agents."""
 
@@ -53,8 +56,10 @@ def api(host: str | None, port: int | None, workers: int | None, migrate: bool, 
     import uvicorn
 
     from core.config import get_settings
+    from core.logging import configure_logging
 
     settings = get_settings()
+    configure_logging(process="api")
     if migrate:
         from core.migrate import upgrade
 
@@ -64,16 +69,17 @@ def api(host: str | None, port: int | None, workers: int | None, migrate: bool, 
         host=host or settings.host,
         port=port or settings.port,
         workers=workers or settings.api_workers,
-        log_level="warning",
+        # Logging is ours (core.logging, configured again in each worker by api.main); the access log is
+        # api.observe's, which knows the request id and the route.
+        log_config=None,
+        log_level=settings.log_level.lower(),
         access_log=False,
     )
 
 
 @main.command()
 @click.option("--concurrency", default=2, type=int, show_default=True)
-@click.option(
-    "--pool", default="threads", type=click.Choice(["threads", "prefork", "solo"]), show_default=True
-)
+@click.option("--pool", default="threads", type=click.Choice(["threads", "prefork", "solo"]), show_default=True)
 @click.option(
     "--supervise/--no-supervise",
     default=True,
@@ -89,10 +95,18 @@ def worker(concurrency: int, pool: str, supervise: bool, home: str | None) -> No
 
         argv = [sys.executable, "-m", "api.cli", "worker", f"--concurrency={concurrency}", f"--pool={pool}"]
         sys.exit(run_supervised("worker", [*argv, "--no-supervise", *(["--home", home] if home else [])]))
+    from core.config import get_settings
     from workers.celery_app import app
 
     app.worker_main(
-        ["worker", "--loglevel=INFO", f"--concurrency={concurrency}", f"--pool={pool}", "-Q", "engram"]
+        [
+            "worker",
+            f"--loglevel={get_settings().log_level.upper()}",
+            f"--concurrency={concurrency}",
+            f"--pool={pool}",
+            "-Q",
+            "engram",
+        ]
     )
 
 
@@ -106,7 +120,7 @@ def beat(home: str | None) -> None:
 
     schedule = get_settings().home / "celerybeat-schedule"
     schedule.parent.mkdir(parents=True, exist_ok=True)
-    app.start(["beat", "--loglevel=INFO", f"--schedule={schedule}"])
+    app.start(["beat", f"--loglevel={get_settings().log_level.upper()}", f"--schedule={schedule}"])
 
 
 @main.command()
@@ -126,14 +140,22 @@ def migrate(home: str | None) -> None:
 @main.command()
 @click.option("--agent-id", envvar="ENGRAM_AGENT_ID", default=None, help="default agent identity of the tools")
 @click.option("--persona", envvar="ENGRAM_PERSONA", default=None, help="default persona of the tools")
+@click.option("--url", envvar="ENGRAM_URL", default=None, help="serve through this remote engram's REST API")
+@click.option("--api-key", envvar="ENGRAM_API_KEY", default=None, help="the key the tools act for")
 @home_option
-def mcp(agent_id: str | None, persona: str | None, home: str | None) -> None:
-    """Run an MCP server over stdio for one agent (key: $ENGRAM_API_KEY), on the same storage as serve."""
+def mcp(agent_id: str | None, persona: str | None, url: str | None, api_key: str | None, home: str | None) -> None:
+    """Run an MCP server over stdio for one agent: on the same storage as serve, or with --url through a
+    hosted engram's REST API."""
     _set_home(home)
-    from api.mcp.stdio import McpStartupError, run_stdio
+    from api.mcp.stdio import McpStartupError, run_remote_stdio, run_stdio
 
     try:
-        run_stdio(agent_id=agent_id, persona=persona)
+        if url:
+            run_remote_stdio(url=url, api_key=api_key, agent_id=agent_id, persona=persona)
+        else:
+            if api_key:
+                os.environ["ENGRAM_API_KEY"] = api_key
+            run_stdio(agent_id=agent_id, persona=persona)
     except McpStartupError as exc:
         raise click.ClickException(str(exc)) from None
 

@@ -37,8 +37,10 @@ class LocalAdminCalls:
         raise NotImplementedError
 
     def _admin(self) -> Caller:
+        """The caller of an admin write (every use of this is one): 403 for members and read-only keys."""
         if not self._caller.is_admin:
             raise Forbidden("this call needs an admin key")
+        self._caller.require_write()
         return self._caller
 
     # Keys
@@ -188,6 +190,7 @@ class LocalAdminCalls:
 
         if not self._caller.is_admin:
             raise Forbidden("retrying a job needs an admin key")
+        self._caller.require_write()
         settings = get_settings()
         with system_session() as session:
             job = queries.retry(

@@ -94,7 +94,24 @@ def _wait_http(url: str, *, timeout: float, children: list[Child]) -> bool:
     return False
 
 
+def ensure_port_free(host: str, port: int) -> None:
+    """Fail at once, before anything starts or is printed, when another process holds the API's port."""
+    import errno
+    import socket
+
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        # As uvicorn binds: SO_REUSEADDR, so a port left in TIME_WAIT by a stopped serve is not "in use".
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, port))
+        except OSError as exc:
+            reason = "is already in use" if exc.errno == errno.EADDRINUSE else f"cannot be bound ({exc.strerror})"
+            raise click.ClickException(f"port {port} on {host} {reason}; choose another with --port") from None
+
+
 def serve(*, host: str, port: int, home: Path) -> None:
+    ensure_port_free(host, port)
     home = home.expanduser().resolve()
     home.mkdir(parents=True, exist_ok=True)
     os.environ["ENGRAM_HOME"] = str(home)

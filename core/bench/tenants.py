@@ -93,16 +93,17 @@ def _load_vectors(docs: list[tuple[int, list[tuple[str, str]]]]) -> None:
     """Every tenant's memory vectors by binary COPY, the HNSW index dropped during the load and built once."""
     from core.bench.corpus import _COPY_HEADER, _COPY_TRAILER
     from core.config import get_settings
-    from core.db import get_engine
+    from core.db import get_owner_engine
     from core.embeddings.providers import get_embedder
     from core.search.dense import HNSW_DIMS
 
     embedder = get_embedder(get_settings().embedding_model)
     dims = embedder.dims
-    raw = get_engine().raw_connection()
+    raw = get_owner_engine().raw_connection()  # COPY and index DDL: the owner, in system mode
     try:
         conn: Any = raw.driver_connection
         with conn.cursor() as cur:
+            cur.execute("SELECT set_config('engram.system', 'on', true)")
             with_index = dims in HNSW_DIMS
             if with_index:
                 cur.execute(f"DROP INDEX IF EXISTS ix_embeddings_hnsw_{dims}")

@@ -23,7 +23,6 @@ commit while it runs may be missed by full-text, as they would be by a search st
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Sequence
 from datetime import datetime
 from pathlib import Path
@@ -32,6 +31,7 @@ from typing import Any
 from sqlalchemy import ColumnElement, and_, or_, select
 from sqlalchemy.orm import Session
 
+from core.caches import BoundedCache
 from core.config import get_settings
 from core.db import tenant_session
 from core.entities.canonical import is_memory_ref
@@ -45,8 +45,11 @@ from core.tenancy.models import Tenant
 MEMORY_DOC_PREFIX = "memory:"
 # How many memories before and after a memory of the same run lend it their text.
 CONTEXT_TURNS = 2
-_indexes: dict[str, FulltextIndex] = {}
-_lock = threading.Lock()
+# An evicted handle is dropped; a search still holding it finishes on it, and the next one reopens the
+# directory (the index on disk is kept, so reopening costs a reader, not a rebuild).
+_indexes: BoundedCache[FulltextIndex] = BoundedCache(
+    "fulltext_indexes", max_entries=lambda: get_settings().fulltext_max_open_indexes
+)
 
 
 def memory_fulltext_text(*, content: str, entities: list[str], tags: list[str], context: Sequence[str] = ()) -> str:
@@ -73,21 +76,17 @@ def memory_doc_kind(carries_query: bool) -> str:
 
 
 def tenant_index(tenant_id: int) -> FulltextIndex:
-    """The process-wide handle on a tenant's index (opened once per process and directory)."""
+    """The process-wide handle on a tenant's index (opened once per process and directory, and kept while
+    it is among the ``fulltext_max_open_indexes`` most recently used)."""
     path = Path(get_settings().index_dir) / f"tenant-{tenant_id}"
-    key = str(path)
-    with _lock:
-        index = _indexes.get(key)
-        if index is None:
-            index = FulltextIndex(path, lock_wait=get_settings().index_lock_wait_seconds)
-            _indexes[key] = index
-        return index
+    return _indexes.get_or_create(
+        str(path), lambda: FulltextIndex(path, lock_wait=get_settings().index_lock_wait_seconds)
+    )
 
 
 def forget_open_indexes() -> None:
     """Drop the process's index handles (tests that delete index directories)."""
-    with _lock:
-        _indexes.clear()
+    _indexes.clear()
 
 
 def fetch_changes(tenant_id: int, since: int) -> tuple[list[DocChange], int]:

@@ -18,7 +18,8 @@ MAX_FILTER_TAGS = 100
 
 
 class SearchRequest(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    # A field search does not know is a 422 naming it, not unfiltered results.
+    model_config = ConfigDict(extra="forbid")
 
     entities: list[Annotated[str, Field(max_length=1_000)]] | None = Field(default=None, max_length=MAX_INPUT_ENTITIES)
     query: dict[str, Any] | None = None
