@@ -86,16 +86,23 @@ def test_list_filters_by_event_time(client, tenant):
     assert client.get("/v1/memories?occurred_after=yesterday", headers=h).status_code == 422
 
 
-def test_fresh_memory_is_first_for_its_own_words(client, tenant):
+@pytest.mark.parametrize("path", ["exact", "approximate"])
+def test_fresh_memory_is_first_for_its_own_words(client, tenant, monkeypatch, path):
     """Read-your-writes in ranking: in a tenant of ~60 similar embedded notes, a note saved without waiting
     for its embedding is the first hit for a question made of its unique token and its own words, at once
-    and with default caps (dense cannot count against a memory it has no vector of)."""
+    and with default caps (dense cannot count against a memory it has no vector of), on the exact numpy
+    path and on pgvector's approximate one."""
+    from core.config import get_settings
+
     _similar_notes(client, tenant, 60)
+    if path == "approximate":
+        monkeypatch.setattr(get_settings(), "dense_exact_max_docs", 0)
     for attempt in range(5):
         token = f"zq{attempt}xv"
         content = f"the nightly export job of the warehouse now also writes {token} to the orders table"
         fresh = save(client, tenant, {"content": content})
         out = search(client, tenant, {"question": f"{token} nightly export job orders warehouse"})
+        assert out["channels"]["dense"] is True
         assert ids(out["memories"])[0] == fresh, out["memories"]
 
 
