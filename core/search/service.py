@@ -27,6 +27,7 @@ runs in PostgreSQL while full-text ranks in this process (``DenseSearch.overlapp
 from __future__ import annotations
 
 import contextlib
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -68,20 +69,29 @@ Fetch = Callable[[int], Ranking]
 BucketFetch = Callable[[str, int], Ranking]
 
 
-# Function words of questions: they match nearly every note, so full-text ignores them when the question
-# has other words (a question made only of them is kept as is).
+# Function words of questions (and the pieces contractions leave: "what's" -> "what", "s"): they match
+# nearly every note, so full-text ignores them when the question has other words.
 QUESTION_STOPWORDS = frozenset(
     "a an and are as at be been but by can could did do does for from had has have he her hers him his how i "
     "if in into is it its me my of on or our she so that the their them they this to was we were what when "
-    "where which who whom whose why will with would you your".split()
+    "where which who whom whose why will with would you your s t d ll re ve m".split()
 )
+_WORD = re.compile(r"[^\W_]+")
 
 
 def fulltext_query(question: str) -> str:
-    """The question without its function words, for full-text."""
-    words = question.split()
-    kept = [w for w in words if w.strip("?!.,;:'\"()").lower() not in QUESTION_STOPWORDS]
-    return " ".join(kept) if kept and QUESTION_STOPWORDS else question
+    """The question's words without its function words, for full-text.
+
+    Words are split as the index's analyzer splits them (on every non-alphanumeric character), so the
+    "in" of "in-process" goes like any other "in". A question of one token (a pasted canonical id such
+    as ``shop.orders.country``) is kept as it is: the index also matches it against doc ids. A question
+    made only of function words is kept too.
+    """
+    literal = question.strip()
+    if not any(ch.isspace() for ch in literal):
+        return literal
+    kept = [w for w in _WORD.findall(literal) if w.lower() not in QUESTION_STOPWORDS]
+    return " ".join(kept) if kept else question
 
 
 def bucket_depth(cap: int) -> int:
