@@ -11,13 +11,29 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 import core.schema  # noqa: F401 - every table known to the ORM
 from api.errors import error_response, install_error_handlers
 from api.observe import RequestContext
+from api.overload import LoadShedder
 from core import __version__
+from core.config import get_settings
+from core.db import limit_waits
 from core.parsing import plain_int
 
 log = logging.getLogger("engram.api")
 
-# A full batch (1,000 items of up to 50,000 bytes) fits; anything larger is refused before parsing.
+# Body limits, by route, checked before anything is parsed (a declared Content-Length at once, a chunked
+# body as it streams). A single save is one content of at most 50,000 bytes (up to six times that as
+# JSON escapes) plus its fields; a batch of 1,000 such notes of typical size (a few KB) fits in 16 MB,
+# while the theoretical 1,000 x 50,000 bytes is refused (split it: several batches are as fast).
+# Markdown import takes whole exports; catalog bodies can list thousands of columns.
+MAX_SINGLE_BODY_BYTES = 2 * 1024 * 1024
+MAX_BATCH_BODY_BYTES = 16 * 1024 * 1024
 MAX_BODY_BYTES = 64 * 1024 * 1024
+_BODY_LIMITS = (
+    ("/v1/memories:import", MAX_BODY_BYTES),
+    ("/v1/memories:batch", MAX_BATCH_BODY_BYTES),
+    ("/v1/models/", MAX_BATCH_BODY_BYTES),
+    ("/v1/datasources", MAX_BATCH_BODY_BYTES),
+    ("/mcp", MAX_BATCH_BODY_BYTES),
+)
 _BODY_METHODS = ("POST", "PUT", "PATCH")
 
 
@@ -26,10 +42,24 @@ def create_app(*, install_queue: bool = False) -> FastAPI:
     install_error_handlers(app)
 
     app.add_middleware(BodyGuard)
-    # Added last, so it runs first: even BodyGuard's refusals carry the request id and are counted.
+    settings = get_settings()
+    # Outermost: a shed request costs no body read and no thread.
+    app.add_middleware(
+        LoadShedder,
+        max_inflight=settings.api_max_inflight,
+        max_queued=settings.api_max_queued,
+        queue_wait=settings.api_queue_wait_seconds,
+    )
+    limit_waits(
+        lock_timeout_seconds=settings.db_lock_timeout_seconds,
+        idle_in_transaction_seconds=settings.db_idle_in_transaction_seconds,
+    )
+    # Added last, so it runs first: even shed requests and BodyGuard's refusals carry the request id and
+    # are counted.
     app.add_middleware(RequestContext)
 
-    from api.routes import catalog, dashboard, health, jobs, keys, memories, metrics, ops, runs, search, transfer
+    from api.dashboard import routes as dashboard
+    from api.routes import catalog, health, jobs, keys, memories, metrics, ops, runs, search, transfer
 
     for module in (health, keys, transfer, memories, jobs, catalog, search, ops, runs, dashboard, metrics):
         app.include_router(module.router)
@@ -67,9 +97,10 @@ class BodyGuard:
         headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
         length = headers.get("content-length")
         declared = _declared_length(length)
+        limit = body_limit(scope["path"])
         rejection = None
-        if declared is not None and declared > MAX_BODY_BYTES:
-            rejection = _too_large()
+        if declared is not None and declared > limit:
+            rejection = _too_large(limit, scope["path"])
         else:
             media = headers.get("content-type", "").split(";")[0].strip().lower()
             is_json = media == "application/json" or media.endswith("+json")
@@ -82,9 +113,9 @@ class BodyGuard:
         if declared is not None:  # the server delivers no more than the declared length
             await self.app(scope, receive, send)
             return
-        await self._counted(scope, receive, send)
+        await self._counted(scope, receive, send, limit)
 
-    async def _counted(self, scope: Scope, receive: Receive, send: Send) -> None:
+    async def _counted(self, scope: Scope, receive: Receive, send: Send, limit: int) -> None:
         received = 0
         over = False
         started = False
@@ -94,9 +125,9 @@ class BodyGuard:
             message = await receive()
             if message["type"] == "http.request":
                 received += len(message.get("body", b""))
-                if received > MAX_BODY_BYTES:
+                if received > limit:
                     over = True
-                    raise BodyTooLarge(f"request body over {MAX_BODY_BYTES} bytes")
+                    raise BodyTooLarge(f"request body over {limit} bytes")
             return message
 
         async def guarded_send(message: Message) -> None:
@@ -113,15 +144,24 @@ class BodyGuard:
             if not over or started:
                 raise
         if over and not started:
-            await _too_large()(scope, receive, send)
+            await _too_large(limit, scope["path"])(scope, receive, send)
 
 
 class BodyTooLarge(Exception):
-    """Raised inside ``receive`` once a streamed body passes MAX_BODY_BYTES."""
+    """Raised inside ``receive`` once a streamed body passes its route's limit."""
 
 
-def _too_large() -> JSONResponse:
-    return error_response(413, f"request body over {MAX_BODY_BYTES} bytes")
+def body_limit(path: str) -> int:
+    """The largest body accepted on ``path``."""
+    for prefix, limit in _BODY_LIMITS:
+        if path.startswith(prefix):
+            return limit
+    return MAX_SINGLE_BODY_BYTES
+
+
+def _too_large(limit: int, path: str) -> JSONResponse:
+    hint = "; split it into smaller batches" if path.startswith("/v1/memories:batch") else ""
+    return error_response(413, f"request body over {limit} bytes{hint}")
 
 
 def _declared_length(value: str | None) -> int | None:

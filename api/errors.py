@@ -10,11 +10,16 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from sqlalchemy.exc import DBAPIError, OperationalError
+from sqlalchemy.exc import TimeoutError as PoolTimeout
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match
 
 from core.errors import EngramError
 
 log = logging.getLogger("engram.api")
+
+# Seconds a client is told to wait after a 503 for overload (pool exhausted, a lock busy, shed load).
+BUSY_RETRY_AFTER = "2"
 
 _HTTP_CODES = {
     400: "bad_request",
@@ -48,6 +53,26 @@ def error_response(
     return JSONResponse({"error": body}, status_code=status, headers=headers)
 
 
+def busy_response(message: str) -> JSONResponse:
+    """503 + Retry-After for overload: the request was not run (or was rolled back), retrying is safe."""
+    return error_response(503, message, headers={"Retry-After": BUSY_RETRY_AFTER})
+
+
+_METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")
+
+
+def _allowed_methods(request: Request) -> list[str]:
+    """Every method some route serves at the request's path, sorted: each is tried against the router
+    (routers nest, so asking the routes is simpler than walking them)."""
+    routes = request.app.router.routes
+    allowed = []
+    for method in _METHODS:
+        scope = {**request.scope, "method": method}
+        if any(route.matches(scope)[0] == Match.FULL for route in routes):
+            allowed.append(method)
+    return sorted(allowed)
+
+
 def _field_path(loc: tuple[Any, ...]) -> str:
     parts = [str(p) for p in loc]
     if parts and parts[0] in ("body", "query", "path", "header"):
@@ -59,6 +84,7 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(EngramError)
     async def _engram(request: Request, exc: EngramError) -> JSONResponse:
         headers = {"Retry-After": "5" if exc.status == 503 else "1"} if exc.status in (429, 503) else None
+        headers = {**(headers or {}), **getattr(exc, "headers", {})} or None
         return error_response(
             exc.status, exc.message, code=exc.code, field=exc.field, headers=headers, details=exc.details
         )
@@ -78,19 +104,35 @@ def install_error_handlers(app: FastAPI) -> None:
         message = exc.detail if isinstance(exc.detail, str) else "request failed"
         if exc.status_code == 404 and message == "Not Found":
             message = f"no route {request.method} {request.url.path}"
-        return error_response(exc.status_code, message, headers=getattr(exc, "headers", None))
+        headers = getattr(exc, "headers", None)
+        if exc.status_code == 405:
+            # Starlette names only the methods of the first route that matched the path; a path served by
+            # several routes (GET and DELETE of one resource) allows all of theirs.
+            allowed = _allowed_methods(request)
+            if allowed:
+                headers = {**(headers or {}), "Allow": ", ".join(allowed)}
+                if message == "Method Not Allowed":
+                    message = f"{request.method} is not allowed on {request.url.path}; allowed: {', '.join(allowed)}"
+        return error_response(exc.status_code, message, headers=headers)
+
+    @app.exception_handler(PoolTimeout)
+    async def _pool_exhausted(request: Request, exc: PoolTimeout) -> JSONResponse:
+        # Every pooled connection stayed busy for the pool timeout: overload, not a fault of the request.
+        log.warning("database pool exhausted on %s %s", request.method, request.url.path)
+        return busy_response("the server is busy; retry shortly")
 
     @app.exception_handler(OperationalError)
     async def _db_down(request: Request, exc: OperationalError) -> JSONResponse:
+        if isinstance(exc.orig, psycopg.errors.LockNotAvailable):
+            # lock_timeout (core.db.limit_waits) ended a wait for a row another request holds.
+            return busy_response("the data is busy with other writes; retry shortly")
         log.warning("database unavailable: %s", exc.orig)
         return error_response(503, "the database is unavailable; retry shortly", headers={"Retry-After": "5"})
 
     @app.exception_handler(DBAPIError)
     async def _db_error(request: Request, exc: DBAPIError) -> JSONResponse:
         if exc.connection_invalidated:
-            return error_response(
-                503, "the database connection was lost; retry shortly", headers={"Retry-After": "5"}
-            )
+            return error_response(503, "the database connection was lost; retry shortly", headers={"Retry-After": "5"})
         if isinstance(exc.orig, psycopg.DataError):
             # Class 22 (a value the database cannot store: NUL bytes, out-of-range numbers, bad encodings)
             # is the caller's input, not our fault; nothing was written (the unit of work rolled back).

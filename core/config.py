@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from functools import lru_cache
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
@@ -21,6 +21,9 @@ class Settings(BaseSettings):
     # "use what serve wrote into home/runtime.json" (every other command).
     database_url: str = ""
     redis_url: str = ""
+    # The role API and workers connect as (row-level security applies to it). Empty: the database_url
+    # with the user `engram_app` (password derived from the owner's), which `engram migrate` creates.
+    app_database_url: str = ""
     # The embedded PostgreSQL's shared_buffers (e.g. "4GB"); empty: an eighth of RAM, 128MB..2GB.
     embedded_pg_shared_buffers: str = ""
 
@@ -50,11 +53,24 @@ class Settings(BaseSettings):
 
     # Secret used to encrypt datasource credentials at rest (Fernet key, urlsafe base64).
     secret_key: str = ""
-    # Directories SQLite datasources may live under (a hosted deployment sets this; JSON list or
-    # comma-separated). Empty: any readable SQLite file outside /proc, /sys and /dev.
+    # Which datasources this process may open (core.entities.source_guard): "hosted" refuses loopback,
+    # private, link-local, CGNAT, multicast and metadata addresses and needs sqlite_roots for SQLite;
+    # "local" (what `engram serve` sets) allows them. Empty: the mode of a running `engram serve` on this
+    # home, else hosted. Engram's own database is refused in both.
+    datasource_policy: Literal["", "hosted", "local"] = ""
+    # Hosts a hosted server may still reach (JSON list or comma-separated): CIDRs ("10.1.0.0/16"), host
+    # names ("db.internal", "*.db.internal") and PostgreSQL socket directories ("/var/run/postgresql").
+    datasource_allow_hosts: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    # Directories SQLite datasources may live under (JSON list or comma-separated). Hosted mode refuses
+    # SQLite without them; local mode allows any readable SQLite file outside /proc, /sys, /dev and home.
     sqlite_roots: Annotated[list[Path], NoDecode] = Field(default_factory=list)
 
-    @field_validator("sqlite_roots", mode="before")
+    @field_validator("datasource_policy", mode="before")
+    @classmethod
+    def _lower_policy(cls, value: object) -> object:
+        return value.strip().lower() if isinstance(value, str) else value
+
+    @field_validator("sqlite_roots", "datasource_allow_hosts", mode="before")
     @classmethod
     def _split_roots(cls, value: object) -> object:
         if isinstance(value, str):
@@ -72,6 +88,22 @@ class Settings(BaseSettings):
     # Redis redelivers an unacknowledged message (worker killed) after this long.
     broker_visibility_timeout_seconds: float = 3600.0
     api_workers: int = 1
+    # Load (per API process). Requests running at once; more wait up to api_queue_wait_seconds in a queue
+    # of at most api_max_queued, and the rest are answered 503 + Retry-After at once (no 5xx other than
+    # that, no request left hanging). The database pool holds a connection for each running request
+    # (a request never needs two) plus a few for probes and background threads.
+    api_max_inflight: int = 24
+    api_max_queued: int = 96
+    api_queue_wait_seconds: float = 10.0
+    db_pool_size: int = 28
+    # How long a request waits for a pooled connection before a 503.
+    db_pool_timeout_seconds: float = 10.0
+    # PostgreSQL lock waits (row locks taken by writes) end with a 503 after this long.
+    db_lock_timeout_seconds: float = 10.0
+    # A transaction left idle this long is ended by PostgreSQL (a stuck client never pins locks).
+    db_idle_in_transaction_seconds: float = 60.0
+    # How long a catch-up waits for a tenant's full-text index lock before a 503.
+    index_lock_wait_seconds: float = 10.0
     # Per-API-key request budget (0 disables): average requests a second and the burst allowed.
     rate_limit_per_second: float = 1000.0
     rate_limit_burst: float = 2000.0

@@ -12,9 +12,9 @@ import anyio
 import pytest
 
 from api.client import EngramAPIError, EngramClient
-from api.client_async import AsyncEngramClient
-from api.client_base import dump
-from api.client_local import LocalEngramClient
+from api.client.aio import AsyncEngramClient
+from api.client.base import dump
+from api.client.local import LocalEngramClient
 from core.memories.schemas import ListFilters, SaveMemoryIn
 from core.search.schemas import SearchRequest
 from tests.test_catalog_support import create_and_ingest, sqlite_source

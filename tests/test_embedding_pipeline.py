@@ -16,7 +16,7 @@ def _run_pending_jobs(tenant_id: int) -> int:
     """Run the tenant's queued jobs in-process, as a worker would (used where no worker is needed)."""
     from core.db import system_session
     from core.jobs.models import Job
-    from core.jobs.service import run_job
+    from core.jobs.runner import run_job
 
     with system_session() as session:
         ids = session.scalars(select(Job.id).where(Job.tenant_id == tenant_id, Job.state == "queued")).all()
@@ -108,9 +108,9 @@ def test_reconcile_finds_changed_content_and_missing_rows(client, tenant):
     # A content change whose job was lost: the row's hash no longer matches the memory.
     from sqlalchemy import update
 
+    from core.changes import bump_change_seq
     from core.db import tenant_session
     from core.memories.models import Memory
-    from core.memories.service import bump_change_seq
 
     with tenant_session(tenant.tenant_id) as session:
         # A content change whose embed job was lost: every write moves the tenant's change_seq.
@@ -193,9 +193,9 @@ def _stored_vectors(tenant_id: int, model: str) -> dict[str, tuple[str, list[flo
 def _embedding_stats(tenant_id: int, model: str) -> tuple[int, int]:
     from sqlalchemy import text
 
-    from core.db import get_engine
+    from core.db import system_connection
 
-    with get_engine().connect() as connection:
+    with system_connection() as connection:
         row = connection.execute(
             text("SELECT docs, version FROM search_embedding_stats WHERE tenant_id = :t AND model = :m"),
             {"t": tenant_id, "m": model},
@@ -211,7 +211,7 @@ def test_bulk_upsert_stores_exact_vectors_and_moves_stats_once(client, tenant):
     from core.db import tenant_session
     from core.embeddings.providers import get_embedder
     from core.embeddings.refresh import embed_docs
-    from core.memories.service import memory_doc_id
+    from core.refs import memory_ref as memory_doc_id
     from core.search.render import content_hash
 
     embedder = get_embedder("local")
@@ -267,7 +267,7 @@ def test_background_job_links_near_duplicates_without_storing_suggestions(client
 
     calls = EMBEDDING_CALLS.labels(model_name)._value.get()
     from core.jobs.service import enqueue
-    from core.memories.service import memory_doc_id
+    from core.refs import memory_ref as memory_doc_id
 
     with system_session() as session:
         enqueue(session, tenant_id=tenant.tenant_id, kind="embed", payload={"doc_ids": [memory_doc_id(older)]})
@@ -282,7 +282,7 @@ def test_concurrent_jobs_superseding_the_same_memories_both_succeed(client, tena
 
     from core.db import system_session, tenant_session
     from core.jobs.models import Job
-    from core.jobs.service import run_job
+    from core.jobs.runner import run_job
     from core.memories.models import Association, Memory
 
     base = [f"{table} rows are archived after {n} days" for n, table in enumerate(("orders", "refunds", "carts"))]

@@ -102,9 +102,9 @@ def _new_tenant() -> tuple[int, dict[str, str]]:
 
 
 def _embedded_count(tenant_id: int) -> int:
-    from core.db import get_engine
+    from core.db import system_connection
 
-    with get_engine().connect() as connection:
+    with system_connection() as connection:
         return int(
             connection.execute(
                 text("SELECT count(*) FROM embeddings WHERE tenant_id = :t AND doc_kind = 'memory'"), {"t": tenant_id}

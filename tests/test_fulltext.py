@@ -4,6 +4,7 @@ recovery by rebuilding when the directory is deleted or damaged."""
 
 from __future__ import annotations
 
+import fcntl
 import multiprocessing
 import shutil
 import sqlite3
@@ -11,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from core.search.fulltext import DocChange, FulltextIndex, SnapshotRequired
+from core.search.fulltext import DocChange, FulltextIndex, IndexBusy, SnapshotRequired
 
 
 def _upsert(doc_id: str, text: str, *, seq: int, kind: str = "memory") -> DocChange:
@@ -201,6 +202,35 @@ def test_catch_up_fast_path_opens_no_writer(tmp_path: Path) -> None:
     assert idx.catch_up(must_not_fetch, current_seq=1) == 1
     # Another instance (as another process would) sees the committed seq without fetching either.
     assert FulltextIndex(tmp_path / "t").catch_up(must_not_fetch, current_seq=1) == 1
+
+
+def test_lock_wait_is_bounded_and_a_caught_up_waiter_fetches_nothing(tmp_path: Path) -> None:
+    log = ChangeLog(tmp_path / "log.db")
+    log.write("memory:1", "hello world")
+    idx = FulltextIndex(tmp_path / "t", lock_wait=0.3)
+    fetched: list[int] = []
+
+    def fetch(since: int) -> tuple[list[DocChange], int]:
+        fetched.append(since)
+        return log.fetch(since)
+
+    # Another holder (a separate open file description, as another process would hold it).
+    with open(tmp_path / "t" / "lock", "a+") as holder:
+        fcntl.flock(holder.fileno(), fcntl.LOCK_EX)
+        with pytest.raises(IndexBusy):
+            idx.catch_up(fetch, current_seq=log.current_seq())
+        fcntl.flock(holder.fileno(), fcntl.LOCK_UN)
+    assert fetched == []
+    assert idx.catch_up(fetch, current_seq=log.current_seq()) == 1
+    # refresh never locks: with the lock held elsewhere it still moves a reader to the committed seq.
+    other = FulltextIndex(tmp_path / "t", lock_wait=0.3)
+    log.write("memory:2", "second note")
+    idx.catch_up(fetch, current_seq=log.current_seq())
+    with open(tmp_path / "t" / "lock", "a+") as holder:
+        fcntl.flock(holder.fileno(), fcntl.LOCK_EX)
+        assert other.refresh(2) == 2
+        assert _ids(other.search("second", limit=5)) == ["memory:2"]
+        assert other.refresh(5) == 2  # behind what is committed: stays, without waiting
 
 
 def _worker(index_path: str, log_path: str, worker: int, count: int) -> None:

@@ -58,7 +58,7 @@ def test_embedding_work_and_coverage_are_exported(client, tenant, worker):
     doc kind and model."""
     client.post("/v1/memories", json={"content": "metrics coverage"}, headers=tenant.headers())
     make_job(tenant.tenant_id, kind="embed", state="failed", attempts=2)
-    from api.routes.dashboard import forget_cached_coverage
+    from api.dashboard.routes import forget_cached_coverage
 
     def covered():  # type: ignore[no-untyped-def]
         forget_cached_coverage()

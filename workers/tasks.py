@@ -10,12 +10,12 @@ from typing import Any
 
 from celery.signals import task_postrun, task_prerun, worker_init, worker_ready
 
-import core.jobs.handlers  # noqa: F401 - registers the job handlers
 import core.schema  # noqa: F401 - every table known to the ORM
 from core.config import get_settings
 from core.db import system_session
 from core.jobs.models import JOB_KINDS
-from core.jobs.service import jobs_to_redispatch, run_job, set_job_queue
+from core.jobs.runner import run_job
+from core.jobs.service import jobs_to_redispatch, set_job_queue
 from core.logging import REQUEST_ID
 from core.native import single_threaded_blas
 from workers.celery_app import app

@@ -20,7 +20,7 @@ from starlette.requests import Request
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
-from api.client_local import LocalEngramClient
+from api.client.local import LocalEngramClient
 from api.errors import error_response
 from core.errors import EngramError
 

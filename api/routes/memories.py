@@ -16,10 +16,13 @@ from core.errors import EngramError, Invalid
 from core.memories import listing, service
 from core.memories.schemas import (
     MAX_BATCH_ITEMS,
+    HydrateIn,
     ListFilters,
     PatchMemoryIn,
+    SaveBatchIn,
     SaveMemoryIn,
     parse_model,
+    unknown_fields,
 )
 from core.tenancy.context import Caller
 
@@ -64,6 +67,7 @@ def save_batch(
 ) -> dict[str, Any]:
     if not isinstance(body, dict) or not isinstance(body.get("items"), list):
         raise Invalid('body must be {"items": [save bodies]}', field="items")
+    unknown_fields(SaveBatchIn, body)
     raw_items = body["items"]
     if len(raw_items) > MAX_BATCH_ITEMS:
         raise Invalid(f"a batch holds at most {MAX_BATCH_ITEMS} items, got {len(raw_items)}", field="items")
@@ -112,6 +116,21 @@ def get_memory(
         return service.memories_to_dicts(session, [memory])[0]
 
 
+@router.get("/memories/{memory_id}/history")
+def memory_history(
+    memory_id: str,
+    request: Request,
+    include_forgotten: bool = False,
+    caller: Caller = Depends(require_caller),
+) -> dict[str, Any]:
+    caller = acting_identity(caller, None, request)
+    with tenant_session(caller.tenant_id) as session:
+        versions = service.memory_history(
+            session, caller=caller, memory_id=memory_id, include_forgotten=include_forgotten
+        )
+    return {"versions": versions}
+
+
 @router.patch("/memories/{memory_id}")
 def patch_memory(
     memory_id: str, request: Request, body: Any = Body(default=None), caller: Caller = Depends(require_caller)
@@ -147,6 +166,7 @@ def hydrate(
 ) -> dict[str, Any]:
     if not isinstance(body, dict):
         raise Invalid("body must be a JSON object with budget_bytes", field="budget_bytes")
+    unknown_fields(HydrateIn, body)
     budget = body.get("budget_bytes")
     if not isinstance(budget, int) or isinstance(budget, bool) or budget < 0:
         raise Invalid("budget_bytes must be a non-negative integer", field="budget_bytes")

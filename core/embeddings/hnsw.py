@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from sqlalchemy import text
 
-from core.db import get_engine
+from core.db import get_owner_engine, system_connection
 
 HNSW_DIMS = frozenset({256, 384, 512, 768, 1024, 1536})
 _BUILD_LOCK_KEY = 7_402_911_338
@@ -30,7 +30,7 @@ def hnsw_index_sql(dims: int, *, concurrently: bool) -> str:
 
 def dims_needing_index(*, threshold: int) -> set[int]:
     """Vector sizes of the models that hold more than `threshold` vectors for some tenant."""
-    with get_engine().connect() as connection:
+    with system_connection() as connection:  # every tenant's sizes: system mode
         models = connection.execute(
             text("SELECT DISTINCT model FROM search_embedding_stats WHERE docs > :t"), {"t": threshold}
         ).scalars()
@@ -50,7 +50,8 @@ def ensure_hnsw_indexes(*, threshold: int) -> list[int]:
     if not wanted:
         return []
     built = []
-    with get_engine().connect().execution_options(isolation_level="AUTOCOMMIT") as connection:
+    # An index is DDL: only the schema owner may build it, not the app role.
+    with get_owner_engine().connect().execution_options(isolation_level="AUTOCOMMIT") as connection:
         if not connection.execute(text("SELECT pg_try_advisory_lock(:k)"), {"k": _BUILD_LOCK_KEY}).scalar():
             return []  # another process is building
         try:

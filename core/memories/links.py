@@ -41,6 +41,8 @@ class Links:
     entities: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     query: dict[str, Any] | None = None
+    # What `query` resolved to now, when it is saved (kept with the memory to judge staleness later).
+    query_entities: list[str] | None = None
 
 
 class LinkResolver:
@@ -104,4 +106,5 @@ class LinkResolver:
                     links.entities.append(entity)
             links.warnings.extend(resolution.warnings)
             links.query = query
+            links.query_entities = list(resolution.entities)
         return links

@@ -30,12 +30,15 @@ import json
 import os
 import shutil
 import threading
+import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import tantivy
+
+from core.errors import Unavailable
 
 SCHEMA_VERSION = 2
 # A query-bearing memory is indexed as ``example_query`` so each search bucket is its own kind query.
@@ -47,6 +50,10 @@ TOKENIZER_NAME = "engram_en"
 EXACT_ID_BOOST = 5.0
 MAX_EXACT_ID_CHARS = 512
 WRITER_HEAP_BYTES = 50_000_000
+# How long a writer waits for the index lock by default. Every wait is bounded: a holder that never lets
+# go (a hung process) must cost the waiters an error, not their threads.
+LOCK_WAIT_SECONDS = 30.0
+_FLOCK_POLL_MIN, _FLOCK_POLL_MAX = 0.002, 0.05
 
 
 @dataclass(frozen=True)
@@ -65,6 +72,10 @@ class DocChange:
 
 
 FetchChanges = Callable[[int], tuple[Iterable[DocChange], int]]
+
+
+class IndexBusy(Unavailable):
+    """The index lock was not free within the wait allowed (another writer is slow or stuck)."""
 
 
 class SnapshotRequired(Exception):
@@ -105,8 +116,12 @@ DOC_ID_CACHE_MAX = 200_000
 class FulltextIndex:
     """One tenant's full-text index in ``path``; safe to use from many threads and processes."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, *, lock_wait: float = LOCK_WAIT_SECONDS) -> None:
         self.path = Path(path)
+        self.lock_wait = lock_wait
+        # Threads of this process queue here first (a bounded wait without polling), so at most one of
+        # them polls the cross-process flock.
+        self._writer_gate = threading.Lock()
         self._index_dir = self.path / "index"
         self._state_file = self.path / "state.json"
         self._lock_file = self.path / "lock"
@@ -155,14 +170,24 @@ class FulltextIndex:
 
     @contextlib.contextmanager
     def _locked(self) -> Iterator[None]:
-        """Exclusive across processes (flock) and threads (each call opens its own descriptor)."""
-        self.path.mkdir(parents=True, exist_ok=True)
-        with open(self._lock_file, "a+") as handle:
-            fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
-            try:
-                yield
-            finally:
-                fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
+        """Exclusive across threads (a mutex) and processes (flock), waiting at most ``lock_wait``.
+
+        flock itself has no timeout, so the lock is polled without blocking; raises IndexBusy when the
+        wait runs out.
+        """
+        deadline = time.monotonic() + self.lock_wait
+        if not self._writer_gate.acquire(timeout=self.lock_wait):
+            raise IndexBusy("the search index is busy; retry shortly")
+        try:
+            self.path.mkdir(parents=True, exist_ok=True)
+            with open(self._lock_file, "a+") as handle:
+                _flock_until(handle.fileno(), deadline)
+                try:
+                    yield
+                finally:
+                    fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
+        finally:
+            self._writer_gate.release()
 
     # -- opening and recovery ----------------------------------------------------------------
 
@@ -300,6 +325,11 @@ class FulltextIndex:
         with self._locked(), self._mutex:
             state = self._ensure_current_locked()
             since = state.applied_seq
+            if current_seq is not None and since >= current_seq:
+                # Another writer caught up while this one waited for the lock: nothing to fetch.
+                if since > self._reader_seq:
+                    self._refresh_reader_locked(since)
+                return since
             try:
                 changes, high_water = fetch_changes(since)
             except SnapshotRequired:
@@ -308,6 +338,18 @@ class FulltextIndex:
             applied = self._apply_locked(state, changes, upto_seq=high_water, wipe=since == 0)
             self._refresh_reader_locked(applied)
         return applied
+
+    def refresh(self, current_seq: int) -> int:
+        """Move the reader to the newest committed catch-up when that reaches ``current_seq``; never
+        takes the lock and never fetches. Returns the seq the reader reflects (it may stay behind)."""
+        if current_seq <= self._reader_seq:
+            return self._reader_seq
+        state = self._read_state()
+        if state is not None and state.generation == self._generation and state.applied_seq > self._reader_seq:
+            with self._mutex:
+                if state.applied_seq > self._reader_seq:
+                    self._refresh_reader_locked(state.applied_seq)
+        return self._reader_seq
 
     def reset(self) -> None:
         """Wipe every doc and set the applied seq to 0; the next catch_up rebuilds from scratch."""
@@ -372,3 +414,17 @@ class FulltextIndex:
     @property
     def num_docs(self) -> int:
         return self._index.searcher().num_docs
+
+
+def _flock_until(fd: int, deadline: float) -> None:
+    """Take an exclusive flock on ``fd`` before ``deadline`` (monotonic), else raise IndexBusy."""
+    pause = _FLOCK_POLL_MIN
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                raise IndexBusy("the search index is busy; retry shortly") from None
+        time.sleep(pause)
+        pause = min(pause * 2, _FLOCK_POLL_MAX)

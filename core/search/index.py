@@ -12,6 +12,13 @@ The feed is read in one REPEATABLE READ snapshot together with the tenant's ``ch
 write bumps that seq under the tenant row lock, so all changes up to it are visible in that snapshot
 and none is skipped. Any process can do this (the index serialises writers with a file lock), so a
 memory saved through one API process is found by the next search in any other.
+
+Connections and locks: a search catches up with :func:`catch_up_before_search` before it takes its own
+connection, so waiting for the index lock never holds a connection or a transaction, and the catch-up's
+connection is the only one the request holds at that moment. Inside the search's transaction
+:func:`catch_up` only moves the reader to what is committed already: it neither waits nor connects.
+The search still reflects every write committed before it started (read-your-writes); writes that
+commit while it runs may be missed by full-text, as they would be by a search started a moment earlier.
 """
 
 from __future__ import annotations
@@ -71,7 +78,7 @@ def tenant_index(tenant_id: int) -> FulltextIndex:
     with _lock:
         index = _indexes.get(key)
         if index is None:
-            index = FulltextIndex(path)
+            index = FulltextIndex(path, lock_wait=get_settings().index_lock_wait_seconds)
             _indexes[key] = index
         return index
 
@@ -162,8 +169,27 @@ def _rendered(content: str) -> str:
     return render_memory(Memory(content=content))
 
 
-def catch_up(*, tenant_id: int, current_seq: int) -> FulltextIndex:
-    """The tenant's index, brought up to ``current_seq`` (the tenant's change seq read by the caller)."""
+def current_change_seq(tenant_id: int) -> int:
+    """The tenant's committed change seq, read on a connection held only for that statement."""
+    with tenant_session(tenant_id) as session:
+        return int(session.scalar(select(Tenant.change_seq).where(Tenant.id == tenant_id)) or 0)
+
+
+def catch_up_before_search(tenant_id: int) -> FulltextIndex:
+    """The tenant's index, brought up to every write committed so far. Call it holding no connection:
+    it waits (bounded) for the index lock holding none, and the catch-up under the lock takes one."""
     index = tenant_index(tenant_id)
-    index.catch_up(lambda since: fetch_changes(tenant_id, since), current_seq=current_seq)
+    current = current_change_seq(tenant_id)
+    index.catch_up(lambda since: fetch_changes(tenant_id, since), current_seq=current)
+    return index
+
+
+def catch_up(*, tenant_id: int, current_seq: int) -> FulltextIndex:
+    """The tenant's index, its reader moved up to ``current_seq`` as far as committed catch-ups reach.
+
+    Runs inside a search's transaction, so it neither waits for the index lock nor opens a connection
+    (see the module docstring); :func:`catch_up_before_search` did the catching up.
+    """
+    index = tenant_index(tenant_id)
+    index.refresh(current_seq)
     return index

@@ -3,9 +3,11 @@
 Three buckets are ranked independently: ``memories`` (no attached query), ``example_queries``
 (query-bearing memories) and ``entities`` (catalog docs). For each bucket every active channel yields
 its own ranking of that bucket's eligible docs, to a depth that depends only on the bucket's cap
-(``max(2 * cap, 30)``); the rankings are fused with RRF (k = 60), or, when a single channel is active,
-keep that channel's raw scores; the cap then slices. Graph seeds are a bucket's own fused top hits.
-So a bucket depends on the corpus, the inputs and its own cap, never on the other caps.
+(``max(2 * cap, 30)``); the rankings are fused into a relevance in [0, 1] (core.search.fusion.relevance:
+RRF with k = 60, normalised, lexical channels weighted by their share of the top score, dense blind to
+memories without a vector); graph hops lift it (``with_hops``); ``min_score`` then filters and the cap
+slices. Graph seeds are a bucket's own fused top hits. So a bucket depends on the corpus, the inputs and
+its own cap, never on the other caps.
 
 Channels: 1 entity BM25Plus (when ``entities`` or ``query`` is given), 2 full-text and 3 dense (when a
 ``question`` is given; dense ranks a memory bucket with the bucket's first ``FEEDBACK_DOCS`` eligible
@@ -45,8 +47,8 @@ from core.search.clock import ChannelClock
 from core.search.dense import ENTITIES, DenseSearch, DenseUnavailable, EmbeddingStats, dense_model
 from core.search.filters import EXAMPLE_QUERIES, MEMORIES, Eligibility, MemoryFilter, any_of
 from core.search.fulltext import ENTITY_KINDS, FulltextIndex
-from core.search.fusion import RRF_K, rrf
-from core.search.index import MEMORY_DOC_PREFIX, catch_up, memory_doc_kind
+from core.search.fusion import relevance, with_hops
+from core.search.index import MEMORY_DOC_PREFIX, catch_up, catch_up_before_search, memory_doc_kind
 from core.search.modes import ordered_buckets
 from core.search.schemas import SearchRequest, SearchResponse
 from core.tenancy.context import Caller
@@ -119,11 +121,9 @@ def filtered_ranking(fetch: Fetch, *, keep: Keep, depth: int) -> Ranking:
         limit = min(limit * 4, MAX_SCAN)
 
 
-def fuse(rankings: dict[str, Ranking], *, active: int) -> Ranking:
-    """RRF over the channels' rankings; a lone active channel keeps its raw scores."""
-    if active == 1:
-        return next((r for r in rankings.values() if r), [])
-    return rrf({name: [doc_id for doc_id, _ in ranking] for name, ranking in rankings.items()}, k=RRF_K)
+def above(ranking: Ranking, min_score: float) -> Ranking:
+    """The hits scoring at least ``min_score`` (in order)."""
+    return [hit for hit in ranking if hit[1] >= min_score] if min_score > 0 else ranking
 
 
 @dataclass(frozen=True)
@@ -245,6 +245,7 @@ class _Search:
             occurred_after=request.occurred_after,
             occurred_before=request.occurred_before,
             datasource=request.datasource,
+            tags=tuple(sorted(set(request.tags or ()))),
         )
         self.eligibility = Eligibility(session=session, memory_filter=self.memory_filter, facts_source=self._facts)
         self.caps = {MEMORIES: request.max_memories, EXAMPLE_QUERIES: request.max_example_queries}
@@ -258,6 +259,7 @@ class _Search:
         # The catalog version of a snapshot taken on trust (see _guess_snapshot), until the head confirms it.
         self.guessed_version: int | None = None
         self._ft: _FulltextRankings | None = None
+        self._dense: DenseSearch | None = None
         self.clock = ChannelClock()
 
     @cached_property
@@ -393,9 +395,8 @@ class _Search:
             memory_fetch["entity_bm25"] = clock.wrap(
                 "entity_bm25", lambda bucket, limit: self.eligibility.pick(bm25, bucket, limit)
             )
-            entity_rankings["entity_bm25"] = [
-                (e, 1.0 / (RRF_K + rank)) for rank, e in enumerate(inputs.entity_refs, start=1)
-            ][:entity_depth]
+            # The named refs in the order given, each fully named (score 1: no share of a top score to lose).
+            entity_rankings["entity_bm25"] = [(e, 1.0) for e in inputs.entity_refs][:entity_depth]
         dense: DenseSearch | None = None
         if question:
             channels.fulltext = channels.graph = True
@@ -437,9 +438,12 @@ class _Search:
                     entity_rankings["dense"] = filtered_ranking(
                         _Memo(lambda limit: dense_rank(ENTITIES, limit)), keep=keep, depth=entity_depth
                     )
+        self._dense = dense
         buckets = self._memory_buckets(memory_fetch)
-        entity_active = sum(1 for name in ("entity_bm25", "fulltext", "dense") if name in entity_rankings)
-        entities = fuse(entity_rankings, active=entity_active)[: request.max_entities]
+        blind = {}
+        if dense is not None and "dense" in entity_rankings:
+            blind["dense"] = dense.blind(ENTITIES, [])
+        entities = above(relevance(entity_rankings, blind=blind), request.min_score)[: request.max_entities]
         self._hydrate(buckets, tokens=inputs.bm25_tokens)
         if entities:
             self.response.entities = hits.entity_hits(
@@ -541,10 +545,12 @@ class _Search:
         per_bucket: dict[str, dict[str, Ranking]] = {bucket: {} for bucket in live}
         for (name, bucket), ranking in rankings.items():
             per_bucket[bucket][name] = self._pick(ranking, bucket, depths[bucket])
+        fused = {bucket: self._fused(per_bucket[bucket], bucket) for bucket in live}
+        min_score = self.request.min_score
         if self.response.channels.graph:
             # Every channel ranked every live bucket, so the seeds are the fused ranking's first.
-            fused = {bucket: fuse(per_bucket[bucket], active=len(per_bucket[bucket])) for bucket in live}
             seeds = {bucket: [d for d, _ in fused[bucket][: graph.SEEDS]] for bucket in live}
+            seed_scores = {bucket: dict(fused[bucket][: graph.SEEDS]) for bucket in live}
             # A new ranking only raises the fused score of the docs it holds, so a bucket's final hits are
             # among its top hits without the graph and the graph's hops: the former are loaded with the
             # graph's query, in the same round trip (the latter, rarely needed, when hydrating).
@@ -557,14 +563,23 @@ class _Search:
                         hits.memories_query(tenant_id=self.caller.tenant_id, memory_ids=likely),
                     ],
                 )
-                hops = graph.from_rows(edges, seeds=seeds, eligibility=self.eligibility)
+                hops = graph.from_rows(edges, seeds=seeds, eligibility=self.eligibility, seed_scores=seed_scores)
             self.loaded.update(hits.memories_from_rows(rows))
             self.eligibility.check(d for ranking in hops.values() for d, _ in ranking)
             for bucket in live:
-                per_bucket[bucket]["graph"] = self._pick(hops[bucket], bucket, depths[bucket])
+                fused[bucket] = with_hops(fused[bucket], self._pick(hops[bucket], bucket, depths[bucket]))
         for bucket in live:
-            out[bucket] = fuse(per_bucket[bucket], active=len(per_bucket[bucket]))[: self.caps[bucket]]
+            out[bucket] = above(fused[bucket], min_score)[: self.caps[bucket]]
         return out
+
+    def _fused(self, rankings: dict[str, Ranking], bucket: str) -> Ranking:
+        """A bucket's direct channels fused into relevance; dense does not count against a memory it has no
+        vector of (a fresh save is first for its own words before its embedding lands)."""
+        blind = {}
+        if "dense" in rankings and self._dense is not None:
+            candidates = sorted({d for ranking in rankings.values() for d, _ in ranking})
+            blind["dense"] = self._dense.blind(bucket, candidates)
+        return relevance(rankings, blind=blind)
 
     def _feedback(self, ranking: Ranking, bucket: str) -> list[str]:
         """The first FEEDBACK_DOCS docs of a ranking that are in the bucket or not yet checked."""
@@ -598,6 +613,7 @@ class _Search:
 
     def _ordered(self, mode: str) -> SearchResponse:
         buckets = ordered_buckets(self.session, memory_filter=self.memory_filter, mode=mode, caps=self.caps)
+        buckets = {bucket: above(ranking, self.request.min_score) for bucket, ranking in buckets.items()}
         self._hydrate(buckets, tokens=[])
         return self.response
 
@@ -628,5 +644,9 @@ class _Search:
 def search(session: Session, *, caller: Caller, request: SearchRequest) -> SearchResponse:
     """Run one search for ``caller`` in the caller's session (read-only)."""
     request.check()
+    if request.mode == "hybrid" and request.question_text:
+        # Full-text catches up before the session takes its connection: waiting for the index lock then
+        # holds no connection or transaction, and the catch-up's own connection is the only one in use.
+        catch_up_before_search(caller.tenant_id)
     session.connection(execution_options={"isolation_level": "REPEATABLE READ"})
     return _Search(session, caller=caller, request=request).run()

@@ -35,7 +35,7 @@ from core.parsing import plain_int
 
 router = APIRouter(prefix="/dashboard")
 
-STATIC_DIR = Path(__file__).resolve().parent.parent / "dashboard" / "static"
+STATIC_DIR = Path(__file__).resolve().parent / "static"
 COOKIE_NAME = "engram_dashboard"
 SESSION_SECONDS = 12 * 3600
 CSRF_HEADER = "x-engram-dashboard"

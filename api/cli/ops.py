@@ -10,11 +10,11 @@ from typing import Any
 
 import click
 
-from api.cli_memory import emit, format_option
+from api.cli.memory import emit, format_option
 
 
 def _http(url: str | None, api_key: str | None) -> Any:
-    from api.cli_memory import _default_url
+    from api.cli.memory import _default_url
     from api.client import EngramClient
 
     key = api_key or os.environ.get("ENGRAM_API_KEY")

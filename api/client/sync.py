@@ -1,8 +1,8 @@
 """Python clients of engram.
 
 * :class:`EngramClient` — synchronous, over the REST API (the CLI uses it).
-* :class:`api.client_async.AsyncEngramClient` — the same methods, awaitable.
-* ``EngramClient.local(api_key=...)`` — :class:`api.client_local.LocalEngramClient`: the same methods and
+* :class:`api.client.aio.AsyncEngramClient` — the same methods, awaitable.
+* ``EngramClient.local(api_key=...)`` — :class:`api.client.local.LocalEngramClient`: the same methods and
   results, calling the core services in-process against the configured database (no HTTP server).
 
 Every method takes and returns the API's models (``SaveMemoryIn``, ``SearchRequest``, ... in;
@@ -20,10 +20,10 @@ from typing import TYPE_CHECKING, Any
 
 import httpx
 
-from api.client_base import Call, EngramAPIError, RestCalls, clean_params
+from api.client.base import Call, EngramAPIError, RestCalls, clean_params
 
 if TYPE_CHECKING:
-    from api.client_local import LocalEngramClient
+    from api.client.local import LocalEngramClient
 
 __all__ = ["EngramAPIError", "EngramClient"]
 
@@ -83,7 +83,7 @@ class EngramClient(RestCalls):
     ) -> LocalEngramClient:
         """A client that runs the core services in this process (database from the settings, or the
         running `engram serve` of ENGRAM_HOME); same methods and results as over HTTP."""
-        from api.client_local import LocalEngramClient
+        from api.client.local import LocalEngramClient
 
         return LocalEngramClient(api_key=api_key, agent_id=agent_id, persona=persona, install_queue=install_queue)
 

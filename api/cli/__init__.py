@@ -38,7 +38,7 @@ def main() -> None:
 @home_option
 def serve(host: str, port: int, home: str | None) -> None:
     """Run the whole service: API, worker, beat (and embedded PostgreSQL/Redis unless configured)."""
-    from api.serve import serve as run_serve
+    from api.serve.stack import serve as run_serve
     from core.config import get_settings
 
     run_serve(host=host, port=port, home=Path(home) if home else get_settings().home)
@@ -91,7 +91,7 @@ def worker(concurrency: int, pool: str, supervise: bool, home: str | None) -> No
     """Run one Celery worker."""
     _set_home(home)
     if supervise:
-        from api.supervise import run_supervised
+        from api.serve.supervise import run_supervised
 
         argv = [sys.executable, "-m", "api.cli", "worker", f"--concurrency={concurrency}", f"--pool={pool}"]
         sys.exit(run_supervised("worker", [*argv, "--no-supervise", *(["--home", home] if home else [])]))
@@ -140,14 +140,22 @@ def migrate(home: str | None) -> None:
 @main.command()
 @click.option("--agent-id", envvar="ENGRAM_AGENT_ID", default=None, help="default agent identity of the tools")
 @click.option("--persona", envvar="ENGRAM_PERSONA", default=None, help="default persona of the tools")
+@click.option("--url", envvar="ENGRAM_URL", default=None, help="serve through this remote engram's REST API")
+@click.option("--api-key", envvar="ENGRAM_API_KEY", default=None, help="the key the tools act for")
 @home_option
-def mcp(agent_id: str | None, persona: str | None, home: str | None) -> None:
-    """Run an MCP server over stdio for one agent (key: $ENGRAM_API_KEY), on the same storage as serve."""
+def mcp(agent_id: str | None, persona: str | None, url: str | None, api_key: str | None, home: str | None) -> None:
+    """Run an MCP server over stdio for one agent: on the same storage as serve, or with --url through a
+    hosted engram's REST API."""
     _set_home(home)
-    from api.mcp.stdio import McpStartupError, run_stdio
+    from api.mcp.stdio import McpStartupError, run_remote_stdio, run_stdio
 
     try:
-        run_stdio(agent_id=agent_id, persona=persona)
+        if url:
+            run_remote_stdio(url=url, api_key=api_key, agent_id=agent_id, persona=persona)
+        else:
+            if api_key:
+                os.environ["ENGRAM_API_KEY"] = api_key
+            run_stdio(agent_id=agent_id, persona=persona)
     except McpStartupError as exc:
         raise click.ClickException(str(exc)) from None
 
@@ -185,10 +193,10 @@ def tenant_create(name: str, as_json: bool, admin_user: str, home: str | None) -
         click.echo(f"tenant {issued.tenant} created\nadmin key (shown once): {issued.api_key}")
 
 
-from api.cli_bench import bench, eval_  # noqa: E402 - registered after the group exists
-from api.cli_catalog import ingest  # noqa: E402
-from api.cli_memory import memory  # noqa: E402
-from api.cli_ops import jobs, search  # noqa: E402
+from api.cli.bench import bench, eval_  # noqa: E402 - registered after the group exists
+from api.cli.catalog import ingest  # noqa: E402
+from api.cli.memory import memory  # noqa: E402
+from api.cli.ops import jobs, search  # noqa: E402
 
 main.add_command(memory)
 main.add_command(search)
@@ -197,6 +205,3 @@ main.add_command(ingest)
 main.add_command(bench)
 main.add_command(eval_)
 
-
-if __name__ == "__main__":
-    sys.exit(main())

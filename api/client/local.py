@@ -13,9 +13,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from api.client_base import as_api_errors, validated
-from api.client_local_admin import LocalAdminCalls
-from api.client_models import (
+from api.client.base import as_api_errors, validated
+from api.client.local_admin import LocalAdminCalls
+from api.client.models import (
     BatchResult,
     ForgetResult,
     HydrateResult,
@@ -87,12 +87,17 @@ class LocalEngramClient(LocalAdminCalls):
     def _acting(self, agent_id: str | None, persona: str | None) -> Caller:
         return self._caller.acting_as(agent_id=agent_id or self.agent_id, persona=persona or self.persona)
 
+    def _writing(self, agent_id: str | None, persona: str | None) -> Caller:
+        """As _acting, for a call that changes memories: 403 for a read-only key."""
+        self._caller.require_write()
+        return self._acting(agent_id, persona)
+
     # Memories
 
     @as_api_errors
     def save_memory(self, item: SaveMemoryIn | None = None, **fields: Any) -> SaveResult:
         parsed = validated(SaveMemoryIn, item, fields)
-        caller = self._acting(parsed.agent_id, parsed.persona)
+        caller = self._writing(parsed.agent_id, parsed.persona)
         with tenant_session(caller.tenant_id) as session:
             result = memories.save_memory(session, caller=caller, item=parsed)
         if parsed.sync_embed:
@@ -119,7 +124,7 @@ class LocalEngramClient(LocalAdminCalls):
                 )
             except EngramError as exc:
                 parsed.append(exc)
-        caller = self._acting(agent_id, persona)
+        caller = self._writing(agent_id, persona)
         with tenant_session(caller.tenant_id) as session:
             results = memories.save_memories(session, caller=caller, items=parsed)
         out = [
@@ -153,7 +158,7 @@ class LocalEngramClient(LocalAdminCalls):
         **fields: Any,
     ) -> Memory:
         parsed = validated(PatchMemoryIn, patch, fields)
-        caller = self._acting(agent_id, persona)
+        caller = self._writing(agent_id, persona)
         with tenant_session(caller.tenant_id) as session:
             row = memories.patch_memory(session, caller=caller, memory_id=memory_id, patch=parsed)
             return Memory.model_validate(memories.memories_to_dicts(session, [row])[0])
@@ -168,7 +173,7 @@ class LocalEngramClient(LocalAdminCalls):
         agent_id: str | None = None,
         persona: str | None = None,
     ) -> ForgetResult:
-        caller = self._acting(agent_id, persona)
+        caller = self._writing(agent_id, persona)
         with tenant_session(caller.tenant_id) as session:
             result = memories.forget_memory(session, caller=caller, memory_id=memory_id, reason=reason, purge=purge)
         return ForgetResult.model_validate(result)
@@ -211,7 +216,7 @@ class LocalEngramClient(LocalAdminCalls):
     ) -> ImportResult:
         if not markdown.strip():
             raise Invalid("the markdown holds no memory blocks", field="markdown")
-        caller = self._acting(agent_id, persona)
+        caller = self._writing(agent_id, persona)
         with tenant_session(caller.tenant_id) as session:
             return ImportResult.model_validate(transfer.import_markdown(session, caller=caller, text=markdown))
 
@@ -227,7 +232,7 @@ class LocalEngramClient(LocalAdminCalls):
     ) -> RunEnded:
         from core.lifecycle.expiry import end_run
 
-        caller = self._acting(agent_id, persona)
+        caller = self._writing(agent_id, persona)
         with tenant_session(caller.tenant_id) as session:
             result = end_run(session, caller=caller, run_id=run_id, all_categories=all_categories, purge=purge)
             return RunEnded.model_validate(result.as_dict())

@@ -3,7 +3,7 @@
     async with AsyncEngramClient(base_url=url, api_key=key) as engram:
         saved = await engram.save_memory(content="orders.amount is in cents")
 
-The call descriptions are shared with the sync client (:class:`api.client_base.RestCalls`); only the
+The call descriptions are shared with the sync client (:class:`api.client.base.RestCalls`); only the
 transport differs, so both send the same requests and return the same models.
 """
 
@@ -13,8 +13,8 @@ from typing import Any
 
 import httpx
 
-from api.client import read_response, request_kwargs
-from api.client_base import Call, EngramAPIError, RestCalls
+from api.client.base import Call, EngramAPIError, RestCalls
+from api.client.sync import read_response, request_kwargs
 
 __all__ = ["AsyncEngramClient", "EngramAPIError"]
 

@@ -67,12 +67,19 @@ def bench_search(memories: int, entities: int, queries: int, as_json: bool) -> N
 @eval_.command("retrieval")
 @click.argument("file", type=click.Path(exists=True, dir_okay=False))
 @click.option("--limit", default=0, help="only the first N conversations (0: all)")
+@click.option(
+    "--form",
+    type=click.Choice(["run", "content"]),
+    default="run",
+    show_default=True,
+    help="run: turns saved with their session as run_id and tag; content: content and occurred_at only",
+)
 @json_option
-def eval_retrieval(file: str, limit: int, as_json: bool) -> None:
+def eval_retrieval(file: str, limit: int, form: str, as_json: bool) -> None:
     """Recall@5/10/20 (overall and per category) and search latency over a LoCoMo-shaped file."""
     from core.bench.retrieval import run
 
-    figures = run(path=file, limit=limit, log=lambda m: click.echo(m, err=True))
+    figures = run(path=file, limit=limit, log=lambda m: click.echo(m, err=True), content_only=form == "content")
     emit_figures(figures, as_json=as_json)
 
 
@@ -114,3 +121,23 @@ def bench_embed(memories: int, batch_size: int, port: int, model: str | None, as
         reset_settings_cache()
 
     emit_figures(run(memories=memories, batch_size=batch_size, port=port or free_port()), as_json=as_json)
+
+
+@bench.command("tenants")
+@click.option("--tenants", default=1_000, show_default=True, help="tenants to create (one in 100 is large)")
+@click.option("--searches", default=5_000, show_default=True, help="HTTP searches, Zipf-skewed over tenants")
+@click.option("--large-size", default=50_000, show_default=True, help="memories in each large tenant")
+@click.option("--max-seconds", default=600.0, show_default=True, help="stop searching after this long")
+@json_option
+def bench_tenants(tenants: int, searches: int, large_size: int, max_seconds: float, as_json: bool) -> None:
+    """Search latency (warm and cold tenants), API RSS and open files with many long-tailed tenants."""
+    from core.bench.tenants import run
+
+    figures = run(
+        tenants=tenants,
+        searches=searches,
+        large_size=large_size,
+        max_seconds=max_seconds,
+        log=lambda m: click.echo(m, err=True),
+    )
+    emit_figures(figures, as_json=as_json)

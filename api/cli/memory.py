@@ -12,7 +12,7 @@ from typing import Any
 import click
 
 from api.client import EngramAPIError, EngramClient
-from api.client_base import dump
+from api.client.base import dump
 
 TABLE_COLUMNS = ("id", "kind", "category", "importance", "created_at", "content")
 

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import click
 
-from api.supervise import die_with_parent
+from api.serve.supervise import die_with_parent
 from core.config import Settings, get_settings, reset_settings_cache
 
 

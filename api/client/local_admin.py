@@ -1,12 +1,12 @@
-"""Local mode, continued: the key, catalog, job and coverage calls (see :mod:`api.client_local`)."""
+"""Local mode, continued: the key, catalog, job and coverage calls (see :mod:`api.client.local`)."""
 
 from __future__ import annotations
 
 from datetime import timedelta
 from typing import Any
 
-from api.client_base import as_api_errors, validated
-from api.client_models import (
+from api.client.base import as_api_errors, validated
+from api.client.models import (
     CoverageRow,
     Datasource,
     Deleted,
@@ -27,7 +27,7 @@ from core.tenancy.context import Caller
 
 
 class LocalAdminCalls:
-    """Mixin of :class:`api.client_local.LocalEngramClient` for the calls beyond memories and search."""
+    """Mixin of :class:`api.client.local.LocalEngramClient` for the calls beyond memories and search."""
 
     _caller: Caller
     agent_id: str | None
@@ -37,8 +37,10 @@ class LocalAdminCalls:
         raise NotImplementedError
 
     def _admin(self) -> Caller:
+        """The caller of an admin write (every use of this is one): 403 for members and read-only keys."""
         if not self._caller.is_admin:
             raise Forbidden("this call needs an admin key")
+        self._caller.require_write()
         return self._caller
 
     # Keys
@@ -188,6 +190,7 @@ class LocalAdminCalls:
 
         if not self._caller.is_admin:
             raise Forbidden("retrying a job needs an admin key")
+        self._caller.require_write()
         settings = get_settings()
         with system_session() as session:
             job = queries.retry(

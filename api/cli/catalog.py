@@ -17,7 +17,7 @@ POLL_SECONDS = 0.5
 
 
 def _client(url: str | None, api_key: str | None) -> EngramClient:
-    from api.cli_memory import _default_url
+    from api.cli.memory import _default_url
 
     key = api_key or os.environ.get("ENGRAM_API_KEY")
     if not key:

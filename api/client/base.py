@@ -18,7 +18,7 @@ from urllib.parse import quote
 from pydantic import BaseModel, TypeAdapter
 from sqlalchemy.exc import OperationalError
 
-from api.client_models import (
+from api.client.models import (
     BatchResult,
     CoverageRow,
     Datasource,
