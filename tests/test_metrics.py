@@ -66,7 +66,9 @@ def test_embedding_work_and_coverage_are_exported(client, tenant, worker):
         key = next(
             (k for k in samples.get("engram_embedding_coverage_ratio", {}) if ("tenant", tenant.name) in k), None
         )
-        return samples if key and samples["engram_embedding_coverage_ratio"][key] == 1.0 else None
+        # The embedding lands before its job is marked succeeded: wait for both.
+        done = samples.get("engram_embed_job_attempts_total", {}).get((("outcome", "succeeded"),), 0) >= 1
+        return samples if done and key and samples["engram_embedding_coverage_ratio"][key] == 1.0 else None
 
     samples = wait_for(covered, timeout=60)
     assert samples["engram_embed_job_attempts_total"][(("outcome", "failed"),)] >= 2
