@@ -160,7 +160,15 @@ def serve(*, host: str, port: int, home: Path) -> None:
         admin_key = _bootstrap_default_tenant(home)
         api_url = f"http://{host}:{port}"
         write_runtime(
-            {"pid": os.getpid(), "database_url": database_url, "redis_url": redis_url, "api_url": api_url},
+            {
+                "pid": os.getpid(),
+                "database_url": database_url,
+                "redis_url": redis_url,
+                "api_url": api_url,
+                # One machine, its owner's data: local sources (loopback, SQLite files) are allowed unless
+                # ENGRAM_DATASOURCE_POLICY says otherwise (core.entities.source_guard.policy reads this).
+                "datasource_policy": get_settings().datasource_policy or "local",
+            },
             home,
         )
         env = dict(os.environ)
