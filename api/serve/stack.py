@@ -168,7 +168,9 @@ def serve(*, host: str, port: int, home: Path) -> None:
                 "database_url": database_url,
                 "redis_url": redis_url,
                 "api_url": api_url,
-                "datasource_policy": get_settings().datasource_policy,
+                # One machine, its owner's data: local sources (loopback, SQLite files) are allowed unless
+                # ENGRAM_DATASOURCE_POLICY says otherwise (core.entities.source_guard.policy reads this).
+                "datasource_policy": get_settings().datasource_policy or "local",
             },
             home,
         )
