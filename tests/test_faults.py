@@ -7,10 +7,10 @@ ends only when every embedding has landed (ARCHITECTURE principle 2: a committed
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 import uuid
 from collections.abc import Iterator
@@ -21,7 +21,7 @@ import pytest
 from sqlalchemy import text
 
 from core.embedded import EmbeddedRedis, free_port
-from tests.conftest import REPO, WorkerProcess, wait_for
+from tests.conftest import REPO, WorkerProcess, make_temp_dir, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -82,11 +82,13 @@ class Drill:
 
 @pytest.fixture
 def drill(stack) -> Iterator[Drill]:  # type: ignore[no-untyped-def]
-    base = Path(tempfile.mkdtemp(prefix="engram-drill-", dir="/tmp"))
-    base.chmod(0o755)
+    base = make_temp_dir("engram-drill-")
     d = Drill(stack, base)
-    yield d
-    d.stop()
+    try:
+        yield d
+    finally:
+        d.stop()
+        shutil.rmtree(base, ignore_errors=True)
 
 
 def _new_tenant() -> tuple[int, dict[str, str]]:
