@@ -4,6 +4,7 @@ commands start fast."""
 from __future__ import annotations
 
 import json
+import logging
 import os
 import sys
 from pathlib import Path
@@ -60,6 +61,9 @@ def api(host: str | None, port: int | None, workers: int | None, migrate: bool, 
 
     settings = get_settings()
     configure_logging(process="api")
+    from core.entities.source_guard import describe_policy
+
+    logging.getLogger("engram.api").info("%s", describe_policy())  # what tenants may connect to
     if migrate:
         from core.migrate import upgrade
 

@@ -44,6 +44,8 @@ def bench_stack() -> Iterator[BenchStack]:
                 "ENGRAM_DATABASE_URL": database_url,
                 "ENGRAM_REDIS_URL": redis_url,
                 "ENGRAM_HOME": str(base / "home"),
+                # A single-machine throwaway stack: its generated SQLite catalog sits under /tmp.
+                "ENGRAM_DATASOURCE_POLICY": "local",
             }
             os.environ.update(env)
             (base / "home").mkdir()

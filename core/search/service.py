@@ -27,6 +27,7 @@ runs in PostgreSQL while full-text ranks in this process (``DenseSearch.overlapp
 from __future__ import annotations
 
 import contextlib
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -41,6 +42,7 @@ from core.entities.resolver import extract_query_entities, resolve_entities
 from core.errors import BadRequest
 from core.memories.models import Memory
 from core.memories.visibility import visible_clause
+from core.refs import MEMORY_PREFIX
 from core.search import entity_channel, facts, graph, hits, sql
 from core.search.catalog import last_snapshot, load_snapshot, snapshot_memo
 from core.search.clock import ChannelClock
@@ -48,7 +50,7 @@ from core.search.dense import ENTITIES, DenseSearch, DenseUnavailable, Embedding
 from core.search.filters import EXAMPLE_QUERIES, MEMORIES, Eligibility, MemoryFilter, any_of
 from core.search.fulltext import ENTITY_KINDS, FulltextIndex
 from core.search.fusion import relevance, with_hops
-from core.search.index import MEMORY_DOC_PREFIX, catch_up, catch_up_before_search, memory_doc_kind
+from core.search.index import catch_up, catch_up_before_search, memory_doc_kind
 from core.search.modes import ordered_buckets
 from core.search.schemas import SearchRequest, SearchResponse
 from core.tenancy.context import Caller
@@ -68,20 +70,29 @@ Fetch = Callable[[int], Ranking]
 BucketFetch = Callable[[str, int], Ranking]
 
 
-# Function words of questions: they match nearly every note, so full-text ignores them when the question
-# has other words (a question made only of them is kept as is).
+# Function words of questions (and the pieces contractions leave: "what's" -> "what", "s"): they match
+# nearly every note, so full-text ignores them when the question has other words.
 QUESTION_STOPWORDS = frozenset(
     "a an and are as at be been but by can could did do does for from had has have he her hers him his how i "
     "if in into is it its me my of on or our she so that the their them they this to was we were what when "
-    "where which who whom whose why will with would you your".split()
+    "where which who whom whose why will with would you your s t d ll re ve m".split()
 )
+_WORD = re.compile(r"[^\W_]+")
 
 
 def fulltext_query(question: str) -> str:
-    """The question without its function words, for full-text."""
-    words = question.split()
-    kept = [w for w in words if w.strip("?!.,;:'\"()").lower() not in QUESTION_STOPWORDS]
-    return " ".join(kept) if kept and QUESTION_STOPWORDS else question
+    """The question's words without its function words, for full-text.
+
+    Words are split as the index's analyzer splits them (on every non-alphanumeric character), so the
+    "in" of "in-process" goes like any other "in". A question of one token (a pasted canonical id such
+    as ``shop.orders.country``) is kept as it is: the index also matches it against doc ids. A question
+    made only of function words is kept too.
+    """
+    literal = question.strip()
+    if not any(ch.isspace() for ch in literal):
+        return literal
+    kept = [w for w in _WORD.findall(literal) if w.lower() not in QUESTION_STOPWORDS]
+    return " ".join(kept) if kept else question
 
 
 def bucket_depth(cap: int) -> int:
@@ -204,7 +215,7 @@ class _FulltextRankings:
     def bucket(self, bucket: str, limit: int) -> Ranking:
         if (bucket, limit) not in self._buckets:
             hits = self.kinds(frozenset({memory_doc_kind(bucket == EXAMPLE_QUERIES)}), limit)
-            self._buckets[bucket, limit] = [(doc_id[len(MEMORY_DOC_PREFIX) :], s) for doc_id, s in hits]
+            self._buckets[bucket, limit] = [(doc_id[len(MEMORY_PREFIX) :], s) for doc_id, s in hits]
         return self._buckets[bucket, limit]
 
     def first_looks(self, caps: dict[str, int], entity_depth: int) -> None:
@@ -623,7 +634,7 @@ class _Search:
         missing = [memory_id for memory_id in ids if memory_id not in memories]
         memories.update(hits.load_memories(self.session, tenant_id=self.caller.tenant_id, memory_ids=missing))
         matched = {
-            memory_id: [t for t in tokens if t in (memory.entities or []) or t == MEMORY_DOC_PREFIX + memory_id]
+            memory_id: [t for t in tokens if t in (memory.entities or []) or t == MEMORY_PREFIX + memory_id]
             for memory_id, memory in memories.items()
         }
         self.response.memories = hits.memory_hits(  # type: ignore[assignment]

@@ -79,6 +79,30 @@ def apply_row_security(connection: Connection) -> list[str]:
     return changed
 
 
+# PostgreSQL uses a condition as an index condition under row-level security only when its operator is
+# LEAKPROOF; the array operators are not declared so, which turns the GIN-indexed entity lookups
+# (`entities && ...`, `entities @> ...`) into scans of the tenant's rows (measured: 0.4 ms -> 16 ms at 20k
+# memories). They only compare elements and report nothing about the rows they see, and the app role
+# cannot create functions of its own, so declaring them leakproof opens nothing. Only a superuser may.
+_ARRAY_OPERATORS = ("arrayoverlap(anyarray, anyarray)", "arraycontains(anyarray, anyarray)")
+
+
+def declare_array_operators_leakproof(connection: Connection) -> bool:
+    """Let the GIN array operators serve as index conditions under row-level security (superuser only);
+    False when they stay as they are (a managed PostgreSQL: entity lookups then scan the tenant's rows)."""
+    missing = connection.execute(
+        text("SELECT count(*) FROM pg_proc WHERE proname IN ('arrayoverlap', 'arraycontains') AND NOT proleakproof")
+    ).scalar()
+    if not missing:
+        return True
+    if not connection.execute(text("SELECT rolsuper FROM pg_roles WHERE rolname = current_user")).scalar():
+        log.warning("not a superuser: array operators stay non-leakproof, entity lookups scan under RLS")
+        return False
+    for signature in _ARRAY_OPERATORS:
+        connection.execute(text(f"ALTER FUNCTION {signature} LEAKPROOF"))
+    return True
+
+
 def _quote_ident(connection: Connection, name: str) -> str:
     return str(connection.execute(text("SELECT quote_ident(:n)"), {"n": name}).scalar())
 
