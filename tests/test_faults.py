@@ -14,7 +14,9 @@ import sys
 import time
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -98,10 +100,11 @@ class Drill:
         self.redis.stop()
 
 
-@pytest.fixture
-def drill(stack) -> Iterator[Drill]:  # type: ignore[no-untyped-def]
+@contextmanager
+def _running_drill(stack, **options: Any) -> Iterator[Drill]:  # type: ignore[no-untyped-def]
+    """A drill in its own directory under /tmp, stopped and removed afterwards."""
     base = make_temp_dir("engram-drill-")
-    d = Drill(stack, base)
+    d = Drill(stack, base, **options)
     try:
         yield d
     finally:
@@ -110,13 +113,16 @@ def drill(stack) -> Iterator[Drill]:  # type: ignore[no-untyped-def]
 
 
 @pytest.fixture
+def drill(stack) -> Iterator[Drill]:  # type: ignore[no-untyped-def]
+    with _running_drill(stack) as d:
+        yield d
+
+
+@pytest.fixture
 def default_drill(stack) -> Iterator[Drill]:  # type: ignore[no-untyped-def]
     """A drill whose lease, re-dispatch and reconcile timings are the shipped defaults."""
-    base = Path(tempfile.mkdtemp(prefix="engram-drill-", dir="/tmp"))
-    base.chmod(0o755)
-    d = Drill(stack, base, drill_env=DEFAULT_RECOVERY_ENV)
-    yield d
-    d.stop()
+    with _running_drill(stack, drill_env=DEFAULT_RECOVERY_ENV) as d:
+        yield d
 
 
 def _new_tenant() -> tuple[int, dict[str, str]]:
