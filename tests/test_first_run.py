@@ -64,3 +64,18 @@ def test_tables_print_lists_and_numbers_for_people(capsys):
     )
     out = capsys.readouterr().out
     assert "the END" in out and "a, b" in out and "[" not in out
+
+
+def test_serve_names_the_cause_a_child_logged(tmp_path):
+    """When the API does not start or keeps dying, serve's one-line error carries the child's last error."""
+    from api.serve.stack import _cause
+
+    log = tmp_path / "api.log"
+    assert _cause(log) == ""
+    log.write_text(
+        '{"level": "INFO", "message": "Started server process"}\n'
+        "a line that is not JSON\n"
+        '{"level": "ERROR", "message": "[Errno 98] address already in use\\nmore"}\n'
+        '{"level": "INFO", "message": "Waiting"}\n'
+    )
+    assert _cause(log) == ": [Errno 98] address already in use"
