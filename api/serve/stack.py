@@ -186,9 +186,8 @@ def serve(*, host: str, port: int, home: Path) -> None:
                 "database_url": database_url,
                 "redis_url": redis_url,
                 "api_url": api_url,
-                # One machine, its owner's data: local sources (loopback, SQLite files) are allowed unless
-                # ENGRAM_DATASOURCE_POLICY says otherwise (core.entities.source_guard.policy reads this).
-                "datasource_policy": get_settings().datasource_policy or "local",
+                # Other commands on this home (core.entities.source_guard.policy) judge sources as serve does.
+                "datasource_policy": serve_policy(),
             },
             home,
         )
