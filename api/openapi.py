@@ -9,9 +9,9 @@ the components next to the response models FastAPI already collects.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
-from fastapi import FastAPI
+from fastapi import FastAPI, Path
 from fastapi.openapi.utils import get_openapi
 from fastapi.routing import APIRoute
 from fastapi.security import HTTPBearer
@@ -49,6 +49,14 @@ ERROR_TEXT: dict[int, str] = {
 }
 KEYED_ERRORS = (401, 422, 429, 503)
 
+
+# Path parameters, described once for every route that takes them.
+MemoryIdPath = Annotated[str, Path(description="the memory's id, e.g. '42'")]
+KeyIdPath = Annotated[str, Path(description="the key's id (from POST or GET /v1/keys)")]
+JobIdPath = Annotated[str, Path(description="the job's id (e.g. from a 202's job_id)")]
+DatasourcePath = Annotated[str, Path(description="the datasource's name")]
+ModelPath = Annotated[str, Path(description="the model's name within the datasource")]
+RunIdPath = Annotated[str, Path(description="the run_id its memories were saved with")]
 
 _BODY_MODELS: dict[str, type[BaseModel]] = {}
 

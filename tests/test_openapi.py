@@ -43,6 +43,8 @@ def test_every_operation_is_tagged_summarised_and_described(spec):
         assert op.get("tags") and set(op["tags"]) <= tags, (path, method)
         assert op.get("summary") and op.get("description"), (path, method)
         assert re.fullmatch(r"[a-z_]+", op["operationId"]), op["operationId"]
+        for parameter in op.get("parameters", []):
+            assert parameter.get("description"), (path, method, parameter["name"])
     ids = [op["operationId"] for _, _, op in operations(spec)]
     assert len(ids) == len(set(ids))
 
