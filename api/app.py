@@ -72,7 +72,8 @@ def create_app(*, install_queue: bool = False) -> FastAPI:
         lock_timeout_seconds=settings.db_lock_timeout_seconds,
         idle_in_transaction_seconds=settings.db_idle_in_transaction_seconds,
     )
-    # Added last, so it runs first: the shedder's and BodyGuard's refusals carry the request id and are counted.
+    # Added last, so it runs first: even shed requests and BodyGuard's refusals carry the request id and
+    # are counted.
     app.add_middleware(RequestContext)
 
     from api.dashboard import routes as dashboard
