@@ -12,7 +12,7 @@ import pytest
 from engram_client import EngramClient
 from pydantic import BaseModel
 
-from api.client import models as server_out
+from api import schemas as server_out
 from core.memories.schemas import ListFilters, PatchMemoryIn, SaveMemoryIn
 from core.memories.schemas import SaveResult as ServerSaveResult
 from core.search import schemas as server_search
