@@ -89,6 +89,7 @@ def operation(
     body: type[BaseModel] | None = None,
     body_required: bool = True,
     example: dict[str, Any] | None = None,
+    response_example: dict[str, Any] | None = None,
     errors: tuple[int, ...] = (),
     keyed: bool = True,
     response_media: str | None = None,
@@ -105,6 +106,8 @@ def operation(
     responses: dict[int | str, dict[str, Any]] = {}
     if response is not None:
         responses[status] = {"model": response, "description": summary}
+        if response_example is not None:
+            responses[status]["content"] = {"application/json": {"example": response_example}}
     elif response_media is not None:
         responses[status] = {"description": summary, "content": {response_media: {"schema": {"type": "string"}}}}
     body_errors = (400, 413, 415) if body is not None else ()  # malformed JSON, too large, not JSON

@@ -97,6 +97,21 @@ def test_errors_are_the_contracts_shape_and_keys_are_bearer(spec):
             assert {"401", "422", "503"} <= set(errors), (path, method)
 
 
+def test_examples_are_valid_for_their_schemas(spec):
+    """An example a reader copies from /docs is a body the schema accepts (and so the route)."""
+    checked = 0
+    for _, _, op in operations(spec):
+        contents = [op["requestBody"]["content"]] if "requestBody" in op else []
+        contents += [r.get("content", {}) for r in op["responses"].values()]
+        for content in contents:
+            media = content.get("application/json", {})
+            if "example" in media and "$ref" in media.get("schema", {}):
+                schema = {**media["schema"], "components": spec["components"]}
+                OAS31Validator(schema).validate(media["example"])
+                checked += 1
+    assert checked >= 13  # every body's example and the documented answers'
+
+
 def _check(spec: dict[str, Any], path: str, method: str, response: Any) -> None:
     """The answer validates against the schema the description gives for its status."""
     op = spec["paths"][path][method]

@@ -68,6 +68,7 @@ def _error_item(exc: EngramError) -> dict[str, Any]:
         body=SaveMemoryIn,
         example=_SAVE_EXAMPLE,
         response=SaveResult,
+        response_example={"memory_id": "42", "entities": ["shop.orders.amount"], "warnings": []},
         status=201,
         errors=(400, 403, 413, 415),
     ),

@@ -2924,6 +2924,15 @@ export interface operations {
                     [name: string]: unknown;
                 };
                 content: {
+                    /**
+                     * @example {
+                     *       "entities": [
+                     *         "shop.orders.amount"
+                     *       ],
+                     *       "memory_id": "42",
+                     *       "warnings": []
+                     *     }
+                     */
                     "application/json": components["schemas"]["SaveResult"];
                 };
             };
@@ -4246,6 +4255,44 @@ export interface operations {
                     [name: string]: unknown;
                 };
                 content: {
+                    /**
+                     * @example {
+                     *       "channels": {
+                     *         "dense": true,
+                     *         "entity_bm25": true,
+                     *         "fulltext": true,
+                     *         "graph": false
+                     *       },
+                     *       "degraded": false,
+                     *       "entities": [
+                     *         {
+                     *           "id": "shop.orders.amount",
+                     *           "kind": "column",
+                     *           "score": 0.81,
+                     *           "text": "Column: ..."
+                     *         }
+                     *       ],
+                     *       "example_queries": [],
+                     *       "memories": [
+                     *         {
+                     *           "category": "core",
+                     *           "created_at": "2026-01-05T10:00:00+00:00",
+                     *           "id": "42",
+                     *           "importance": 0.5,
+                     *           "kind": "fact",
+                     *           "matched_entities": [
+                     *             "shop.orders.amount"
+                     *           ],
+                     *           "score": 0.93,
+                     *           "text": "orders.amount is in cents"
+                     *         }
+                     *       ],
+                     *       "resolved_input_entities": [
+                     *         "shop.orders"
+                     *       ],
+                     *       "warnings": []
+                     *     }
+                     */
                     "application/json": components["schemas"]["SearchResponse"];
                 };
             };
