@@ -47,12 +47,12 @@ from core.embeddings.providers import EmbeddingProviderError, get_embedder
 from core.embeddings.store_models import Embedding
 from core.memories.models import Memory
 from core.native import single_threaded_blas
+from core.refs import MEMORY_PREFIX
 from core.search.filters import EXAMPLE_QUERIES, HAS_QUERY_SQL, MEMORIES, has_query
 from core.search.index import CONTEXT_TURNS, episode_of
 
 MEMORY_KIND = "memory"
 ENTITIES = "entities"
-MEMORY_PREFIX = "memory:"
 HNSW_DIMS = frozenset({256, 384, 512, 768, 1024, 1536})
 CACHE_ENTRIES = 16
 # Depth of the single approximate query above dense_exact_max_docs (see DenseSearch._hnsw_sql).
@@ -271,8 +271,9 @@ _LAYOUT_CHANGES = text(
     f"SELECT memories.id, memories.status <> 'forgotten' AND ({HAS_QUERY_SQL} OR memories.run_id IS NOT NULL "
     "OR memories.occurred_at <> memories.created_at) "
     "FROM memories WHERE memories.tenant_id = :tenant AND memories.change_seq > :since "
-    "UNION ALL SELECT substr(tombstones.doc_id, 8), false FROM tombstones WHERE tombstones.tenant_id = :tenant "
-    "AND tombstones.change_seq > :since AND starts_with(tombstones.doc_id, 'memory:')"
+    f"UNION ALL SELECT substr(tombstones.doc_id, {len(MEMORY_PREFIX) + 1}), false FROM tombstones "
+    "WHERE tombstones.tenant_id = :tenant AND tombstones.change_seq > :since "
+    f"AND starts_with(tombstones.doc_id, '{MEMORY_PREFIX}')"
 )
 
 

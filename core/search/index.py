@@ -36,13 +36,13 @@ from core.config import get_settings
 from core.db import tenant_session
 from core.entities.canonical import is_memory_ref
 from core.memories.models import Memory, Tombstone
+from core.refs import MEMORY_PREFIX
 from core.search.catalog import catalog_changes
 from core.search.filters import any_of, has_query
 from core.search.fulltext import DocChange, FulltextIndex
 from core.search.render import render_memory
 from core.tenancy.models import Tenant
 
-MEMORY_DOC_PREFIX = "memory:"
 # How many memories before and after a memory of the same run lend it their text.
 CONTEXT_TURNS = 2
 # An evicted handle is dropped; a search still holding it finishes on it, and the next one reopens the
@@ -192,7 +192,7 @@ def _memory_changes(session: Session, *, since: int) -> list[DocChange]:
         kind = memory_doc_kind(row[-1])
         changes.append(
             DocChange(
-                doc_id=MEMORY_DOC_PREFIX + memory_id, doc_kind=kind, text=text, deleted=deleted, seq=seq_of[memory_id]
+                doc_id=MEMORY_PREFIX + memory_id, doc_kind=kind, text=text, deleted=deleted, seq=seq_of[memory_id]
             )
         )
     return changes

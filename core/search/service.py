@@ -42,13 +42,15 @@ from core.entities.resolver import extract_query_entities, resolve_entities
 from core.errors import BadRequest
 from core.memories.models import Memory
 from core.memories.visibility import visible_clause
+from core.refs import MEMORY_PREFIX
 from core.search import entity_channel, facts, graph, hits, sql
 from core.search.catalog import last_snapshot, load_snapshot, snapshot_memo
+from core.search.clock import ChannelClock
 from core.search.dense import ENTITIES, DenseSearch, DenseUnavailable, EmbeddingStats, dense_model
 from core.search.filters import EXAMPLE_QUERIES, MEMORIES, Eligibility, MemoryFilter, any_of
 from core.search.fulltext import ENTITY_KINDS, FulltextIndex
 from core.search.fusion import relevance, with_hops
-from core.search.index import MEMORY_DOC_PREFIX, catch_up, catch_up_before_search, memory_doc_kind
+from core.search.index import catch_up, catch_up_before_search, memory_doc_kind
 from core.search.modes import ordered_buckets
 from core.search.schemas import SearchRequest, SearchResponse
 from core.tenancy.context import Caller
@@ -213,7 +215,7 @@ class _FulltextRankings:
     def bucket(self, bucket: str, limit: int) -> Ranking:
         if (bucket, limit) not in self._buckets:
             hits = self.kinds(frozenset({memory_doc_kind(bucket == EXAMPLE_QUERIES)}), limit)
-            self._buckets[bucket, limit] = [(doc_id[len(MEMORY_DOC_PREFIX) :], s) for doc_id, s in hits]
+            self._buckets[bucket, limit] = [(doc_id[len(MEMORY_PREFIX) :], s) for doc_id, s in hits]
         return self._buckets[bucket, limit]
 
     def first_looks(self, caps: dict[str, int], entity_depth: int) -> None:
@@ -269,6 +271,7 @@ class _Search:
         self.guessed_version: int | None = None
         self._ft: _FulltextRankings | None = None
         self._dense: DenseSearch | None = None
+        self.clock = ChannelClock()
 
     @cached_property
     def head(self) -> _Head:
@@ -322,6 +325,7 @@ class _Search:
             self._hybrid(inputs)
         except _CatalogMoved as moved:
             return _Search(self.session, caller=self.caller, request=request, head=moved.head).run()
+        self.clock.record()
         return self.response
 
     # -- inputs ---------------------------------------------------------------------------
@@ -384,7 +388,7 @@ class _Search:
     # -- hybrid ---------------------------------------------------------------------------
 
     def _hybrid(self, inputs: _Inputs) -> None:
-        request, channels = self.request, self.response.channels
+        request, channels, clock = self.request, self.response.channels, self.clock
         question = request.question_text
         memory_fetch: dict[str, BucketFetch] = {}
         entity_rankings: dict[str, Ranking] = {}
@@ -395,10 +399,13 @@ class _Search:
             if question and "head" not in self.__dict__:
                 early = self._early_fulltext(question)
                 if early is not None:
-                    meanwhile = lambda: early.first_looks(self.caps, entity_depth)  # noqa: E731
-            bm25, _ = self._entity_bm25(inputs.bm25_tokens, meanwhile=meanwhile)
+                    meanwhile = clock.wrap("fulltext", lambda: early.first_looks(self.caps, entity_depth))
+            with clock.timing("entity_bm25"):
+                bm25, _ = self._entity_bm25(inputs.bm25_tokens, meanwhile=meanwhile)
             # BM25 saw every candidate with its verdict, so its bucket rankings need no deeper look.
-            memory_fetch["entity_bm25"] = lambda bucket, limit: self.eligibility.pick(bm25, bucket, limit)
+            memory_fetch["entity_bm25"] = clock.wrap(
+                "entity_bm25", lambda bucket, limit: self.eligibility.pick(bm25, bucket, limit)
+            )
             # The named refs in the order given, each fully named (score 1: no share of a top score to lose).
             entity_rankings["entity_bm25"] = [(e, 1.0) for e in inputs.entity_refs][:entity_depth]
         dense: DenseSearch | None = None
@@ -407,28 +414,32 @@ class _Search:
             # The tenant's change seq and the embedding statistics come with the search's first query.
             head = self.head
             try:
-                dense = DenseSearch(
-                    self.session,
-                    tenant_id=self.caller.tenant_id,
-                    question=question,
-                    change_seq=head.change_seq,
-                    feedback=self.feedback,
-                    stats=head.embeddings,
-                )
+                with clock.timing("dense"):
+                    dense = DenseSearch(
+                        self.session,
+                        tenant_id=self.caller.tenant_id,
+                        question=question,
+                        change_seq=head.change_seq,
+                        feedback=self.feedback,
+                        stats=head.embeddings,
+                    )
             except DenseUnavailable as exc:
                 self.warn(str(exc))
                 self.response.degraded = True
             ft = self._fulltext(question)
-            ft.follow(head.change_seq)
+            with clock.timing("fulltext"):
+                ft.follow(head.change_seq)
             # While PostgreSQL runs the approximate dense query, full-text runs the first look of every
             # ranking the buckets will ask it for (the same calls they would make, answered from its memo).
             with dense.overlapped() if dense is not None and OVERLAP_DENSE else contextlib.nullcontext():
-                ft.first_looks(self.caps, entity_depth)
-            fulltext, search_kinds = ft.bucket, ft.kinds
+                with clock.timing("fulltext"):
+                    ft.first_looks(self.caps, entity_depth)
+            fulltext, search_kinds = clock.wrap("fulltext", ft.bucket), clock.wrap("fulltext", ft.kinds)
             memory_fetch["fulltext"] = fulltext
             if dense is not None:
                 channels.dense = True
-                memory_fetch["dense"] = dense.rank
+                dense_rank = clock.wrap("dense", dense.rank)
+                memory_fetch["dense"] = dense_rank
             if entity_depth:
                 keep = self._entity_keep
                 entity_rankings["fulltext"] = filtered_ranking(
@@ -436,7 +447,7 @@ class _Search:
                 )
                 if dense is not None:
                     entity_rankings["dense"] = filtered_ranking(
-                        _Memo(lambda limit: dense.rank(ENTITIES, limit)), keep=keep, depth=entity_depth
+                        _Memo(lambda limit: dense_rank(ENTITIES, limit)), keep=keep, depth=entity_depth
                     )
         self._dense = dense
         buckets = self._memory_buckets(memory_fetch)
@@ -555,14 +566,15 @@ class _Search:
             # among its top hits without the graph and the graph's hops: the former are loaded with the
             # graph's query, in the same round trip (the latter, rarely needed, when hydrating).
             likely = [d for bucket in live for d, _ in fused[bucket][: self.caps[bucket]]]
-            edges, rows = sql.run_many(
-                self.session,
-                [
-                    graph.query(seeds=seeds, eligibility=self.eligibility),
-                    hits.memories_query(tenant_id=self.caller.tenant_id, memory_ids=likely),
-                ],
-            )
-            hops = graph.from_rows(edges, seeds=seeds, eligibility=self.eligibility, seed_scores=seed_scores)
+            with self.clock.timing("graph"):
+                edges, rows = sql.run_many(
+                    self.session,
+                    [
+                        graph.query(seeds=seeds, eligibility=self.eligibility),
+                        hits.memories_query(tenant_id=self.caller.tenant_id, memory_ids=likely),
+                    ],
+                )
+                hops = graph.from_rows(edges, seeds=seeds, eligibility=self.eligibility, seed_scores=seed_scores)
             self.loaded.update(hits.memories_from_rows(rows))
             self.eligibility.check(d for ranking in hops.values() for d, _ in ranking)
             for bucket in live:
@@ -622,7 +634,7 @@ class _Search:
         missing = [memory_id for memory_id in ids if memory_id not in memories]
         memories.update(hits.load_memories(self.session, tenant_id=self.caller.tenant_id, memory_ids=missing))
         matched = {
-            memory_id: [t for t in tokens if t in (memory.entities or []) or t == MEMORY_DOC_PREFIX + memory_id]
+            memory_id: [t for t in tokens if t in (memory.entities or []) or t == MEMORY_PREFIX + memory_id]
             for memory_id, memory in memories.items()
         }
         self.response.memories = hits.memory_hits(  # type: ignore[assignment]
