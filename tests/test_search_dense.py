@@ -74,7 +74,7 @@ def test_dense_feedback_uses_only_eligible_fulltext_hits(client, tenant, member_
     from core.search.filters import MEMORIES
     from core.search.index import catch_up_before_search
     from core.search.schemas import SearchRequest
-    from core.search.service import FEEDBACK_DOCS, _Search
+    from core.search.service import FEEDBACK_DOCS, run_search
     from core.tenancy.context import Caller
 
     key = member_key()
@@ -92,8 +92,8 @@ def test_dense_feedback_uses_only_eligible_fulltext_hits(client, tenant, member_
     # As search() does: the index is caught up before the search's transaction starts.
     catch_up_before_search(tenant.tenant_id)
     with tenant_session(tenant.tenant_id) as session:
-        run = _Search(session, caller=caller, request=SearchRequest(question="invoice reconciliation"))
-        response = run.run()
+        run = run_search(session, caller=caller, request=SearchRequest(question="invoice reconciliation"))
+        response = run.response
     assert response.channels.dense is True
     assert private not in run.feedback[MEMORIES] and len(run.feedback[MEMORIES]) == FEEDBACK_DOCS
     assert private not in ids(response.model_dump()["memories"])

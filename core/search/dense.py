@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
@@ -372,7 +372,6 @@ class DenseSearch:
         tenant_id: int,
         question: str,
         change_seq: int | None = None,
-        feedback: Mapping[str, Sequence[str]] | None = None,
         stats: EmbeddingStats | None = None,
     ) -> None:
         settings = get_settings()
@@ -399,7 +398,6 @@ class DenseSearch:
                 f"dense channel skipped: no embeddings stored for model '{self._model}'", change_seq=self.change_seq
             )
         self._exact = docs <= get_settings().dense_exact_max_docs or self._dims not in HNSW_DIMS
-        self._feedback = feedback if feedback is not None else {}
         self._entity_scores: np.ndarray | None = None
         # Per memory bucket: (the feedback its scores were computed with, the scores of its rows).
         self._bucket_scores: dict[str, tuple[tuple[str, ...], np.ndarray]] = {}
@@ -417,20 +415,20 @@ class DenseSearch:
                     change_seq=self.change_seq,
                 )
 
-    def rank(self, bucket: str, limit: int) -> list[tuple[str, float]]:
+    def rank(self, bucket: str, limit: int, feedback: Sequence[str] = ()) -> list[tuple[str, float]]:
         """[(id, score)] best first, at most ``limit``, of one bucket: ``memories`` and
         ``example_queries`` give memory ids, ``entities`` canonical ids of catalog docs.
 
-        ``feedback`` (given at construction, read at the first memory ranking): per memory bucket, memory
-        ids taken as relevant (the bucket's top full-text hits). On the exact path the question's vector
-        is moved towards their mean vector (Rocchio pseudo-relevance feedback), which lets the static
-        model see the vocabulary of the turns that answer; the approximate path ignores it. Scores are
-        cosines, for memories blended with their run context (``with_context``).
+        ``feedback`` (memory buckets only): memory ids taken as relevant (the bucket's first eligible full-text
+        hits, given by the caller per call). On the exact path the question's vector is moved towards their
+        mean vector (Rocchio pseudo-relevance feedback), which lets the static model see the vocabulary of the
+        turns that answer; the approximate path ignores it. Scores are cosines, for memories blended with
+        their run context (``with_context``).
         """
         if limit <= 0:
             return []
         if self._exact:
-            return self._exact_rank(bucket, limit)
+            return self._exact_rank(bucket, limit, tuple(feedback))
         hits = self._hnsw_rank(bucket, limit)
         if bucket == ENTITIES:
             return hits
@@ -472,8 +470,8 @@ class DenseSearch:
         norm = float(np.linalg.norm(moved))
         return self._query if norm < 1e-12 else (moved / norm).astype(np.float32)
 
-    def _scores_of(self, bucket: str) -> tuple[np.ndarray, np.ndarray]:
-        """(matrix rows of the bucket, their scores), computed once per search and side."""
+    def _scores_of(self, bucket: str, feedback: tuple[str, ...]) -> tuple[np.ndarray, np.ndarray]:
+        """(matrix rows of the bucket, their scores), computed once per search, side and feedback."""
         if bucket == ENTITIES:
             if self._entity_scores is None:
                 self._entity_scores = self._matrix.entities.matrix @ self._query
@@ -485,7 +483,6 @@ class DenseSearch:
             matrix=self._matrix,
             change_seq=self.change_seq,
         )
-        feedback = tuple(self._feedback.get(bucket, ()))
         cached = self._bucket_scores.get(bucket)
         if cached is None or cached[0] != feedback:
             # One matrix-vector product per bucket and feedback (a change of feedback recomputes). A
@@ -512,11 +509,11 @@ class DenseSearch:
             hit = self._products[feedback] = self._matrix.memories.matrix @ query
         return hit
 
-    def _exact_rank(self, bucket: str, limit: int) -> list[tuple[str, float]]:
+    def _exact_rank(self, bucket: str, limit: int, feedback: tuple[str, ...]) -> list[tuple[str, float]]:
         side = self._matrix.entities if bucket == ENTITIES else self._matrix.memories
         if not side.ids:
             return []
-        rows, sub = self._scores_of(bucket)
+        rows, sub = self._scores_of(bucket, feedback)
         k = min(limit, len(sub))
         if k == 0:
             return []
