@@ -31,6 +31,7 @@ from core.config import get_settings
 from core.db import system_session
 from core.errors import BadRequest, Forbidden, Invalid, NotFound, Unauthorized
 from core.jobs import queries
+from core.jobs.models import JOB_KINDS, JOB_STATES
 from core.parsing import plain_int
 
 router = APIRouter(prefix="/dashboard")
@@ -193,6 +194,8 @@ def api_summary(request: Request) -> dict[str, Any]:
     require_operator(request)
     with system_session() as session:
         body = queries.summary(session, scope=None)
+        # What the page's job filters offer.
+        body.update(tenants=queries.tenant_list(session), kinds=list(JOB_KINDS), states=list(JOB_STATES))
     body["coverage"] = cached_coverage()
     return body
 

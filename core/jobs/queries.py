@@ -81,6 +81,11 @@ def tenant_names(session: Session, tenant_ids: set[int | None]) -> dict[int, str
     return {int(i): n for i, n in session.execute(select(Tenant.id, Tenant.name).where(Tenant.id.in_(ids)))}
 
 
+def tenant_list(session: Session, *, limit: int = 1000) -> list[str]:
+    """Tenant names in order, for the dashboard's tenant filter."""
+    return list(session.scalars(select(Tenant.name).order_by(Tenant.name).limit(limit)).all())
+
+
 def job_view(job: Job, *, tenant_name: str | None) -> dict[str, Any]:
     """The public job shape plus what operators need to judge it (timing and the tenant's name)."""
     body = job_to_dict(job)
