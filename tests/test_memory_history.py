@@ -39,6 +39,9 @@ def test_patch_keeps_the_earlier_version_newest_first(client, tenant, member_key
     assert versions[0]["changed_at"] >= versions[1]["changed_at"]
     client.patch(f"/v1/memories/{mid}", json={"tags": ["policy", "refunds"]}, headers=tenant.headers())
     assert [v["tags"] for v in history(client, tenant, mid, key)] == [["policy", "refunds"], ["policy"], ["policy"]]
+    # A patch that changes none of the versioned fields is not a revision.
+    client.patch(f"/v1/memories/{mid}", json={"tags": ["policy", "refunds"]}, headers=tenant.headers())
+    assert len(history(client, tenant, mid, key)) == 3
 
 
 def test_upsert_by_post_is_a_revision(client, tenant):
