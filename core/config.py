@@ -87,8 +87,12 @@ class Settings(BaseSettings):
     job_max_attempts: int = 20
     job_retry_base_seconds: float = 2.0
     job_retry_max_seconds: float = 4 * 3600.0
-    # A running job whose worker died is dispatched again after this lease.
-    job_running_lease_seconds: float = 600.0
+    # A running job renews this lease (a heartbeat every quarter of it) while its worker lives; once it has
+    # lapsed the worker is taken for dead and the job is dispatched again, so a killed worker costs seconds.
+    job_running_lease_seconds: float = 20.0
+    # Embed jobs larger than this are split into jobs of this size when they first run: a lost attempt
+    # redoes one chunk, and the chunks spread over the worker's processes.
+    embed_job_max_docs: int = 100
     # Redis redelivers an unacknowledged message (worker killed) after this long.
     broker_visibility_timeout_seconds: float = 3600.0
     api_workers: int = 1

@@ -8,9 +8,14 @@ threshold, CONCURRENTLY so writes go on meanwhile; from then on inserts maintain
 
 from __future__ import annotations
 
+import logging
+
 from sqlalchemy import text
+from sqlalchemy.exc import ProgrammingError
 
 from core.db import get_owner_engine, system_connection
+
+log = logging.getLogger("engram.hnsw")
 
 HNSW_DIMS = frozenset({256, 384, 512, 768, 1024, 1536})
 _BUILD_LOCK_KEY = 7_402_911_338
@@ -60,7 +65,11 @@ def ensure_hnsw_indexes(*, threshold: int) -> list[int]:
             )
             for dims in sorted(wanted):
                 if hnsw_index_name(dims) not in existing:
-                    connection.execute(text(hnsw_index_sql(dims, concurrently=True)))
+                    try:
+                        connection.execute(text(hnsw_index_sql(dims, concurrently=True)))
+                    except ProgrammingError as error:  # connected as the app role: no DDL allowed
+                        log.warning("cannot build the HNSW index for %d dims (%s): run `engram migrate`", dims, error)
+                        break
                     built.append(dims)
         finally:
             connection.execute(text("SELECT pg_advisory_unlock(:k)"), {"k": _BUILD_LOCK_KEY})
