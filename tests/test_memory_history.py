@@ -136,3 +136,21 @@ def test_a_catalog_cascade_shows_as_the_engines_revision(client, tenant, tmp_pat
     versions = history(client, tenant, mid)
     assert [v["entities"] for v in versions] == [[], ["shop.orders.status"]]
     assert [v["changed_by"] for v in versions] == ["engram", "admin@localhost"]
+
+
+def test_import_of_a_hand_written_history(client, tenant):
+    """A history written by hand (no author or time) imports under the file's current content."""
+    text = (
+        "---\nkey: hw1\nkind: fact\nhistory:\n"
+        "- {content: old words, kind: fact, category: core, importance: 0.5}\n"
+        "- {content: older words, kind: fact, category: core, importance: 0.5, tags: [x]}\n"
+        "---\nnew words\n"
+    )
+    response = client.post(
+        "/v1/memories:import", content=text, headers={**tenant.headers(), "Content-Type": "text/markdown"}
+    )
+    assert response.status_code == 200, response.text
+    versions = history(client, tenant, "hw1")
+    assert [v["content"] for v in versions] == ["new words", "old words", "older words"]
+    assert [v["changed_by"] for v in versions] == ["admin@localhost", "import", "import"]
+    assert versions[2]["tags"] == ["x"] and all(v["changed_at"] for v in versions)
