@@ -63,6 +63,7 @@ def test_langgraph_graph_remembers_and_recalls_through_engram(api_url, tenant, m
         assert item is not None and item.value == {"text": "refunds are accepted within 30 days"}
         page = engram.list_memories(tags=[namespace_tag(("user-42", "memories"))], persona="user-42")
         assert len(page.memories) == 2 and {m.persona for m in page.memories} == {"user-42"}
+        assert all("lg:" in m.tags for m in page.memories)
 
         # put replaces, delete removes, namespaces list.
         store.put(("user-42", "memories"), "refunds", {"text": "refunds are accepted within 45 days"})

@@ -3,7 +3,7 @@
 Each item is one engram memory. Its id is derived from the namespace and key (so a put of the same key
 replaces it), its content is the JSON of ``{"namespace", "key", "value"}`` (so full-text and semantic search
 read the value's words and the item comes back exactly), and its tags name every prefix of the namespace
-(``lg:users``, ``lg:users/u1``, ...) so a namespace prefix is an exact tag filter. Optionally one level of
+(``lg:``, ``lg:users``, ``lg:users/u1``, ...) so a namespace prefix is an exact tag filter. Optionally one level of
 the namespace is the memory's ``persona`` and another its ``agent_id``: ``EngramStore(client,
 persona_level=0)`` stores ``("user-42", "memories")`` under persona ``user-42``, so engram's own visibility
 rules keep one user's items from another's.
@@ -61,7 +61,8 @@ def namespace_tag(namespace: tuple[str, ...]) -> str:
 
 
 def _tags(namespace: tuple[str, ...]) -> list[str]:
-    return [namespace_tag(namespace[:depth]) for depth in range(1, len(namespace) + 1)]
+    """Every prefix's tag, the empty one ("lg:", every item of the store) included."""
+    return [namespace_tag(namespace[:depth]) for depth in range(len(namespace) + 1)]
 
 
 def _decode(memory_content: str) -> tuple[tuple[str, ...], str, dict[str, Any]] | None:
@@ -168,10 +169,11 @@ class EngramStore(BaseStore):
 
     def _in_prefix(self, prefix: tuple[str, ...]) -> Iterator[Memory]:
         """Every memory of this store under a namespace prefix, newest first (all of them for ())."""
-        tags = [namespace_tag(prefix)] if prefix else None
         cursor: str | None = None
         while True:
-            page = self.client.list_memories(tags=tags, limit=_PAGE, cursor=cursor, **self._identity(prefix))
+            page = self.client.list_memories(
+                tags=[namespace_tag(prefix)], limit=_PAGE, cursor=cursor, **self._identity(prefix)
+            )
             yield from (m for m in page.memories if m.id.startswith(ID_PREFIX))
             if page.next_cursor is None:
                 return

@@ -151,3 +151,8 @@ class Job(_Model):
     error: str | None = None
     created_at: datetime | None = None
     updated_at: datetime | None = None
+    payload: dict[str, Any] | None = None
+    result: dict[str, Any] | None = None
+    tenant: str | None = None  # shown to the operator key, which sees every tenant's jobs
+    started_at: datetime | None = None
+    finished_at: datetime | None = None

@@ -10,6 +10,8 @@ export async function remember(engram: EngramClient): Promise<void> {
   } catch (error) {
     if (error instanceof EngramError && error.status === 404) console.log(error.code);
   }
-  await engram.forgetMemory(String((saved as { memory_id: string }).memory_id), { reason: "example" });
-  console.log(hits, page);
+  const forgotten = await engram.forgetMemory(saved.memory_id, { reason: "example" });
+  const first: string | undefined = hits.memories?.[0]?.text;
+  const ids: string[] = page.memories.map((memory) => memory.id);
+  console.log(forgotten.status, first, ids);
 }

@@ -19,8 +19,7 @@ export type SaveMemoryInput = BodyOf<Operation<"/v1/memories", "post">> & Identi
 export type SaveResult = Success<Operation<"/v1/memories", "post">>;
 export type SearchInput = BodyOf<Operation<"/v1/search", "post">> & Identity;
 export type SearchResponse = Success<Operation<"/v1/search", "post">>;
-export type ListQuery = QueryOf<Operation<"/v1/memories", "get">> &
-  Identity & { limit?: number; cursor?: string; kind?: string; category?: string; sort?: string };
+export type ListQuery = QueryOf<Operation<"/v1/memories", "get">> & Identity;
 export type MemoryPage = Success<Operation<"/v1/memories", "get">>;
 export type Memory = Success<Operation<"/v1/memories/{memory_id}", "get">>;
 export type GetQuery = QueryOf<Operation<"/v1/memories/{memory_id}", "get">> & Identity;
