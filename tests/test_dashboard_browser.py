@@ -18,7 +18,7 @@ import httpx
 import pytest
 
 from tests.conftest import OPERATOR_KEY, REPO, wait_for
-from tests.test_ops_jobs import make_job
+from tests.test_ops_jobs import OPERATOR, make_job
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = [
@@ -246,3 +246,45 @@ def test_workers_job_detail_filters_charts_and_a_narrow_window(client, make_tena
             context.close()
         finally:
             browser.close()
+
+
+def test_a_worker_is_listed_with_the_job_it_is_running(client, tenant, worker, tmp_path):
+    """A real job held mid-run (its datasource row locked here, which the ingest handler waits for) shows on
+    the worker that runs it, with a renewing lease heartbeat; released, it finishes."""
+    from sqlalchemy import select
+
+    from api.dashboard import workers
+    from core.db import system_session
+    from core.entities.models import Datasource
+    from core.jobs.service import enqueue
+    from tests.test_catalog_support import sqlite_source
+
+    def job_state(job_id: str) -> str:
+        return client.get(f"/v1/jobs/{job_id}", headers=tenant.headers()).json()["state"]
+
+    with sqlite_source(tmp_path) as (url, _schema):
+        created = client.post("/v1/datasources", json={"name": "held", "url": url}, headers=tenant.headers())
+        assert created.status_code == 201, created.text
+        first = client.get("/v1/jobs", params={"kind": "ingest"}, headers=tenant.headers()).json()["jobs"]
+        for job in first:
+            wait_for(lambda job=job: job_state(job["id"]) in ("succeeded", "failed"), timeout=60)
+        with system_session() as holder:
+            holder.scalar(select(Datasource).where(Datasource.name == "held").with_for_update())
+            with system_session() as session:
+                job_id = enqueue(session, tenant_id=tenant.tenant_id, kind="ingest", payload={"datasource": "held"}).id
+
+            def listed() -> dict | None:  # type: ignore[type-arg]
+                workers.forget()
+                body = client.get("/dashboard/api/workers", headers=OPERATOR).json()
+                running = next((j for j in body["running"] if j["id"] == job_id), None)
+                return body if running and running["worker"] else None
+
+            body = wait_for(listed, timeout=60, interval=0.5)
+            assert isinstance(body, dict)
+            [running] = [j for j in body["running"] if j["id"] == job_id]
+            [runner] = [w for w in body["workers"] if w["name"] == running["worker"]]
+            assert runner["alive"] and job_id in [j["id"] for j in runner["jobs"]]
+            detail = client.get(f"/dashboard/api/jobs/{job_id}", headers=OPERATOR).json()
+            assert detail["state"] == "running" and detail["worker"] == runner["name"]
+        # The lock is released with the holder's transaction: the job completes.
+        wait_for(lambda: job_state(job_id) == "succeeded", timeout=60)
