@@ -114,7 +114,7 @@ def test_oldest_queued_counts_from_the_retry_not_the_creation(client, make_tenan
 
     tenant = make_tenant("dash-age")
     current = datetime.now(UTC)
-    make_job(
+    due = make_job(
         tenant.tenant_id,
         kind="embed",
         state="queued",
@@ -122,7 +122,7 @@ def test_oldest_queued_counts_from_the_retry_not_the_creation(client, make_tenan
         attempts=2,
         dispatched_at=current - timedelta(seconds=60),
     )
-    make_job(
+    waiting = make_job(
         tenant.tenant_id,
         kind="embed",
         state="queued",
@@ -134,6 +134,10 @@ def test_oldest_queued_counts_from_the_retry_not_the_creation(client, make_tenan
     row = next(r for r in body["queues"] if r["tenant"] == tenant.name and r["kind"] == "embed")
     assert row["queued"] == 2 and row["retry_scheduled"] == 1
     assert 59 <= row["oldest_queued_age_seconds"] < 3600
+    detail = client.get(f"/dashboard/api/jobs/{due}", headers=OPERATOR).json()
+    assert datetime.fromisoformat(detail["queued_since"]) > current - timedelta(seconds=61)
+    later = client.get(f"/dashboard/api/jobs/{waiting}", headers=OPERATOR).json()
+    assert later["queued_since"] is None and datetime.fromisoformat(later["next_attempt_at"]) > current
 
 
 def test_job_list_filters_pages_and_refuses_bad_input(client, make_tenant):

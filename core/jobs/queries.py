@@ -309,7 +309,10 @@ def job_detail(session: Session, *, job_id: str) -> dict[str, Any]:
     waiting_since = session.scalar(select(_waiting_since()).where(Job.id == job.id))
     body.update(
         dispatched_at=_iso(job.dispatched_at),
-        queued_since=_iso(waiting_since) if job.state == "queued" else None,
+        # A retry still waiting out its backoff is not in the queue yet: next_attempt_at says when it will be.
+        queued_since=_iso(waiting_since)
+        if job.state == "queued" and waiting_since is not None and waiting_since <= current
+        else None,
         heartbeat_age_seconds=round((current - job.updated_at).total_seconds(), 1) if job.state == "running" else None,
         duration_seconds=round((job.finished_at - job.started_at).total_seconds(), 3)
         if job.started_at and job.finished_at
