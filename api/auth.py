@@ -1,4 +1,8 @@
-"""Bearer-key authentication, with a short in-process cache so a request costs no extra round trip."""
+"""Bearer-key authentication, the per-key rate limit and the read-only guard: the one gate of every /v1 call.
+
+Known keys are cached in-process for a few seconds so a request costs no extra round trip; unknown keys are
+cached too (briefly), and each client address has a small budget of failed lookups (see api.ratelimit).
+"""
 
 from __future__ import annotations
 
@@ -6,9 +10,10 @@ import hmac
 import threading
 import time
 
-from fastapi import Request
+from fastapi import Request, Response
 from starlette.concurrency import run_in_threadpool
 
+from api.ratelimit import INVALID_KEY_BUDGET, Verdict, key_budget, limiter
 from core.config import get_settings
 from core.db import system_session
 from core.errors import Forbidden, RateLimited, Unauthorized
@@ -17,8 +22,23 @@ from core.tenancy.service import authenticate, hash_key
 
 # Revocations made through this process apply at once; other processes see them within the TTL.
 _CACHE_TTL_SECONDS = 5.0
+# A key unknown a moment ago is answered 401 from memory; a key issued since is found after this long.
+_UNKNOWN_TTL_SECONDS = 2.0
+_UNKNOWN_MAX_ENTRIES = 10_000
 _cache: dict[str, tuple[float, Caller]] = {}
+_unknown: dict[str, float] = {}
 _cache_lock = threading.Lock()
+
+# POST calls that only read; every other non-GET /v1 call writes and is refused to a read-only key.
+_READING_POSTS = frozenset({"/v1/search", "/v1/hydrate"})
+
+
+class RateLimitExceeded(RateLimited):
+    """429 carrying the RateLimit header fields and Retry-After."""
+
+    def __init__(self, message: str, *, headers: dict[str, str]) -> None:
+        super().__init__(message)
+        self.headers = headers
 
 
 def bearer_token(request: Request) -> str | None:
@@ -32,6 +52,7 @@ def bearer_token(request: Request) -> str | None:
 def forget_cached_keys() -> None:
     with _cache_lock:
         _cache.clear()
+        _unknown.clear()
 
 
 def caller_for_key(api_key: str) -> Caller:
@@ -39,35 +60,70 @@ def caller_for_key(api_key: str) -> Caller:
     now = time.monotonic()
     with _cache_lock:
         hit = _cache.get(digest)
+        unknown_until = _unknown.get(digest, 0.0)
     if hit is not None and hit[0] > now:
         return hit[1]
-    with system_session() as session:
-        caller = authenticate(session, api_key=api_key)
+    if unknown_until > now:
+        raise Unauthorized("invalid API key")
+    try:
+        # Finding a key by its hash spans tenants by nature: the one named system path of authentication.
+        with system_session() as session:
+            caller = authenticate(session, api_key=api_key)
+    except Unauthorized:
+        with _cache_lock:
+            if len(_unknown) >= _UNKNOWN_MAX_ENTRIES:
+                _unknown.clear()
+            _unknown[digest] = now + _UNKNOWN_TTL_SECONDS
+        raise
     with _cache_lock:
         _cache[digest] = (now + _CACHE_TTL_SECONDS, caller)
     return caller
 
 
-class _TokenBucket:
-    """Per-key request budget: `rate` requests a second on average, bursts up to `burst`."""
-
-    def __init__(self) -> None:
-        self._state: dict[str, tuple[float, float]] = {}
-        self._lock = threading.Lock()
-
-    def allow(self, key_id: str, *, rate: float, burst: float) -> bool:
-        now = time.monotonic()
-        with self._lock:
-            tokens, last = self._state.get(key_id, (burst, now))
-            tokens = min(burst, tokens + (now - last) * rate)
-            if tokens < 1.0:
-                self._state[key_id] = (tokens, now)
-                return False
-            self._state[key_id] = (tokens - 1.0, now)
-            return True
+def _cached(token: str) -> Caller | None:
+    """The cached caller of `token`, or None (a miss costs a lookup)."""
+    hit = _cache.get(hash_key(token))
+    if hit is None or hit[0] <= time.monotonic():
+        return None
+    return hit[1]
 
 
-_buckets = _TokenBucket()
+def _client_address(request: Request) -> str:
+    return request.client.host if request.client else "unknown"
+
+
+def _lookup(token: str, request: Request) -> Caller:
+    """The caller of an uncached key; a client address over its budget of failed lookups gets 429 first."""
+    address = _client_address(request)
+    refused = limiter.exhausted(INVALID_KEY_BUDGET, address)
+    if refused is not None:
+        raise RateLimitExceeded("too many requests with invalid API keys from this address", headers=refused.headers())
+    try:
+        return caller_for_key(token)
+    except Unauthorized:
+        limiter.hit(INVALID_KEY_BUDGET, address)
+        raise
+
+
+def _writes(request: Request) -> bool:
+    """Whether a /v1 call changes anything (MCP's tool calls are all POSTs: its client checks each write)."""
+    path = request.url.path
+    return path.startswith("/v1/") and request.method not in ("GET", "HEAD", "OPTIONS") and path not in _READING_POSTS
+
+
+def _admit(caller: Caller, request: Request) -> Verdict | None:
+    """Spend one request of the key's budget (429 when spent) and refuse writes to a read-only key."""
+    budget = key_budget()
+    verdict = limiter.hit(budget, caller.key_id) if budget is not None else None
+    if verdict is not None and not verdict.allowed:
+        settings = get_settings()
+        raise RateLimitExceeded(
+            f"rate limit of {settings.rate_limit_per_second:g} requests/s for this key exceeded",
+            headers=verdict.headers(),
+        )
+    if _writes(request):
+        caller.require_write()
+    return verdict
 
 
 def caller_from_request(request: Request) -> Caller:
@@ -77,39 +133,32 @@ def caller_from_request(request: Request) -> Caller:
         raise Unauthorized("missing API key: send 'Authorization: Bearer <api_key>'")
     if is_operator_key(token):
         raise Forbidden("the operator key has no tenant; use a tenant API key for /v1 data calls")
-    return _rate_limited(caller_for_key(token))
-
-
-def _rate_limited(caller: Caller) -> Caller:
-    settings = get_settings()
-    if settings.rate_limit_per_second > 0 and not _buckets.allow(
-        caller.key_id, rate=settings.rate_limit_per_second, burst=settings.rate_limit_burst
-    ):
-        raise RateLimited(f"rate limit of {settings.rate_limit_per_second:g} requests/s for this key exceeded")
+    caller = _cached(token)
+    if caller is None:
+        caller = _lookup(token, request)
+    _admit(caller, request)
     return caller
 
 
-def _cached_caller(request: Request) -> Caller | None:
-    token = bearer_token(request)
-    if token is None or is_operator_key(token):
-        return None
-    hit = _cache.get(hash_key(token))
-    if hit is None or hit[0] <= time.monotonic():
-        return None
-    return _rate_limited(hit[1])
-
-
-async def require_caller(request: Request) -> Caller:
+async def require_caller(request: Request, response: Response) -> Caller:
     """FastAPI dependency. A cached key is answered on the event loop; only a miss goes to the threadpool
     (a sync dependency would cost a thread hop on every request)."""
-    cached = _cached_caller(request)
-    if cached is not None:
-        return cached
-    return await run_in_threadpool(caller_from_request, request)
+    token = bearer_token(request)
+    if token is None:
+        raise Unauthorized("missing API key: send 'Authorization: Bearer <api_key>'")
+    if is_operator_key(token):
+        raise Forbidden("the operator key has no tenant; use a tenant API key for /v1 data calls")
+    caller = _cached(token)
+    if caller is None:
+        caller = await run_in_threadpool(_lookup, token, request)
+    verdict = _admit(caller, request)
+    if verdict is not None:
+        response.headers.update(verdict.headers())
+    return caller
 
 
-async def require_admin(request: Request) -> Caller:
-    caller = await require_caller(request)
+async def require_admin(request: Request, response: Response) -> Caller:
+    caller = await require_caller(request, response)
     if not caller.is_admin:
         raise Forbidden("this call needs an admin key")
     return caller

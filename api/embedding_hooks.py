@@ -9,7 +9,7 @@ from core.db import tenant_session
 from core.embeddings.providers import EmbeddingProviderError, get_embedder
 from core.embeddings.refresh import embed_docs
 from core.memories.schemas import SaveResult
-from core.memories.service import memory_doc_id
+from core.refs import memory_ref
 from core.tenancy.context import Caller
 
 
@@ -26,4 +26,4 @@ def embed_now(*, caller: Caller, memory_id: str) -> dict[str, Any]:
     """Embed one memory in this request (the embed job queued by its write then finds nothing to do)."""
     embedder = get_embedder(get_settings().embedding_model)
     with tenant_session(caller.tenant_id) as session:
-        return embed_docs(session, tenant_id=caller.tenant_id, doc_ids=[memory_doc_id(memory_id)], embedder=embedder)
+        return embed_docs(session, tenant_id=caller.tenant_id, doc_ids=[memory_ref(memory_id)], embedder=embedder)

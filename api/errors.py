@@ -84,6 +84,7 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(EngramError)
     async def _engram(request: Request, exc: EngramError) -> JSONResponse:
         headers = {"Retry-After": "5" if exc.status == 503 else "1"} if exc.status in (429, 503) else None
+        headers = {**(headers or {}), **getattr(exc, "headers", {})} or None
         return error_response(
             exc.status, exc.message, code=exc.code, field=exc.field, headers=headers, details=exc.details
         )

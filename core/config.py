@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from functools import lru_cache
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
@@ -21,17 +21,26 @@ class Settings(BaseSettings):
     # "use what serve wrote into home/runtime.json" (every other command).
     database_url: str = ""
     redis_url: str = ""
+    # The role API and workers connect as (row-level security applies to it). Empty: the database_url
+    # with the user `engram_app` (password derived from the owner's), which `engram migrate` creates.
+    app_database_url: str = ""
     # The embedded PostgreSQL's shared_buffers (e.g. "4GB"); empty: an eighth of RAM, 128MB..2GB.
     embedded_pg_shared_buffers: str = ""
 
     host: str = "127.0.0.1"
     port: int = 8000
 
+    # Logs: JSON lines when stderr is not a terminal, readable lines when it is (core.logging).
+    log_level: str = "INFO"
+    # One line per HTTP request (method, path, route, status, duration, request id).
+    access_log: bool = True
+    # OpenTelemetry: traces are exported over OTLP/HTTP to this base URL (the standard
+    # OTEL_EXPORTER_OTLP_ENDPOINT works too); unset, tracing is off and costs nothing.
+    otlp_endpoint: str = ""
+
     # Embeddings: a litellm "<provider>/<model>" name, or "local" for the bundled model.
     embedding_model: str = "local"
     embedding_batch_size: int = 64
-    embedding_max_attempts: int = 5
-    embedding_retry_base_seconds: float = 1.0
     # Resilience drill: the share of embedding calls that fail on purpose (core.embeddings.chaos).
     embedding_fault_rate: float = 0.0
     similarity_update_threshold: float = 0.9
@@ -42,11 +51,24 @@ class Settings(BaseSettings):
 
     # Secret used to encrypt datasource credentials at rest (Fernet key, urlsafe base64).
     secret_key: str = ""
-    # Directories SQLite datasources may live under (a hosted deployment sets this; JSON list or
-    # comma-separated). Empty: any readable SQLite file outside /proc, /sys and /dev.
+    # Which datasources this process may open (core.entities.source_guard): "hosted" refuses loopback,
+    # private, link-local, CGNAT, multicast and metadata addresses and needs sqlite_roots for SQLite;
+    # "local" (what `engram serve` sets) allows them. Empty: the mode of a running `engram serve` on this
+    # home, else hosted. Engram's own database is refused in both.
+    datasource_policy: Literal["", "hosted", "local"] = ""
+    # Hosts a hosted server may still reach (JSON list or comma-separated): CIDRs ("10.1.0.0/16"), host
+    # names ("db.internal", "*.db.internal") and PostgreSQL socket directories ("/var/run/postgresql").
+    datasource_allow_hosts: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    # Directories SQLite datasources may live under (JSON list or comma-separated). Hosted mode refuses
+    # SQLite without them; local mode allows any readable SQLite file outside /proc, /sys, /dev and home.
     sqlite_roots: Annotated[list[Path], NoDecode] = Field(default_factory=list)
 
-    @field_validator("sqlite_roots", mode="before")
+    @field_validator("datasource_policy", mode="before")
+    @classmethod
+    def _lower_policy(cls, value: object) -> object:
+        return value.strip().lower() if isinstance(value, str) else value
+
+    @field_validator("sqlite_roots", "datasource_allow_hosts", mode="before")
     @classmethod
     def _split_roots(cls, value: object) -> object:
         if isinstance(value, str):
@@ -59,6 +81,12 @@ class Settings(BaseSettings):
     # Outbox: jobs queued longer than this without running are dispatched again by reconcile.
     outbox_redispatch_seconds: float = 30.0
     reconcile_interval_seconds: float = 15.0
+    # A failed job attempt is retried after base * 2^(attempt-1) seconds, capped at the max, with jitter
+    # (core.jobs.runner.backoff_seconds); after max_attempts it fails. The defaults ride out an outage of
+    # about a day: 20 attempts, the delays doubling from 2 s to a 4 h ceiling.
+    job_max_attempts: int = 20
+    job_retry_base_seconds: float = 2.0
+    job_retry_max_seconds: float = 4 * 3600.0
     # A running job renews this lease (a heartbeat every quarter of it) while its worker lives; once it has
     # lapsed the worker is taken for dead and the job is dispatched again, so a killed worker costs seconds.
     job_running_lease_seconds: float = 20.0
@@ -102,6 +130,8 @@ class Settings(BaseSettings):
 
     # Search.
     dense_exact_max_docs: int = 20_000
+    # Tenants' full-text index handles one process keeps open (least recently used evicted; core.caches).
+    fulltext_max_open_indexes: int = 1_000
     # Memories whose eligibility facts one process keeps in memory, over all tenants (~450 bytes each,
     # so ~90 MB at most; core.search.facts). A larger tenant is judged in SQL; 0 turns the cache off.
     search_facts_max_memories: int = 200_000

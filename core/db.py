@@ -1,21 +1,28 @@
-"""Engine, the one session factory, and the single place where the tenant filter is applied.
+"""Engines, the one session factory, and the places where tenancy is applied.
 
-Every table that holds tenant data inherits :class:`TenantScoped`. A session opened with
-:func:`tenant_session` carries its tenant id in ``session.info``; the ``do_orm_execute`` hook below adds
-``tenant_id = :tenant`` to every ORM SELECT, UPDATE and DELETE touching such a table, so a query written
-later cannot forget it. A session with neither a tenant nor an explicit ``all_tenants`` flag refuses to
-read tenant data at all (fail closed).
+Tenancy is enforced twice. In the application: every table that holds tenant data inherits
+:class:`TenantScoped`; a session opened with :func:`tenant_session` carries its tenant id in
+``session.info`` and the ``do_orm_execute`` hook below adds ``tenant_id = :tenant`` to every ORM SELECT,
+UPDATE and DELETE touching such a table. In PostgreSQL: the service connects as the app role
+(:data:`APP_ROLE`, no ownership, no BYPASSRLS), every tenant table has a forced row-level security policy
+on the transaction-local settings ``engram.tenant_id`` / ``engram.system``, and the ``after_begin`` hook
+sets them at the start of every transaction of a session, so a raw statement that forgets the tenant
+condition still sees one tenant only, and a pooled connection carries nothing into the next transaction.
+A session with neither a tenant nor the explicit system mode of :func:`system_session` sees no tenant
+data at all (fail closed).
 """
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
 from sqlalchemy import BigInteger, ForeignKey, create_engine, event
-from sqlalchemy.engine import Engine
+from sqlalchemy.engine import Connection, Engine, make_url
 from sqlalchemy.orm import (
     DeclarativeBase,
     Mapped,
@@ -46,7 +53,11 @@ class TenantFilterMissing(RuntimeError):
     """A query touched tenant data from a session that names no tenant."""
 
 
+# The role API and workers connect as; `engram migrate` (as the owner) creates it and its grants.
+APP_ROLE = "engram_app"
+
 _engine: Engine | None = None
+_owner_engine: Engine | None = None
 _factory: sessionmaker[Session] | None = None
 _lock = threading.Lock()
 # PostgreSQL settings every new connection of this process gets (see limit_waits).
@@ -61,18 +72,45 @@ def normalize_url(url: str) -> str:
     return url
 
 
+def owner_database_url() -> str:
+    """The URL migrations run with (the owner of the schema): ENGRAM_DATABASE_URL or `serve`'s."""
+    url = get_settings().database_url
+    if not url:
+        from core.runtime import resolve_database_url
+
+        url = resolve_database_url()
+    return normalize_url(url)
+
+
+def app_role_password(owner_url: str) -> str | None:
+    """The app role's password when none is configured: derived from the owner's, so every process that
+    knows the owner URL agrees on it without storing another secret; None when the owner has none (trust)."""
+    password = make_url(owner_url).password
+    if not password:
+        return None
+    return hmac.new(str(password).encode(), b"engram app role", hashlib.sha256).hexdigest()
+
+
+def app_database_url() -> str:
+    """The URL the service connects with: ENGRAM_APP_DATABASE_URL, else the owner URL as the app role."""
+    explicit = get_settings().app_database_url
+    if explicit:
+        return normalize_url(explicit)
+    owner = owner_database_url()
+    url = make_url(owner)
+    if url.username == APP_ROLE:
+        return owner
+    return url.set(username=APP_ROLE, password=app_role_password(owner)).render_as_string(hide_password=False)
+
+
 def get_engine() -> Engine:
+    """The service's engine, connected as the app role: row-level security applies to everything on it."""
     global _engine, _factory
     with _lock:
         if _engine is None:
-            url = get_settings().database_url
-            if not url:
-                from core.runtime import resolve_database_url
-
-                url = resolve_database_url()
             settings = get_settings()
             _engine = create_engine(
-                normalize_url(url),
+                app_database_url(),
                 # A request holds at most one connection, and the API runs at most api_max_inflight requests
                 # at once, so the pool covers them; a wait for a connection is bounded and ends in a 503.
                 pool_size=settings.db_pool_size,
@@ -86,6 +124,15 @@ def get_engine() -> Engine:
             event.listen(_engine, "connect", _plan_each_statement)
             _factory = sessionmaker(bind=_engine, expire_on_commit=False)
         return _engine
+
+
+def get_owner_engine() -> Engine:
+    """The schema owner's engine: migrations and DDL only (never tenant data, which its policies hide)."""
+    global _owner_engine
+    with _lock:
+        if _owner_engine is None:
+            _owner_engine = create_engine(owner_database_url(), pool_size=1, max_overflow=2, pool_pre_ping=True)
+        return _owner_engine
 
 
 def _plan_each_statement(dbapi_connection: Any, _record: Any) -> None:
@@ -119,11 +166,12 @@ def limit_waits(*, lock_timeout_seconds: float, idle_in_transaction_seconds: flo
 
 
 def dispose_engine() -> None:
-    global _engine, _factory
+    global _engine, _owner_engine, _factory
     with _lock:
-        if _engine is not None:
-            _engine.dispose()
-        _engine = None
+        for engine in (_engine, _owner_engine):
+            if engine is not None:
+                engine.dispose()
+        _engine = _owner_engine = None
         _factory = None
 
 
@@ -150,7 +198,8 @@ def tenant_session(tenant_id: int) -> Iterator[Session]:
 
 @contextmanager
 def system_session() -> Iterator[Session]:
-    """A unit of work that deliberately spans tenants (workers, operators, migrations of data)."""
+    """A unit of work that deliberately spans tenants: the named system mode (operator views, reconcile,
+    beat, metrics, authentication by key hash, tenant creation); PostgreSQL lets it see every tenant."""
     session = _session_factory()()
     session.info["all_tenants"] = True
     try:
@@ -161,6 +210,34 @@ def system_session() -> Iterator[Session]:
         raise
     finally:
         session.close()
+
+
+@contextmanager
+def system_connection() -> Iterator[Connection]:
+    """A Core connection in system mode, in one transaction (the outbox relay, index maintenance)."""
+    with get_engine().begin() as connection:
+        connection.exec_driver_sql(_SYSTEM_MODE)
+        yield connection
+
+
+# Transaction-local (`true`): PostgreSQL drops them at COMMIT or ROLLBACK, so a pooled connection never
+# carries one transaction's tenant into the next. Literals, not parameters: the simple protocol is one
+# round trip, and a tenant id is an int.
+_SYSTEM_MODE = "SELECT set_config('engram.system', 'on', true)"
+
+
+def _tenant_mode(tenant_id: int) -> str:
+    return f"SELECT set_config('engram.tenant_id', '{int(tenant_id)}', true), set_config('engram.system', '', true)"
+
+
+@event.listens_for(Session, "after_begin")
+def _set_transaction_tenant(session: Session, _transaction: Any, connection: Connection) -> None:
+    """Name the transaction's tenant (or system mode) to PostgreSQL before any statement of it runs."""
+    tenant_id = session.info.get("tenant_id")
+    if tenant_id is not None:
+        connection.exec_driver_sql(_tenant_mode(tenant_id))
+    elif session.info.get("all_tenants"):
+        connection.exec_driver_sql(_SYSTEM_MODE)
 
 
 def _touches_tenant_data(state: ORMExecuteState) -> bool:
@@ -192,7 +269,10 @@ def _apply_tenant_filter(state: ORMExecuteState) -> None:
 
 
 def scope_to_tenant(session: Session, tenant_id: int) -> Session:
-    """Narrow a system session to one tenant (a worker running one tenant's job)."""
+    """Narrow a system session to one tenant (a worker running one tenant's job), at once in PostgreSQL
+    too when a transaction is open (a later transaction is named by ``after_begin``)."""
     session.info.pop("all_tenants", None)
     session.info["tenant_id"] = tenant_id
+    if session.in_transaction() and session.get_transaction() is not None:
+        session.connection().exec_driver_sql(_tenant_mode(tenant_id))
     return session

@@ -14,3 +14,11 @@ SEARCH_CHANNEL_SECONDS = Histogram(
     ["channel"],
     buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0),
 )
+# Per route template (never the raw path) and method; errors are the 5xx `status` series.
+HTTP_REQUESTS = Counter("engram_http_requests_total", "HTTP requests answered", ["method", "route", "status"])
+HTTP_REQUEST_SECONDS = Histogram(
+    "engram_http_request_duration_seconds",
+    "HTTP request duration, from the first byte in to the last byte out",
+    ["method", "route"],
+    buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0),
+)

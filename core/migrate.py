@@ -1,18 +1,27 @@
-"""Apply Alembic migrations; `serve`, `api` and `engram migrate` call this on start."""
+"""Apply Alembic migrations; `serve`, `api` and `engram migrate` call this on start.
+
+Migrations run as the schema owner (ENGRAM_DATABASE_URL). After them, every tenant table gets its forced
+row-level security policy (tables added by later migrations included) and the app role the service
+connects as is created or aligned and granted data access (core.tenancy.rls).
+"""
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 from alembic import command
 from alembic.config import Config
 from sqlalchemy import text
 
-from core.db import get_engine
+from core.db import app_database_url, get_owner_engine
+from core.tenancy.rls import apply_row_security, declare_array_operators_leakproof, ensure_app_role
 
 MIGRATIONS_DIR = Path(__file__).parent / "migrations"
 # Serialises concurrent `migrate` runs (api + worker starting together) on one database.
 _MIGRATION_LOCK_KEY = 7_402_911_337
+
+log = logging.getLogger("engram.migrate")
 
 
 def alembic_config() -> Config:
@@ -22,10 +31,17 @@ def alembic_config() -> Config:
 
 
 def upgrade(revision: str = "head") -> None:
-    engine = get_engine()
+    engine = get_owner_engine()
     with engine.begin() as connection:
         connection.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": _MIGRATION_LOCK_KEY})
         connection.execute(text("CREATE EXTENSION IF NOT EXISTS vector"))
+        # Migrations of data span tenants: the named system mode (forced policies bind the owner too).
+        connection.execute(text("SELECT set_config('engram.system', 'on', true)"))
         config = alembic_config()
         config.attributes["connection"] = connection
         command.upgrade(config, revision)
+        changed = apply_row_security(connection)
+        if changed:
+            log.info("row-level security applied to %s", ", ".join(changed))
+        declare_array_operators_leakproof(connection)
+        ensure_app_role(connection, app_url=app_database_url())

@@ -4,7 +4,10 @@ import core.entities.store  # noqa: F401 - catalog tables, and the snapshot load
 from core.embeddings.store_models import Embedding
 from core.jobs.models import Job
 from core.lifecycle.definitions import EntityDefinition
-from core.memories.models import Association, Memory, Tombstone
+from core.memories.models import Association, Memory, MemoryVersion, Tombstone
 from core.tenancy.models import ApiKey, Tenant, User
 
-__all__ = ["ApiKey", "Association", "Embedding", "EntityDefinition", "Job", "Memory", "Tenant", "Tombstone", "User"]
+__all__ = [
+    "ApiKey", "Association", "Embedding", "EntityDefinition", "Job", "Memory", "MemoryVersion", "Tenant", "Tombstone",
+    "User",
+]  # fmt: skip

@@ -55,6 +55,8 @@ def stack() -> Iterator[Stack]:
                 "ENGRAM_SECRET_KEY": "dGVzdC1zZWNyZXQta2V5LWZvci1lbmdyYW0tdGVzdHM9",
                 "ENGRAM_OUTBOX_REDISPATCH_SECONDS": "2",
                 "ENGRAM_RECONCILE_INTERVAL_SECONDS": "1",
+                # Like `engram serve`: the suite's sources are loopback servers and SQLite files in /tmp.
+                "ENGRAM_DATASOURCE_POLICY": "local",
             }
             os.environ.update(env)
             (base / "home").mkdir()

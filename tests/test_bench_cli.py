@@ -54,3 +54,19 @@ def test_bench_embed_runs_the_pipeline_on_the_model_asked_for(tmp_path):
     raw, pipeline = by_metric["raw_per_s"]["value"], by_metric["pipeline_per_s"]["value"]
     assert raw > 0 and pipeline > 0
     assert abs(by_metric["pipeline_ratio"]["value"] - pipeline / raw) < 1e-3  # figures are printed rounded
+
+
+def test_bench_tenants_reports_warm_and_cold_latency_rss_and_open_files(tmp_path):
+    """Many tenants behind one real API process: every mode's percentiles, the cold first searches, the
+    process's RSS and descriptors, and every search answered 200."""
+    figures = _bench(tmp_path, "tenants", "--tenants", "12", "--searches", "80", "--large-size", "500")
+    by_metric: dict[str, list[dict]] = {}  # type: ignore[type-arg]
+    for f in figures:
+        by_metric.setdefault(f["metric"], []).append(f)
+    assert {"p50_ms", "p95_ms", "p99_ms", "cold_p95_ms", "rss_mb", "open_files"} <= set(by_metric)
+    assert {f["params"]["mode"] for f in by_metric["p95_ms"]} == {"hybrid", "question", "entities", "recent"}
+    assert all(f["params"]["tenants"] == 12 for f in figures)
+    assert by_metric["non_2xx"][0]["value"] == 0 and by_metric["searches"][0]["value"] == 80
+    # Every tenant touched is cold once: the cold count is the number of distinct tenants searched.
+    assert 1 <= by_metric["tenants_touched"][0]["value"] <= 12
+    assert by_metric["rss_mb"][0]["value"] > 10 and by_metric["open_files"][0]["value"] > 0

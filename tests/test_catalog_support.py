@@ -128,10 +128,9 @@ def run_queued_jobs(tenant_id: int, *, kinds: tuple[str, ...], timeout: float = 
     follow-ups; a session-scoped worker may have claimed some, which are then awaited)."""
     import time
 
-    import core.jobs.handlers  # noqa: F401 - registers every handler
     from core.db import system_session
     from core.jobs.models import Job
-    from core.jobs.service import run_job
+    from core.jobs.runner import run_job
 
     results: dict[str, Any] = {}
     with system_session() as session:

@@ -59,7 +59,7 @@ def test_wrong_key_and_tenant_keys_do_not_sign_in(app, client, tenant):
 
 def test_session_cookie_is_signed_expires_and_works_across_processes():
     """Any process holding the operator key accepts the cookie; tampering, expiry or a new key end it."""
-    from api.routes.dashboard import make_session_cookie, valid_session_cookie
+    from api.dashboard.routes import make_session_cookie, valid_session_cookie
 
     cookie = make_session_cookie(operator_key="k1")
     assert valid_session_cookie(cookie, operator_key="k1")

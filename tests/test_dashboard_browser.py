@@ -69,7 +69,8 @@ def api_server(stack, worker) -> Iterator[str]:  # type: ignore[no-untyped-def]
 def failed_ingest_job(tenant_id: int, datasource: str) -> str:
     """An ingest job that failed for good because its datasource did not exist yet."""
     from core.db import system_session
-    from core.jobs.service import enqueue, get_job_queue, run_job, set_job_queue
+    from core.jobs.runner import run_job
+    from core.jobs.service import enqueue, get_job_queue, set_job_queue
 
     queue = get_job_queue()
     set_job_queue(None)  # run it here, once, rather than on the worker

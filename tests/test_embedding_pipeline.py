@@ -16,7 +16,7 @@ def _run_pending_jobs(tenant_id: int) -> int:
     """Run the tenant's queued jobs in-process, as a worker would (used where no worker is needed)."""
     from core.db import system_session
     from core.jobs.models import Job
-    from core.jobs.service import run_job
+    from core.jobs.runner import run_job
 
     with system_session() as session:
         ids = session.scalars(select(Job.id).where(Job.tenant_id == tenant_id, Job.state == "queued")).all()
@@ -108,9 +108,9 @@ def test_reconcile_finds_changed_content_and_missing_rows(client, tenant):
     # A content change whose job was lost: the row's hash no longer matches the memory.
     from sqlalchemy import update
 
+    from core.changes import bump_change_seq
     from core.db import tenant_session
     from core.memories.models import Memory
-    from core.memories.service import bump_change_seq
 
     with tenant_session(tenant.tenant_id) as session:
         # A content change whose embed job was lost: every write moves the tenant's change_seq.
@@ -121,12 +121,16 @@ def test_reconcile_finds_changed_content_and_missing_rows(client, tenant):
 
 
 def test_model_change_converges_and_old_rows_serve_meanwhile(client, tenant):
-    """After ENGRAM_EMBEDDING_MODEL changes, search keeps the old model until the new one covers every
-    memory; reconcile converges the tenant; old rows go only by the explicit command."""
+    """After ENGRAM_EMBEDDING_MODEL changes (between two local models), search keeps the old model until the
+    new one covers every memory; reconcile converges the tenant, then deletes the retired model's vectors,
+    and coverage (which reports the configured model) is back at 1.0."""
+    from sqlalchemy import func
+
     from core.db import tenant_session
     from core.embeddings.providers import HASHING_MODEL_NAME, get_embedder
     from core.embeddings.reconcile import reconcile_embeddings
-    from core.embeddings.store import drop_other_models, serving_model
+    from core.embeddings.store import serving_model
+    from core.embeddings.store_models import Embedding
 
     settings = get_settings()
     old_model = get_embedder(settings.embedding_model).name
@@ -139,13 +143,23 @@ def test_model_change_converges_and_old_rows_serve_meanwhile(client, tenant):
         with tenant_session(tenant.tenant_id) as session:
             assert serving_model(session, configured_model=HASHING_MODEL_NAME) == old_model
         assert reconcile_embeddings(model=HASHING_MODEL_NAME)[tenant.tenant_id] == 12
-        _converge(client, tenant, HASHING_MODEL_NAME)
         rows = _coverage(client, tenant)
-        assert rows[("memory", old_model)]["indexed"] == 12  # old rows are kept
+        assert set(rows) == {("memory", HASHING_MODEL_NAME)} and rows[("memory", HASHING_MODEL_NAME)]["ratio"] == 0
+        _converge(client, tenant, HASHING_MODEL_NAME)
+
+        def old_rows() -> int:
+            with tenant_session(tenant.tenant_id) as session:
+                return int(session.scalar(select(func.count()).where(Embedding.model == old_model)) or 0)
+
+        assert old_rows() == 12  # converged, but reconcile has not run since: the old rows still exist
         with tenant_session(tenant.tenant_id) as session:
             assert serving_model(session, configured_model=HASHING_MODEL_NAME) == HASHING_MODEL_NAME
-            assert drop_other_models(session, keep_model=HASHING_MODEL_NAME) == 12
-        assert ("memory", old_model) not in {k for k, v in _coverage(client, tenant).items() if v["indexed"]}
+        assert tenant.tenant_id not in reconcile_embeddings(model=HASHING_MODEL_NAME)
+        assert old_rows() == 0
+        rows = _coverage(client, tenant)
+        assert set(rows) == {("memory", HASHING_MODEL_NAME)}
+        row = rows[("memory", HASHING_MODEL_NAME)]
+        assert (row["indexed"], row["expected"], row["ratio"]) == (12, 12, 1.0)
     finally:
         settings.embedding_model = saved
 
@@ -193,9 +207,9 @@ def _stored_vectors(tenant_id: int, model: str) -> dict[str, tuple[str, list[flo
 def _embedding_stats(tenant_id: int, model: str) -> tuple[int, int]:
     from sqlalchemy import text
 
-    from core.db import get_engine
+    from core.db import system_connection
 
-    with get_engine().connect() as connection:
+    with system_connection() as connection:
         row = connection.execute(
             text("SELECT docs, version FROM search_embedding_stats WHERE tenant_id = :t AND model = :m"),
             {"t": tenant_id, "m": model},
@@ -211,7 +225,7 @@ def test_bulk_upsert_stores_exact_vectors_and_moves_stats_once(client, tenant):
     from core.db import tenant_session
     from core.embeddings.providers import get_embedder
     from core.embeddings.refresh import embed_docs
-    from core.memories.service import memory_doc_id
+    from core.refs import memory_ref as memory_doc_id
     from core.search.render import content_hash
 
     embedder = get_embedder("local")
@@ -267,7 +281,7 @@ def test_background_job_links_near_duplicates_without_storing_suggestions(client
 
     calls = EMBEDDING_CALLS.labels(model_name)._value.get()
     from core.jobs.service import enqueue
-    from core.memories.service import memory_doc_id
+    from core.refs import memory_ref as memory_doc_id
 
     with system_session() as session:
         enqueue(session, tenant_id=tenant.tenant_id, kind="embed", payload={"doc_ids": [memory_doc_id(older)]})
@@ -282,7 +296,7 @@ def test_concurrent_jobs_superseding_the_same_memories_both_succeed(client, tena
 
     from core.db import system_session, tenant_session
     from core.jobs.models import Job
-    from core.jobs.service import run_job
+    from core.jobs.runner import run_job
     from core.memories.models import Association, Memory
 
     base = [f"{table} rows are archived after {n} days" for n, table in enumerate(("orders", "refunds", "carts"))]

@@ -30,7 +30,8 @@ DRILL_ENV = {
     "ENGRAM_JOB_RUNNING_LEASE_SECONDS": "8",
     "ENGRAM_OUTBOX_REDISPATCH_SECONDS": "2",
     "ENGRAM_RECONCILE_INTERVAL_SECONDS": "1",
-    "ENGRAM_EMBEDDING_RETRY_BASE_SECONDS": "0.2",
+    "ENGRAM_JOB_RETRY_BASE_SECONDS": "0.2",
+    "ENGRAM_JOB_RETRY_MAX_SECONDS": "2",
 }
 
 
@@ -129,9 +130,9 @@ def _new_tenant() -> tuple[int, dict[str, str]]:
 
 
 def _embedded_count(tenant_id: int) -> int:
-    from core.db import get_engine
+    from core.db import system_connection
 
-    with get_engine().connect() as connection:
+    with system_connection() as connection:
         return int(
             connection.execute(
                 text("SELECT count(*) FROM embeddings WHERE tenant_id = :t AND doc_kind = 'memory'"), {"t": tenant_id}
@@ -221,7 +222,7 @@ def test_flaky_provider_still_converges(drill):
     from core.jobs.models import Job
 
     tenant_id, headers = _new_tenant()
-    drill.start_worker(ENGRAM_EMBEDDING_FAULT_RATE="0.5", ENGRAM_EMBEDDING_MAX_ATTEMPTS="30")
+    drill.start_worker(ENGRAM_EMBEDDING_FAULT_RATE="0.5", ENGRAM_JOB_MAX_ATTEMPTS="30")
     _save_batches(drill.url, headers, total=200, size=20)
     wait_for(lambda: _embedded_count(tenant_id) == 200, timeout=180, interval=0.5)
 

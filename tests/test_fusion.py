@@ -48,3 +48,118 @@ def test_rrf_is_independent_of_channel_order() -> None:
     channels = [["a", "b", "c", "d"], ["d", "c"], ["b", "e", "a"]]
     assert rrf(channels) == rrf(list(reversed(channels)))
     assert rrf({"x": channels[0], "y": channels[1]}) == rrf({"y": channels[1], "x": channels[0]})
+
+
+# -- relevance ---------------------------------------------------------------------------------------
+from core.search.fusion import relevance, with_hops  # noqa: E402
+
+
+@pytest.mark.parametrize(
+    ("rule", "rankings", "blind", "expected"),
+    [
+        (
+            "first in every channel that ran: 1",
+            {"fulltext": [("a", 9.0), ("b", 3.0)], "dense": [("a", 0.8), ("b", 0.7)]},
+            {},
+            {"a": 1.0},
+        ),
+        (
+            "a channel that ran and found nothing still counts: the best of nothing scores 1/2",
+            {"fulltext": [], "dense": [("a", 0.5)]},
+            {},
+            {"a": 0.5},
+        ),
+        (
+            "lexical votes scale by the share of the top score: rank 2 at a third of the top",
+            {"fulltext": [("a", 9.0), ("b", 3.0)]},
+            {},
+            {"a": 1.0, "b": pytest.approx(61 / 62 / 3)},
+        ),
+        (
+            "dense votes by rank only: (k + 1) / (k + rank)",
+            {"dense": [("a", 0.9), ("b", 0.1)]},
+            {},
+            {"b": pytest.approx(61 / 62)},
+        ),
+        (
+            "a channel blind to a doc neither votes for it nor counts against it",
+            {"fulltext": [("fresh", 5.0)], "dense": [("old", 0.9)]},
+            {"dense": {"fresh"}},
+            {"fresh": 1.0, "old": 0.5},
+        ),
+    ],
+)
+def test_relevance_rules(rule, rankings, blind, expected) -> None:
+    """Relevance is the mean over the channels that ran (and could see the doc) of each channel's vote:
+    ``(k + 1) / (k + rank)``, times ``score / top score`` for lexical channels; in [0, 1], 1 = first in all."""
+    fused = dict(relevance(rankings, blind={name: docs.__contains__ for name, docs in blind.items()}))
+    for doc_id, score in expected.items():
+        assert fused[doc_id] == score, rule
+    assert all(0.0 <= s <= 1.0 for s in fused.values()), rule
+
+
+@pytest.mark.parametrize(
+    ("rule", "rankings", "expected"),
+    [
+        (
+            "rare-term evidence beats mid-list presence in several channels",
+            {
+                "fulltext": [("rare", 12.0)] + [(f"n{i}", 2.0) for i in range(5)],
+                "dense": [(f"n{i}", 0.6) for i in range(5)] + [("rare", 0.5)],
+            },
+            "rare",
+        ),
+        (
+            "a pasted canonical id (boosted exact id match) beats its siblings that dense prefers",
+            {
+                "fulltext": [("shop.orders.country", 40.0), ("shop.orders", 6.0), ("shop.orders.city", 5.0)],
+                "dense": [("shop.orders", 0.9), ("shop.orders.city", 0.88), ("shop.orders.country", 0.86)],
+            },
+            "shop.orders.country",
+        ),
+        (
+            "equal evidence: the doc in more channels wins (RRF's behaviour is kept)",
+            {"fulltext": [("a", 5.0), ("b", 5.0)], "dense": [("b", 0.9), ("c", 0.8)]},
+            "b",
+        ),
+    ],
+)
+def test_relevance_prefers_direct_evidence(rule, rankings, expected) -> None:
+    """A doc carrying the question's rare terms, or named exactly, ranks first over docs that only sit
+    mid-list in several channels."""
+    assert relevance(rankings)[0][0] == expected, rule
+
+
+def test_relevance_is_independent_of_channel_order() -> None:
+    """Same rankings in another order: same result, to the bit."""
+    a = {"fulltext": [("x", 3.0), ("y", 1.0)], "dense": [("y", 0.9), ("z", 0.5)], "entity_bm25": [("z", 2.0)]}
+    b = dict(reversed(list(a.items())))
+    assert relevance(a) == relevance(b)
+
+
+@pytest.mark.parametrize(
+    ("rule", "fused", "hops", "expected"),
+    [
+        (
+            "a hop found by nothing else scores half its value",
+            [("s", 0.8)],
+            [("h", 0.8 * 0.5)],
+            [("s", 0.8), ("h", 0.2)],
+        ),
+        (
+            "a hop never outranks the seed it hangs off, even at weight 1",
+            [("s", 0.6), ("m", 0.4)],
+            [("h", 0.6)],
+            [("s", 0.6), ("m", 0.4), ("h", 0.3)],
+        ),
+        (
+            "a hop lifts a doc with direct evidence: r + (1 - r) * 0.5 * value",
+            [("s", 0.9), ("d", 0.5)],
+            [("d", 0.9)],
+            [("s", 0.9), ("d", pytest.approx(0.5 + 0.5 * 0.45))],
+        ),
+    ],
+)
+def test_graph_hops_follow_direct_evidence(rule, fused, hops, expected) -> None:
+    """Graph hops add (1 - r) * GRAPH_SHARE * value, value = association weight * seed relevance."""
+    assert with_hops(fused, hops) == expected, rule

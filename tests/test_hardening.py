@@ -85,7 +85,7 @@ def test_malformed_session_cookie_is_signed_out(client, cookie):
 
 
 def test_valid_session_cookie_rejects_odd_values_without_raising():
-    from api.routes.dashboard import make_session_cookie, valid_session_cookie
+    from api.dashboard.routes import make_session_cookie, valid_session_cookie
 
     cookie = make_session_cookie(operator_key="k1")
     assert valid_session_cookie(cookie, operator_key="k1")
@@ -231,9 +231,9 @@ def _create(client, tenant, url: str):  # type: ignore[no-untyped-def]
         ("sqlite:///{db}?timeout=abc", "abc"),
         ("sqlite:///{db}?check_same_thread=maybe", "maybe"),
         ("mysql+pymysql://u:hunter2@127.0.0.1:1/db?connect_timeout=abc", "abc"),
-        ("mysql+pymysql://u:hunter2@127.0.0.1:1/db?charset=bogus", "datasource"),
-        ("postgresql://u:hunter2@127.0.0.1:1/db", "connect"),
-        ("mysql://u:hunter2@127.0.0.1:1/db", "connect"),
+        ("mysql+pymysql://u:hunter2@127.0.0.1:1/db?charset=bogus", "cannot reach the source"),
+        ("postgresql://u:hunter2@127.0.0.1:1/db", "cannot reach the source"),
+        ("mysql://u:hunter2@127.0.0.1:1/db", "cannot reach the source"),
     ],
 )
 def test_datasource_url_the_server_cannot_open_is_422(client, tenant, sqlite_db, url, hint):

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from sqlalchemy import text
 
-from core.db import get_engine
+from core.db import get_owner_engine, system_connection
 
 
 def _indexes() -> set[str]:
-    with get_engine().connect() as connection:
+    with system_connection() as connection:
         return set(
             connection.execute(text("SELECT indexname FROM pg_indexes WHERE tablename = 'embeddings'")).scalars()
         )
@@ -20,7 +20,7 @@ def test_index_is_built_once_a_tenant_passes_the_threshold(client, tenant):
 
     dims = get_embedder("local").dims
     name = hnsw_index_name(dims)
-    with get_engine().begin() as connection:
+    with get_owner_engine().begin() as connection:
         for size in (256, 384, 512, 768, 1024, 1536):
             connection.execute(text(f"DROP INDEX IF EXISTS {hnsw_index_name(size)}"))
     client.post("/v1/memories", json={"content": "one vector", "sync_embed": True}, headers=tenant.headers())
@@ -31,8 +31,8 @@ def test_index_is_built_once_a_tenant_passes_the_threshold(client, tenant):
         built = ensure_hnsw_indexes(threshold=1)  # other tests' tenants may hold vectors of other sizes
         assert dims in built and name in _indexes()
         assert ensure_hnsw_indexes(threshold=1) == []  # already there
-        with get_engine().connect() as connection:
-            connection.execute(text("SET enable_seqscan = off"))  # the table is tiny; ask whether it could
+        with system_connection() as connection:
+            connection.execute(text("SET LOCAL enable_seqscan = off"))  # the table is tiny; ask whether it could
             plan = connection.execute(
                 text(
                     f"EXPLAIN SELECT canonical_id FROM embeddings WHERE dims = {dims} "
@@ -44,6 +44,6 @@ def test_index_is_built_once_a_tenant_passes_the_threshold(client, tenant):
     finally:
         from core.embeddings.hnsw import HNSW_DIMS
 
-        with get_engine().begin() as connection:
+        with get_owner_engine().begin() as connection:
             for size in HNSW_DIMS:
                 connection.execute(text(f"DROP INDEX IF EXISTS {hnsw_index_name(size)}"))

@@ -31,7 +31,7 @@ def test_cli_ingest_wait_follows_the_jobs(client, tenant, worker, tmp_path, monk
     """`engram ingest DS --wait` polls GET /v1/jobs/{id} until the ingest and its follow-ups are done."""
     from click.testing import CliRunner
 
-    import api.cli_catalog as cli_catalog
+    import api.cli.catalog as cli_catalog
     from api.client import EngramClient
 
     def in_process_client(url, api_key):  # type: ignore[no-untyped-def]

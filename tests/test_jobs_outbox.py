@@ -55,9 +55,9 @@ def test_worker_runs_embed_job_and_api_shows_it(client, tenant, worker):
     assert body["kind"] == "embed" and body["attempts"] >= 1 and body["error"] is None
     from sqlalchemy import text
 
-    from core.db import get_engine
+    from core.db import system_connection
 
-    with get_engine().connect() as connection:
+    with system_connection() as connection:
         count = connection.execute(
             text("SELECT count(*) FROM embeddings WHERE tenant_id=:t AND canonical_id=:d"),
             {"t": tenant.tenant_id, "d": f"memory:{mid}"},
@@ -69,7 +69,7 @@ def test_jobs_are_idempotent_when_run_twice(client, tenant, stack):
     """Running the same job again (at-least-once delivery) is harmless and makes no new embedding."""
     from core.db import system_session
     from core.jobs.models import Job
-    from core.jobs.service import run_job
+    from core.jobs.runner import run_job
 
     mid = client.post("/v1/memories", json={"content": "run me twice"}, headers=tenant.headers()).json()["memory_id"]
     job = _job_for(tenant.tenant_id, f"memory:{mid}")

@@ -56,9 +56,9 @@ def row(tenant, memory_id):  # type: ignore[no-untyped-def]
 
 
 def tombstoned(tenant, memory_id) -> bool:  # type: ignore[no-untyped-def]
-    from core.db import get_engine
+    from core.db import system_connection
 
-    with get_engine().connect() as connection:
+    with system_connection() as connection:
         return bool(
             connection.execute(
                 text("SELECT 1 FROM tombstones WHERE tenant_id = :t AND doc_id = :d"),
@@ -222,10 +222,10 @@ def shop(client, tenant, tmp_path):  # type: ignore[no-untyped-def]
 def test_watcher_marks_memories_stale_when_a_linked_entity_vanishes(client, shop):
     """An entity gone from the catalog without the cascade (here: a row deleted behind its back) marks the
     memories linking it stale with a reason; GET /v1/memories?status=stale lists them."""
+    from core.changes import bump_change_seq
     from core.db import tenant_session
     from core.entities.models import CatalogColumn
     from core.entities.store import touch_catalog
-    from core.memories.service import bump_change_seq
 
     tenant = shop
     linked = save(client, tenant, {"content": "amount is net of tax", "linked_entities": ["shop.orders.amount"]})

@@ -6,8 +6,6 @@ import json
 import os
 import subprocess
 import sys
-import tempfile
-import time
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -20,7 +18,9 @@ from mcp import ClientSession, StdioServerParameters
 from mcp.client.stdio import stdio_client
 from mcp.client.streamable_http import streamable_http_client
 
-from core.embedded import free_port
+from api.mcp.size import measure
+from core import __version__
+from tests.live_api import running_api
 from tests.test_catalog_support import create_and_ingest, sqlite_source
 
 REPO = Path(__file__).resolve().parents[1]
@@ -40,29 +40,8 @@ TOOLS = {
 @pytest.fixture(scope="module")
 def api_url(stack) -> Iterator[str]:  # type: ignore[no-untyped-def]
     """The real API (uvicorn) in a subprocess on the test stack."""
-    port = free_port()
-    log = Path(tempfile.mkstemp(prefix="engram-mcp-api-", suffix=".log", dir="/tmp")[1])
-    with open(log, "wb") as out:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "uvicorn", "api.main:app", "--port", str(port), "--log-level", "warning"],
-            cwd=REPO,
-            env={**os.environ, **stack.env},
-            stdout=out,
-            stderr=subprocess.STDOUT,
-        )
-        url = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                if httpx.get(url + "/healthz", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert process.poll() is None and time.monotonic() < deadline, log.read_text()
-            time.sleep(0.2)
+    with running_api(stack.env) as url:
         yield url
-        process.terminate()
-        process.wait(timeout=30)
 
 
 @asynccontextmanager
@@ -78,15 +57,15 @@ async def http_session(url: str, api_key: str, headers: dict[str, str] | None = 
 
 
 @asynccontextmanager
-async def stdio_session(stack, api_key: str, *args: str) -> AsyncIterator[ClientSession]:  # type: ignore[no-untyped-def]
-    params = StdioServerParameters(
-        command=sys.executable,
-        args=["-m", "api.cli", "mcp", *args],
-        env={**os.environ, **stack.env, "ENGRAM_API_KEY": api_key},
-        cwd=str(REPO),
-    )
+async def stdio_session(stack, api_key: str | None, *args: str) -> AsyncIterator[ClientSession]:  # type: ignore[no-untyped-def]
+    env = {**os.environ, **stack.env}
+    env.pop("ENGRAM_API_KEY", None)
+    if api_key is not None:
+        env["ENGRAM_API_KEY"] = api_key
+    params = StdioServerParameters(command=sys.executable, args=["-m", "api.cli", "mcp", *args], env=env, cwd=str(REPO))
     async with stdio_client(params) as (read, write), ClientSession(read, write) as session:
-        await session.initialize()
+        init = await session.initialize()
+        assert init.serverInfo.name == "engram" and init.serverInfo.version == __version__
         yield session
 
 
@@ -107,7 +86,15 @@ async def _lifecycle(session: ClientSession, client, tenant) -> None:  # type: i
     for tool in listed.values():
         assert "Example" in (tool.description or ""), tool.name
     schema = listed["save_memory"].inputSchema
-    assert schema["required"] == ["content"] and "ctx" not in schema["properties"]
+    assert {"content", "learning"} <= set(schema["properties"]) and "ctx" not in schema["properties"]
+    for tool in listed.values():
+        properties = tool.inputSchema["properties"]
+        assert all(p.get("description") for p in properties.values()), (tool.name, properties)
+        assert tool.annotations is not None
+        destructive = tool.name in ("forget_memory", "ingest_datasource")
+        assert tool.annotations.destructiveHint is destructive, tool.name
+        read_only = tool.name in ("search", "get_memory", "list_memories", "hydrate", "inspect_model")
+        assert tool.annotations.readOnlyHint is read_only, tool.name
     saved = await call(
         session, "save_memory", {"content": "the refund window is 30 days", "tags": ["policy"], "kind": "decision"}
     )
@@ -130,6 +117,16 @@ async def _lifecycle(session: ClientSession, client, tenant) -> None:  # type: i
     assert (missing["code"], missing["message"], missing["status"]) == (rest["code"], rest["message"], 404)
     invalid = await call(session, "save_memory", {"content": "x", "linked_entities": ["nowhere.table"]}, error=True)
     assert invalid["status"] == 422 and invalid["field"] == "linked_entities.0"
+    # Arguments the tool's schema refuses answer in the same shape, not as pydantic's text.
+    bad = await call(session, "save_memory", {"content": "x", "importance": 5}, error=True)
+    assert (bad["code"], bad["field"], bad["status"]) == ("validation_error", "importance", 422), bad
+    bad_kind = await call(session, "search", {"question": "x", "mode": "sideways"}, error=True)
+    assert (bad_kind["code"], bad_kind["field"]) == ("validation_error", "mode"), bad_kind
+    # `learning` is the contract's alias of `content`.
+    aliased = await call(session, "save_memory", {"learning": "the alias works"})
+    assert (await call(session, "get_memory", {"id": aliased["memory_id"]}))["content"] == "the alias works"
+    nothing = await call(session, "save_memory", {"tags": ["x"]}, error=True)
+    assert nothing["status"] == 422 and nothing["field"] == "content", nothing
 
 
 def test_stdio_lists_saves_searches_and_forgets(stack, client, tenant):
@@ -138,6 +135,45 @@ def test_stdio_lists_saves_searches_and_forgets(stack, client, tenant):
             await _lifecycle(session, client, tenant)
 
     anyio.run(main)
+
+
+def test_remote_stdio_serves_a_hosted_engram(stack, api_url, client, tenant):
+    """`engram mcp --url URL --api-key KEY` serves the same tools through the REST API of another process."""
+
+    async def main() -> None:
+        async with stdio_session(stack, None, "--url", api_url, "--api-key", tenant.admin_key) as session:
+            await _lifecycle(session, client, tenant)
+        # The URL and key from the environment work too; this process has no database it could reach
+        # itself, so the save can only have gone through the hosted engram.
+        unreachable = "postgresql+psycopg://nobody@127.0.0.1:9/none"
+        remote_env = {**stack.env, "ENGRAM_URL": api_url, "ENGRAM_DATABASE_URL": unreachable}
+        env_stack = type(stack)(stack.database_url, stack.redis_url, stack.home, remote_env)
+        async with stdio_session(env_stack, tenant.admin_key) as session:
+            saved = await call(session, "save_memory", {"content": "saved through ENGRAM_URL"})
+        rest = client.get(f"/v1/memories/{saved['memory_id']}", headers=tenant.headers())
+        assert rest.status_code == 200 and rest.json()["content"] == "saved through ENGRAM_URL"
+
+    anyio.run(main)
+
+
+def test_remote_stdio_refuses_a_wrong_key_or_url(stack, api_url):
+    env = {k: v for k, v in {**os.environ, **stack.env}.items() if k != "ENGRAM_API_KEY"}
+    for args, expected in (
+        (["--url", api_url, "--api-key", "egk_wrong"], "ENGRAM_API_KEY was refused"),
+        (["--url", "http://127.0.0.1:9", "--api-key", "egk_wrong"], "cannot reach engram"),
+        (["--url", api_url], "set ENGRAM_API_KEY"),
+    ):
+        command = [sys.executable, "-m", "api.cli", "mcp", *args]
+        result = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
+        assert result.returncode != 0 and expected in result.stderr and result.stdout == "", result.stderr
+
+
+def test_tool_definitions_stay_lean():
+    """The nine tool definitions are sent on every turn: their size is measured and held under a budget."""
+    measured = measure()
+    print(measured)
+    assert set(measured["tools"]) == TOOLS
+    assert 0 < measured["total_tokens"] < 3500, measured
 
 
 def test_http_lists_saves_searches_and_forgets(api_url, client, tenant):

@@ -166,7 +166,7 @@ def test_purge_leaves_no_row(client, tenant, stack):
     """Purge hard-deletes the row, its embeddings and its links; a forgotten memory can still be purged."""
     from sqlalchemy import text
 
-    from core.db import get_engine
+    from core.db import system_connection
 
     save(client, tenant, {"content": "target", "id": "t1"})
     save(
@@ -176,7 +176,7 @@ def test_purge_leaves_no_row(client, tenant, stack):
     )
     assert client.delete("/v1/memories/t1", headers=tenant.headers()).status_code == 200
     assert client.delete("/v1/memories/t1?purge=true", headers=tenant.headers()).status_code == 200
-    with get_engine().connect() as connection:
+    with system_connection() as connection:
         params = {"t": tenant.tenant_id}
         rows = connection.execute(text("SELECT count(*) FROM memories WHERE tenant_id=:t AND id='t1'"), params).scalar()
         links = connection.execute(

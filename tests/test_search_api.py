@@ -55,7 +55,7 @@ def test_response_shape(client, tenant):
 
 def test_entity_bm25_scores_equal_rank_bm25(client, tenant):
     """Channel 1 scores equal rank_bm25.BM25Plus over the tenant's corpus of entity tags plus the
-    implicit self reference; memories without overlap are excluded; raw scores when channel 1 runs alone."""
+    implicit self reference; memories without overlap are excluded; alone, the ranking is BM25's order."""
     hubs = [save(client, tenant, {"content": f"hub {i}"}) for i in range(3)]
     refs = [f"memory:{h}" for h in hubs]
     layout = [[0], [0, 1], [1], [1, 2], [0, 1, 2], [2], [], [0, 0 + 1]]
@@ -71,9 +71,13 @@ def test_entity_bm25_scores_equal_rank_bm25(client, tenant):
     out = search(client, tenant, {"entities": query, "max_memories": 100, "max_entities": 0})
     got = {h["id"]: h["score"] for h in out["memories"]}
     assert set(got) == set(expected)
-    for memory_id, score in expected.items():
-        assert got[memory_id] == pytest.approx(score, rel=1e-12)
-    assert [h["score"] for h in out["memories"]] == sorted(got.values(), reverse=True)
+    # Alone, the channel's relevance is its vote: (61 / (60 + rank)) * score / top score (core.search.fusion).
+    ranked = sorted(expected.items(), key=lambda item: (-item[1], item[0]))
+    assert [h["id"] for h in out["memories"]] == [memory_id for memory_id, _ in ranked]
+    top = ranked[0][1]
+    for rank, (memory_id, score) in enumerate(ranked, start=1):
+        assert got[memory_id] == pytest.approx(61 / (60 + rank) * score / top, rel=1e-12)
+    assert got[ranked[0][0]] == 1.0
     assert out["channels"] == {"entity_bm25": True, "fulltext": False, "dense": False, "graph": False}
     assert out["degraded"] is False
 
@@ -140,9 +144,9 @@ def test_forgotten_never_stale_only_with_flag(client, tenant):
     """Forgotten memories never appear; stale ones only with include_stale."""
     from sqlalchemy import update
 
+    from core.changes import bump_change_seq
     from core.db import tenant_session
     from core.memories.models import Memory
-    from core.memories.service import bump_change_seq
 
     gone = save(client, tenant, {"content": "obsolete margin rule"})
     stale = save(client, tenant, {"content": "stale margin rule"})

@@ -15,6 +15,7 @@ CATEGORIES = ("core", "daily", "conversation", "workspace")
 KINDS = ("fact", "decision", "todo")
 STATUSES = ("active", "active", "stale", "forgotten")
 ENTITIES = ("shop.orders", "shop.orders.amount", "crm", "crm.accounts", "memory:m1", "wh.sales.total")
+TAGS = ("s1", "s2", "urgent")
 BASE = datetime(2024, 1, 1, tzinfo=UTC)
 
 
@@ -33,7 +34,7 @@ def _fill(tenant_id: int, rng: random.Random, count: int) -> list[str]:
                     category=rng.choice(CATEGORIES),
                     importance=0.5,
                     occurred_at=BASE + timedelta(days=rng.randrange(60)),
-                    tags=[],
+                    tags=rng.sample(TAGS, rng.randrange(3)),
                     entities=rng.sample(ENTITIES, rng.randrange(3)),
                     query=rng.choice((None, {"sql": "select 1"})),
                     status=rng.choice(STATUSES),
@@ -77,6 +78,7 @@ def test_fact_verdicts_equal_the_sql_predicate(stack, tenant):
                 occurred_after=after,
                 occurred_before=after + timedelta(days=rng.randrange(30)) if after and rng.random() < 0.6 else None,
                 datasource=rng.choice((None, None, "shop", "crm", "wh")),
+                tags=tuple(sorted(rng.sample(TAGS, rng.choice((0, 0, 1, 2))))),
             )
             in_sql = Eligibility(session=session, memory_filter=memory_filter)
             in_sql.check(memory_ids)
@@ -84,7 +86,8 @@ def test_fact_verdicts_equal_the_sql_predicate(stack, tenant):
             in_process.check(memory_ids)
             expected = {m: in_sql.bucket(m) for m in memory_ids}
             assert {m: in_process.bucket(m) for m in memory_ids} == expected, (case, memory_filter)
-            assert any(expected.values()) or memory_filter.datasource or memory_filter.occurred_after
+            narrowed = memory_filter.datasource or memory_filter.occurred_after or memory_filter.tags
+            assert any(expected.values()) or narrowed
 
 
 def test_facts_follow_every_kind_of_write(client, tenant):

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 from celery import Celery
+from celery.signals import setup_logging
 
 from core.config import get_settings
+from core.logging import configure_logging
 from core.runtime import resolve_redis_url
+from core.tracing import configure_tracing
 
 
 def make_celery() -> Celery:
@@ -44,4 +47,23 @@ def make_celery() -> Celery:
     return app
 
 
+@setup_logging.connect
+def _configure_logging(**_: object) -> None:
+    """Celery leaves logging alone when this signal has a receiver: worker and beat log as the API does."""
+    import sys
+
+    configure_logging(process="beat" if "beat" in sys.argv else "worker")
+
+
+def instrument_celery() -> None:
+    """Trace task publishing and execution when tracing is on (the context travels in message headers)."""
+    if configure_tracing(service="worker"):
+        from opentelemetry.instrumentation.celery import CeleryInstrumentor
+
+        instrumentor = CeleryInstrumentor()
+        if not instrumentor.is_instrumented_by_opentelemetry:
+            instrumentor.instrument()
+
+
 app = make_celery()
+instrument_celery()

@@ -5,11 +5,33 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+from typing import Any
 
 from celery import Celery
+from sqlalchemy import select
+
+from core.tracing import publishing_context
 
 log = logging.getLogger(__name__)
+# The generic task (still accepted for messages published before per-kind names existed).
 RUN_JOB_TASK = "engram.run_job"
+# The message header carrying the enqueuing request's id to the worker's log lines.
+REQUEST_ID_HEADER = "engram_request_id"
+
+
+def job_task_name(kind: str) -> str:
+    """One Celery task name per job kind (engram.job.embed, ...), so Flower and the broker tell them apart."""
+    return f"engram.job.{kind}"
+
+
+def _job_routes(job_ids: list[str]) -> dict[str, tuple[str, dict[str, Any] | None]]:
+    """Each job's kind (its task name) and stored request context, in one query per published batch."""
+    from core.db import system_session
+    from core.jobs.models import Job
+
+    with system_session() as session:
+        rows = session.execute(select(Job.id, Job.kind, Job.payload["context"]).where(Job.id.in_(job_ids))).all()
+    return {job_id: (kind, context if isinstance(context, dict) else None) for job_id, kind, context in rows}
 
 
 class CeleryJobQueue:
@@ -48,9 +70,21 @@ class CeleryJobQueue:
                 log.warning("could not publish %d job(s) (%s); reconcile will", len(job_ids), exc)
 
     def _publish(self, job_ids: list[str]) -> None:
+        routes = _job_routes(job_ids)
         with self._app.producer_or_acquire() as producer:
             for job_id in job_ids:
-                self._app.send_task(RUN_JOB_TASK, args=[job_id], producer=producer, retry=False)
+                kind, context = routes.get(job_id, (None, None))
+                # A row not (yet) visible goes under the generic name; the worker skips it if it never lands.
+                name = job_task_name(kind) if kind else RUN_JOB_TASK
+                request_id = (context or {}).get("request_id")
+                with publishing_context(context):
+                    self._app.send_task(
+                        name,
+                        args=[job_id],
+                        producer=producer,
+                        retry=False,
+                        headers={REQUEST_ID_HEADER: request_id} if request_id else None,
+                    )
 
     def drain(self, timeout: float = 5.0) -> None:
         """Wait until queued publications are attempted (tests, shutdown)."""

@@ -6,17 +6,20 @@ import gc
 import logging
 import os
 from datetime import timedelta
+from typing import Any
 
-from celery.signals import worker_init, worker_ready
+from celery.signals import task_postrun, task_prerun, worker_init, worker_ready
 
-import core.jobs.handlers  # noqa: F401 - registers the job handlers
 import core.schema  # noqa: F401 - every table known to the ORM
 from core.config import get_settings
 from core.db import system_session
-from core.jobs.service import jobs_to_redispatch, run_job, set_job_queue
+from core.jobs.models import JOB_KINDS
+from core.jobs.runner import run_job
+from core.jobs.service import jobs_to_redispatch, set_job_queue
+from core.logging import REQUEST_ID
 from core.native import single_threaded_blas
 from workers.celery_app import app
-from workers.queue import CeleryJobQueue
+from workers.queue import REQUEST_ID_HEADER, RUN_JOB_TASK, CeleryJobQueue, job_task_name
 
 log = logging.getLogger(__name__)
 # Jobs that workers enqueue (ingest queues sample refresh, reconcile re-dispatches) are published
@@ -65,19 +68,44 @@ def start_outbox_relay(**_: object) -> None:
     OutboxRelay(dsn=dsn, publish=CeleryJobQueue(app, background=False).send).start()
 
 
-@app.task(name="engram.run_job", bind=True, acks_late=True, reject_on_worker_lost=True, max_retries=None)
-def run_job_task(self, job_id: str) -> str:  # type: ignore[no-untyped-def]
+@task_prerun.connect
+def _enter_request_context(task: Any = None, **_: object) -> None:
+    """Log lines of a job (Celery's own included) carry the id of the request that enqueued it."""
+    REQUEST_ID.set(task.request.get(REQUEST_ID_HEADER) if task is not None else None)
+
+
+@task_postrun.connect
+def _leave_request_context(**_: object) -> None:
+    REQUEST_ID.set(None)
+
+
+def _run_job(task: Any, job_id: str) -> str:
     settings = get_settings()
     outcome = run_job(
         job_id,
         session_factory=system_session,
-        max_attempts=settings.embedding_max_attempts,
+        max_attempts=settings.job_max_attempts,
         running_lease=timedelta(seconds=settings.job_running_lease_seconds),
-        retry_base_seconds=settings.embedding_retry_base_seconds,
+        retry_base_seconds=settings.job_retry_base_seconds,
+        retry_max_seconds=settings.job_retry_max_seconds,
     )
-    if outcome.state == "retry":
-        raise self.retry(countdown=outcome.retry_in)
+    # A short wait rides on a delayed message; a long one (hours) is left to reconcile, which dispatches the
+    # job when its retry is due (dispatched_at): the broker would redeliver a message held that long anyway.
+    if outcome.state == "retry" and outcome.retry_in < settings.broker_visibility_timeout_seconds / 2:
+        raise task.retry(countdown=outcome.retry_in)
     return outcome.state
+
+
+_JOB_TASK_OPTIONS: dict[str, Any] = {
+    "bind": True,
+    "acks_late": True,
+    "reject_on_worker_lost": True,
+    "max_retries": None,
+}
+# One task per job kind; every one runs the job row it is given (the kind only names the message).
+JOB_TASKS = {kind: app.task(name=job_task_name(kind), **_JOB_TASK_OPTIONS)(_run_job) for kind in JOB_KINDS}
+# Messages published under the generic name before per-kind names existed still run.
+run_job_task = app.task(name=RUN_JOB_TASK, **_JOB_TASK_OPTIONS)(_run_job)
 
 
 @app.task(name="engram.reconcile", acks_late=True)

@@ -4,10 +4,9 @@ SAVE_MEMORY = """Save something worth remembering for future runs: a fact, prefe
 or a quirk you discovered about the data. Call it at the end of a step when you learned something a later
 run would otherwise have to rediscover; do not save scratch work (use category 'conversation' for that).
 Link the catalog entities the memory is about so search finds it by entity. Saving an existing id
-replaces that memory (upsert). Returns {memory_id, entities, warnings}.
+replaces that memory (upsert). `learning` is an alias of `content`. Returns {memory_id, entities, warnings}.
 
-kind: fact (default), preference, decision, identity, event, observation, goal, todo, knowledge, entity,
-relationship. category: core (durable, default), daily (expires 72 h after the last write), conversation
+category: core (durable, default), daily (expires 72 h after the last write), conversation
 (dies with the run), workspace (shared with every agent of the tenant).
 
 Example: {"content": "orders.amount is in cents; divide by 100 for dollars", "kind": "fact",

@@ -1,4 +1,9 @@
-"""`engram mcp`: the MCP server over stdio for one agent, authenticated by ENGRAM_API_KEY."""
+"""`engram mcp`: the MCP server over stdio for one agent, authenticated by ENGRAM_API_KEY.
+
+Two ways to reach the memories: directly on the storage of the configured home or database (the agent
+runs beside `engram serve`), or with ``--url`` through a remote engram's REST API (a laptop agent using a
+hosted engram). The tools and their answers are the same.
+"""
 
 from __future__ import annotations
 
@@ -10,7 +15,7 @@ from collections.abc import Iterator
 import anyio
 from mcp.server.fastmcp import Context
 
-from api.client_local import LocalEngramClient
+from api.mcp.tools import MemoryClient
 
 
 class McpStartupError(RuntimeError):
@@ -32,14 +37,20 @@ def _stdout_to_stderr() -> Iterator[None]:
         os.close(saved)
 
 
+def _api_key(api_key: str | None) -> str:
+    key = (api_key or os.environ.get("ENGRAM_API_KEY", "")).strip()
+    if not key:
+        raise McpStartupError("set ENGRAM_API_KEY (or --api-key) to the API key this MCP server acts for")
+    return key
+
+
 def run_stdio(*, agent_id: str | None, persona: str | None) -> None:
-    """Serve MCP on stdin/stdout until the client closes the stream."""
-    from api.client_base import EngramAPIError
+    """Serve MCP on stdin/stdout against the storage directly, until the client closes the stream."""
+    from api.client.base import EngramAPIError
+    from api.client.local import LocalEngramClient
     from core.runtime import ServiceNotRunning, database_session_for_cli
 
-    api_key = os.environ.get("ENGRAM_API_KEY", "").strip()
-    if not api_key:
-        raise McpStartupError("set ENGRAM_API_KEY to the API key this MCP server acts for")
+    api_key = _api_key(None)
     with contextlib.ExitStack() as stack:
         with _stdout_to_stderr():
             try:
@@ -52,10 +63,36 @@ def run_stdio(*, agent_id: str | None, persona: str | None) -> None:
         _serve(client)
 
 
-def _serve(client: LocalEngramClient) -> None:
+def run_remote_stdio(*, url: str, api_key: str | None, agent_id: str | None, persona: str | None) -> None:
+    """Serve MCP on stdin/stdout by calling the REST API of the engram at ``url``.
+
+    The key is checked once before serving (a cheap authenticated read), so a wrong key or an unreachable
+    URL stops the command with a clear message instead of failing every later tool call.
+    """
+    import httpx
+
+    from api.client.base import EngramAPIError
+    from api.client.sync import EngramClient
+
+    client = EngramClient(base_url=url, api_key=_api_key(api_key), agent_id=agent_id, persona=persona)
+    try:
+        client.list_memories(limit=1)
+    except EngramAPIError as exc:
+        client.close()
+        if exc.status in (401, 403):
+            raise McpStartupError(f"ENGRAM_API_KEY was refused by {url}: {exc.message}") from None
+        raise McpStartupError(f"{url} answered {exc.status} {exc.code}: {exc.message}") from None
+    except httpx.HTTPError as exc:
+        client.close()
+        raise McpStartupError(f"cannot reach engram at {url}: {exc}") from None
+    with client:
+        _serve(client)
+
+
+def _serve(client: MemoryClient) -> None:
     from api.mcp import build_server
 
-    async def client_for(ctx: Context) -> LocalEngramClient:
+    async def client_for(ctx: Context) -> MemoryClient:
         return client
 
     anyio.run(build_server(client_for).run_stdio_async)

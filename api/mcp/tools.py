@@ -1,10 +1,11 @@
-"""The MCP tools: one per agent-facing memory and catalog call, each a thin adapter to the local client.
+"""The MCP tools: one per agent-facing memory and catalog call, each a thin adapter to an engram client.
 
-A tool gathers the arguments the agent gave, hands them to :class:`api.client_local.LocalEngramClient`
-(which runs the same validation and core services as the REST routes) in a worker thread, and answers
-the result as structured content plus its JSON text. A refused call answers ``isError`` with the REST
-error object ``{"error": {"code", "message", "field"}}``, so an agent reads the same message it would
-over HTTP.
+A tool gathers the arguments the agent gave and hands them, in a worker thread, to either
+:class:`api.client.local.LocalEngramClient` (the REST routes themselves, run in-process) or
+:class:`api.client.sync.EngramClient` (a remote engram's REST API); both have the same methods and results.
+The result is answered as structured content plus its JSON text. A refused call answers ``isError`` with
+the REST error object ``{"error": {"code", "message", "field"?}}``, so an agent reads the same message it
+would over HTTP.
 """
 
 from __future__ import annotations
@@ -15,36 +16,42 @@ from datetime import datetime
 from typing import Annotated, Any, Literal
 
 import anyio
+import httpx
 from mcp.server.fastmcp import Context, FastMCP
 from mcp.types import CallToolResult, TextContent, ToolAnnotations
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, ValidationError
 
-from api.client_base import EngramAPIError, dump
-from api.client_local import LocalEngramClient
+from api.client.base import EngramAPIError, dump
+from api.client.local import LocalEngramClient
+from api.client.sync import EngramClient
 from api.mcp import descriptions as text
 from core.memories.schemas import MemoryCategory, MemoryKind, RelationType
 
+MemoryClient = LocalEngramClient | EngramClient
 # Resolves the client of the agent behind one tool call (stdio: fixed; HTTP: from the request's key).
-ClientFor = Callable[[Context], Awaitable[LocalEngramClient]]
+ClientFor = Callable[[Context], Awaitable[MemoryClient]]
 
-Id = Annotated[str, Field(description="The memory id, e.g. '42' or 'kb.policy.42'.")]
-AgentId = Annotated[str | None, Field(description="Your agent id; memories you save carry it (optional).")]
-Persona = Annotated[str | None, Field(description="The persona you act under (optional).")]
-Tags = Annotated[list[str] | None, Field(description="Free-form labels for filtering, e.g. ['customer'].")]
+Id = Annotated[str, Field(description="The memory id, e.g. '42'.")]
+AgentId = Annotated[str | None, Field(description="Your agent id; saves carry it.")]
+Persona = Annotated[str | None, Field(description="The persona you act under.")]
+Tags = Annotated[list[str] | None, Field(description="Labels, e.g. ['customer'].")]
+Kind = Annotated[MemoryKind | None, Field(description="What sort of memory (see the tool description).")]
+Category = Annotated[MemoryCategory | None, Field(description="Lifetime and sharing (see the tool description).")]
+When = Annotated[datetime | None, Field(description="ISO 8601 time.")]
+Cap = Annotated[int | None, Field(ge=0, le=100, description="At most this many (default 5, 2, 5).")]
 LinkedEntities = Annotated[
     list[str] | dict[str, Any] | None,
-    Field(
-        description="Catalog entities the memory is about ('shop.orders.amount', 'memory:<id>'), or an inline "
-        "query dict (source_model, dimensions, measures, filters) that is stored with the memory."
-    ),
+    Field(description="Entities it is about ('shop.orders.amount', 'memory:<id>') or an inline query dict."),
 ]
 
 
 class AssociationArg(BaseModel):
-    target_id: str = Field(description="The id of the memory this one relates to.")
-    relation_type: RelationType = "related_to"
-    weight: float = Field(default=0.5, ge=0.0, le=1.0)
+    target_id: str = Field(description="The related memory's id.")
+    relation_type: RelationType = Field(default="related_to", description="How they relate.")
+    weight: float = Field(default=0.5, ge=0.0, le=1.0, description="Strength 0..1.")
 
+
+Associations = Annotated[list[AssociationArg] | None, Field(description="Links to other memories.")]
 
 # Names in a tool's locals() that are not arguments to forward (free variables show up there too).
 _NOT_FIELDS = frozenset({"ctx", "client_for"})
@@ -75,34 +82,47 @@ def error_result(exc: EngramAPIError) -> CallToolResult:
     return CallToolResult(content=[TextContent(type="text", text=json.dumps(body, ensure_ascii=False))], isError=True)
 
 
-async def _run(client_for: ClientFor, ctx: Context, call: Callable[[LocalEngramClient], Any]) -> CallToolResult:
+def validation_error_result(exc: ValidationError) -> CallToolResult:
+    """A tool argument the schema refuses, as the REST API's 422 naming the field."""
+    first = exc.errors()[0]
+    field = ".".join(str(part) for part in first["loc"]) or None
+    return error_result(EngramAPIError(422, "validation_error", first["msg"], field))
+
+
+async def _run(client_for: ClientFor, ctx: Context, call: Callable[[MemoryClient], Any]) -> CallToolResult:
     try:
         client = await client_for(ctx)
-        # Core services are synchronous database work: keep them off the event loop.
+        # Local calls are synchronous database work, remote ones blocking HTTP: keep both off the event loop.
         return _result(await anyio.to_thread.run_sync(call, client))
     except EngramAPIError as exc:
         return error_result(exc)
+    except httpx.HTTPError as exc:
+        return error_result(EngramAPIError(503, "unavailable", f"engram is unreachable ({exc}); retry shortly"))
 
 
 def register_tools(server: FastMCP, client_for: ClientFor) -> None:
     """Add the nine engram tools to ``server``."""
     read_only = ToolAnnotations(readOnlyHint=True, destructiveHint=False, openWorldHint=False)
     writes = ToolAnnotations(readOnlyHint=False, destructiveHint=False, openWorldHint=False)
+    # Forgetting removes a memory from every read (purge deletes it); ingest re-reflects a schema and drops
+    # models that vanished: both lose data an agent cannot get back through these tools.
+    destroys = ToolAnnotations(readOnlyHint=False, destructiveHint=True, idempotentHint=True, openWorldHint=False)
 
     @server.tool(description=text.SAVE_MEMORY, annotations=writes)
     async def save_memory(
         ctx: Context,
-        content: Annotated[str, Field(description="The memory itself: concise, complete, at most 50,000 bytes.")],
+        content: Annotated[str | None, Field(description="The memory: concise, complete, <= 50,000 bytes.")] = None,
+        learning: Annotated[str | None, Field(description="Alias of content.")] = None,
         linked_entities: LinkedEntities = None,
         id: Annotated[str | None, Field(description="A stable id to upsert; omit for the next integer id.")] = None,
-        kind: MemoryKind | None = None,
-        category: MemoryCategory | None = None,
+        kind: Kind = None,
+        category: Category = None,
         importance: Annotated[float | None, Field(ge=0.0, le=1.0, description="0..1; default by kind.")] = None,
         tags: Tags = None,
         occurred_at: Annotated[datetime | None, Field(description="When it happened (ISO 8601).")] = None,
         source: Annotated[str | None, Field(description="Where it came from, e.g. 'user stated'.")] = None,
-        run_id: Annotated[str | None, Field(description="The run it belongs to (conversation memories).")] = None,
-        associations: Annotated[list[AssociationArg] | None, Field(description="Links to other memories.")] = None,
+        run_id: Annotated[str | None, Field(description="The run it belongs to.")] = None,
+        associations: Associations = None,
         agent_id: AgentId = None,
         persona: Persona = None,
     ) -> CallToolResult:
@@ -118,41 +138,48 @@ def register_tools(server: FastMCP, client_for: ClientFor) -> None:
         ctx: Context,
         id: Id,
         content: Annotated[str | None, Field(description="The new text.")] = None,
-        kind: MemoryKind | None = None,
-        category: MemoryCategory | None = None,
+        kind: Kind = None,
+        category: Category = None,
         tags: Tags = None,
-        importance: Annotated[float | None, Field(ge=0.0, le=1.0)] = None,
+        importance: Annotated[float | None, Field(ge=0.0, le=1.0, description="0..1.")] = None,
         linked_entities: LinkedEntities = None,
-        associations: Annotated[list[AssociationArg] | None, Field(description="Replaces the links.")] = None,
+        associations: Associations = None,
         agent_id: AgentId = None,
         persona: Persona = None,
     ) -> CallToolResult:
         fields = _given({k: v for k, v in locals().items() if k not in _NOT_FIELDS | {"id", "agent_id", "persona"}})
         return await _run(client_for, ctx, lambda c: c.patch_memory(id, agent_id=agent_id, persona=persona, **fields))
 
-    @server.tool(description=text.FORGET_MEMORY, annotations=writes)
+    @server.tool(description=text.FORGET_MEMORY, annotations=destroys)
     async def forget_memory(
         ctx: Context,
         id: Id,
         reason: Annotated[str | None, Field(description="Why, for the audit trail.")] = None,
+        purge: Annotated[bool, Field(description="Delete it for good instead (owner or admin).")] = False,
         agent_id: AgentId = None,
         persona: Persona = None,
     ) -> CallToolResult:
         return await _run(
-            client_for, ctx, lambda c: c.forget_memory(id, reason=reason, agent_id=agent_id, persona=persona)
+            client_for,
+            ctx,
+            lambda c: c.forget_memory(id, reason=reason, purge=purge, agent_id=agent_id, persona=persona),
         )
 
     @server.tool(description=text.LIST_MEMORIES, annotations=read_only)
     async def list_memories(
         ctx: Context,
-        kind: MemoryKind | None = None,
-        category: MemoryCategory | None = None,
-        tags: Annotated[list[str] | None, Field(description="Only memories carrying all of these tags.")] = None,
-        run_id: str | None = None,
-        status: Literal["active", "stale", "forgotten"] | None = None,
-        since: Annotated[datetime | None, Field(description="Only memories recorded at or after this.")] = None,
-        entity: Annotated[str | None, Field(description="Only memories linked to this entity.")] = None,
-        sort: Literal["recent", "importance", "most_accessed"] | None = None,
+        kind: Kind = None,
+        category: Category = None,
+        tags: Annotated[list[str] | None, Field(description="Only memories carrying all of these.")] = None,
+        run_id: Annotated[str | None, Field(description="Only this run's memories.")] = None,
+        status: Annotated[
+            Literal["active", "stale", "forgotten"] | None, Field(description="Default active.")
+        ] = None,
+        since: Annotated[datetime | None, Field(description="Recorded at or after this.")] = None,
+        entity: Annotated[str | None, Field(description="Linked to this entity.")] = None,
+        sort: Annotated[
+            Literal["recent", "importance", "most_accessed"] | None, Field(description="Default recent.")
+        ] = None,
         limit: Annotated[int | None, Field(ge=1, le=200, description="Page size (default 50).")] = None,
         cursor: Annotated[str | None, Field(description="next_cursor of the previous page.")] = None,
         agent_id: AgentId = None,
@@ -168,15 +195,19 @@ def register_tools(server: FastMCP, client_for: ClientFor) -> None:
         entities: Annotated[list[str] | None, Field(description="Entities you are working with.")] = None,
         query: Annotated[dict[str, Any] | None, Field(description="Your draft query (source_model, ...).")] = None,
         datasource: Annotated[str | None, Field(description="Only this datasource's entities.")] = None,
-        mode: Literal["hybrid", "recent", "important", "typed"] | None = None,
-        kind: MemoryKind | None = None,
-        category: MemoryCategory | None = None,
-        max_memories: Annotated[int | None, Field(ge=0, le=100)] = None,
-        max_example_queries: Annotated[int | None, Field(ge=0, le=100)] = None,
-        max_entities: Annotated[int | None, Field(ge=0, le=100)] = None,
-        occurred_after: datetime | None = None,
-        occurred_before: datetime | None = None,
-        include_stale: bool | None = None,
+        mode: Annotated[
+            Literal["hybrid", "recent", "important", "typed"] | None, Field(description="Default hybrid.")
+        ] = None,
+        kind: Kind = None,
+        category: Category = None,
+        tags: Annotated[list[str] | None, Field(description="Memories carrying any of these.")] = None,
+        max_memories: Cap = None,
+        max_example_queries: Cap = None,
+        max_entities: Cap = None,
+        occurred_after: When = None,
+        occurred_before: When = None,
+        include_stale: Annotated[bool | None, Field(description="Also stale memories.")] = None,
+        min_score: Annotated[float | None, Field(ge=0.0, le=1.0, description="Drop hits scoring less.")] = None,
         agent_id: AgentId = None,
         persona: Persona = None,
     ) -> CallToolResult:
@@ -186,7 +217,7 @@ def register_tools(server: FastMCP, client_for: ClientFor) -> None:
     @server.tool(description=text.HYDRATE, annotations=read_only)
     async def hydrate(
         ctx: Context,
-        budget_bytes: Annotated[int, Field(ge=0, description="How many bytes of memory text you can take in.")],
+        budget_bytes: Annotated[int, Field(ge=0, description="Bytes of memory text you can take in.")],
         agent_id: AgentId = None,
         persona: Persona = None,
     ) -> CallToolResult:
@@ -197,8 +228,8 @@ def register_tools(server: FastMCP, client_for: ClientFor) -> None:
     @server.tool(description=text.INSPECT_MODEL, annotations=read_only)
     async def inspect_model(
         ctx: Context,
-        datasource: Annotated[str, Field(description="The datasource name, e.g. 'shop'.")],
-        model: Annotated[str, Field(description="The model (table) name, e.g. 'orders'.")],
+        datasource: Annotated[str, Field(description="The datasource, e.g. 'shop'.")],
+        model: Annotated[str, Field(description="The model (table), e.g. 'orders'.")],
         agent_id: AgentId = None,
         persona: Persona = None,
     ) -> CallToolResult:
@@ -206,8 +237,8 @@ def register_tools(server: FastMCP, client_for: ClientFor) -> None:
             client_for, ctx, lambda c: c.inspect_model(datasource, model, agent_id=agent_id, persona=persona)
         )
 
-    @server.tool(description=text.INGEST_DATASOURCE, annotations=writes)
+    @server.tool(description=text.INGEST_DATASOURCE, annotations=destroys)
     async def ingest_datasource(
-        ctx: Context, datasource: Annotated[str, Field(description="The datasource name, e.g. 'shop'.")]
+        ctx: Context, datasource: Annotated[str, Field(description="The datasource, e.g. 'shop'.")]
     ) -> CallToolResult:
         return await _run(client_for, ctx, lambda c: c.ingest_datasource(datasource))

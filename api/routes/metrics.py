@@ -21,7 +21,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
-from api.routes.dashboard import cached_coverage, require_operator
+from api.dashboard.routes import cached_coverage, require_operator
 from core.db import system_session
 from core.jobs import queries
 from core.jobs.models import JOB_KINDS, JOB_STATES

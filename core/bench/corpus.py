@@ -119,15 +119,17 @@ def _note(rng: random.Random, entity_ids: list[str]) -> tuple[str, list[str]]:
 
 def load_memories(*, tenant_id: int, count: int, entity_ids: list[str], seed: int = 7) -> list[tuple[str, str]]:
     """COPY ``count`` memories into the tenant; returns (memory id, content) for embedding."""
-    from core.db import get_engine
+    from core.db import get_owner_engine
 
     rng = random.Random(seed)
     now = datetime.now(UTC)
-    raw = get_engine().raw_connection()
+    # COPY is refused under row-level security: a bulk load runs as the owner, in system mode.
+    raw = get_owner_engine().raw_connection()
     docs: list[tuple[str, str]] = []
     try:
         conn: Any = raw.driver_connection
         with conn.cursor() as cur:
+            cur.execute("SELECT set_config('engram.system', 'on', true)")
             cur.execute(
                 "UPDATE tenants SET change_seq = change_seq + 1, memory_seq = greatest(memory_seq, %s) "
                 "WHERE id = %s RETURNING change_seq",
@@ -218,16 +220,17 @@ _COPY_TRAILER = struct.pack(">h", -1)
 def load_embeddings(*, tenant_id: int, docs: list[tuple[str, str, str]], batch: int = 4096) -> None:
     """Embed (canonical id, doc kind, text) with the configured embedder and COPY the vectors in (binary)."""
     from core.config import get_settings
-    from core.db import get_engine
+    from core.db import get_owner_engine
     from core.embeddings.providers import get_embedder
     from core.search.dense import HNSW_DIMS
 
     embedder = get_embedder(get_settings().embedding_model)
     dims = embedder.dims
-    raw = get_engine().raw_connection()
+    raw = get_owner_engine().raw_connection()  # COPY and index DDL: the owner, in system mode
     try:
         conn: Any = raw.driver_connection
         with conn.cursor() as cur:
+            cur.execute("SELECT set_config('engram.system', 'on', true)")
             rebuild_index = dims in HNSW_DIMS
             if rebuild_index:
                 cur.execute(f"DROP INDEX IF EXISTS ix_embeddings_hnsw_{dims}")
@@ -266,7 +269,7 @@ def analyze() -> None:
     (measured: 1.7-10 ms per entity query before, 0.1 ms after). Measuring before that merge times an
     artefact of having just loaded, not the steady state.
     """
-    from core.db import get_engine
+    from core.db import get_owner_engine
 
-    with get_engine().connect().execution_options(isolation_level="AUTOCOMMIT") as connection:
+    with get_owner_engine().connect().execution_options(isolation_level="AUTOCOMMIT") as connection:
         connection.execute(text("VACUUM ANALYZE"))

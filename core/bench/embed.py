@@ -94,9 +94,9 @@ def _print_job_timings(started_wall: float | None) -> None:
     """
     from sqlalchemy import text
 
-    from core.db import get_engine
+    from core.db import system_connection
 
-    with get_engine().connect() as connection:
+    with system_connection() as connection:  # every tenant's jobs
         row = connection.execute(
             text(
                 "SELECT count(*), avg(extract(epoch FROM finished_at - started_at)),"

@@ -4,7 +4,8 @@ Each conversation becomes its own tenant on a throwaway stack. Its turns are sav
 service's batch path (the one behind ``POST /v1/memories:batch``): the turn id is the memory id, the
 content is kept as given (it starts with the speaker), the session date becomes ``occurred_at`` and
 the session name a tag. Embeddings are computed by the embed pipeline's own ``embed_docs`` with the
-configured model. Every question is then asked through ``core.search.service.search`` (what the API
+configured model (``content_only``: content and session date only, no run id or tag).
+Every question is then asked through ``core.search.service.search`` (what the API
 calls) with ``question`` only; recall@k is the share of a question's gold turns among the top k
 memory hits, averaged over questions, overall and per category.
 """
@@ -18,6 +19,8 @@ from collections import defaultdict
 from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
+
+from core.refs import memory_ref
 
 KS = (5, 10, 20)
 BATCH = 500
@@ -55,7 +58,9 @@ def memory_ids(turns: list[dict[str, Any]]) -> dict[str, str]:
     return mapping
 
 
-def _save_item(conversation: dict[str, Any], turn: dict[str, Any], memory_id: str) -> Any:
+def _save_item(
+    conversation: dict[str, Any], turn: dict[str, Any], memory_id: str, *, content_only: bool = False
+) -> Any:
     """The save of one turn; a turn whose extras the API would refuse (an over-long content, run id or
     speaker) is saved with its content clipped to the limit and without them, rather than not at all."""
     from pydantic import ValidationError
@@ -64,6 +69,14 @@ def _save_item(conversation: dict[str, Any], turn: dict[str, Any], memory_id: st
 
     content = str(turn.get("content") or "").strip() or "(empty turn)"
     session = turn.get("session")
+    if content_only:
+        # The form an independent benchmark also uses: content and event time, nothing that groups turns.
+        occurred_at = parse_session_date(turn.get("session_date"))
+        try:
+            return SaveMemoryIn(id=memory_id, content=content, occurred_at=occurred_at)
+        except ValidationError:
+            clipped = content.encode()[:MAX_CONTENT_BYTES].decode(errors="ignore")
+            return SaveMemoryIn(id=memory_id, content=clipped, occurred_at=occurred_at)
     try:
         return SaveMemoryIn(
             id=memory_id,
@@ -81,7 +94,11 @@ def _save_item(conversation: dict[str, Any], turn: dict[str, Any], memory_id: st
 
 
 def load_conversation(
-    *, tenant_id: int, conversation: dict[str, Any], log: Callable[[str], None] = lambda _: None
+    *,
+    tenant_id: int,
+    conversation: dict[str, Any],
+    log: Callable[[str], None] = lambda _: None,
+    content_only: bool = False,
 ) -> dict[str, str]:
     """Save the conversation's turns and embed them; returns memory id -> turn id of the turns saved."""
     from core.config import get_settings
@@ -97,7 +114,7 @@ def load_conversation(
     ids = memory_ids(turns)
     for start in range(0, len(turns), BATCH):
         batch = turns[start : start + BATCH]
-        items = [_save_item(conversation, turn, ids[str(turn["id"])]) for turn in batch]
+        items = [_save_item(conversation, turn, ids[str(turn["id"])], content_only=content_only) for turn in batch]
         with tenant_session(tenant_id) as session:
             results = save_memories(session, caller=caller, items=items)
         for turn, result in zip(batch, results, strict=True):
@@ -110,7 +127,7 @@ def load_conversation(
         embed_docs(
             session,
             tenant_id=tenant_id,
-            doc_ids=[f"memory:{memory_id}" for memory_id in ids.values()],
+            doc_ids=[memory_ref(memory_id) for memory_id in ids.values()],
             embedder=embedder,
             batch_size=256,
         )
@@ -134,7 +151,9 @@ def ask(*, tenant_id: int, question: str) -> tuple[list[str], float]:
     return [h.id for h in response.memories], (time.perf_counter() - started) * 1000
 
 
-def evaluate(*, conversations: list[dict[str, Any]], log: Callable[[str], None]) -> list[dict[str, Any]]:
+def evaluate(
+    *, conversations: list[dict[str, Any]], log: Callable[[str], None], content_only: bool = False
+) -> list[dict[str, Any]]:
     """Figures for already-started services: recall per k and category, and search_p50_ms."""
     from core.bench import figure
     from core.db import system_session
@@ -150,7 +169,7 @@ def evaluate(*, conversations: list[dict[str, Any]], log: Callable[[str], None])
             tenant = get_tenant_by_name(session, name=name)
             assert tenant is not None
             tenant_id = tenant.id
-        turn_of = load_conversation(tenant_id=tenant_id, conversation=conversation, log=log)
+        turn_of = load_conversation(tenant_id=tenant_id, conversation=conversation, log=log, content_only=content_only)
         ask(tenant_id=tenant_id, question="warm up")
         at_10: list[float] = []
         for item in conversation["questions"]:
@@ -179,7 +198,7 @@ def evaluate(*, conversations: list[dict[str, Any]], log: Callable[[str], None])
     return figures
 
 
-def run(*, path: str, limit: int, log: Callable[[str], None]) -> list[dict[str, Any]]:
+def run(*, path: str, limit: int, log: Callable[[str], None], content_only: bool = False) -> list[dict[str, Any]]:
     from core.bench.stack import bench_stack
 
     with open(path) as handle:
@@ -187,4 +206,4 @@ def run(*, path: str, limit: int, log: Callable[[str], None]) -> list[dict[str, 
     if limit:
         conversations = conversations[:limit]
     with bench_stack():
-        return evaluate(conversations=conversations, log=log)
+        return evaluate(conversations=conversations, log=log, content_only=content_only)

@@ -44,6 +44,8 @@ def bench_stack() -> Iterator[BenchStack]:
                 "ENGRAM_DATABASE_URL": database_url,
                 "ENGRAM_REDIS_URL": redis_url,
                 "ENGRAM_HOME": str(base / "home"),
+                # A single-machine throwaway stack: its generated SQLite catalog sits under /tmp.
+                "ENGRAM_DATASOURCE_POLICY": "local",
             }
             os.environ.update(env)
             (base / "home").mkdir()
@@ -64,6 +66,13 @@ def bench_stack() -> Iterator[BenchStack]:
 @contextmanager
 def api_process(stack: BenchStack, *, port: int) -> Iterator[str]:
     """The real API (uvicorn) in a subprocess on the bench stack; yields its base URL."""
+    with api_server(stack, port=port) as (url, _pid):
+        yield url
+
+
+@contextmanager
+def api_server(stack: BenchStack, *, port: int) -> Iterator[tuple[str, int]]:
+    """As `api_process`, yielding the base URL and the process id (to read its RSS and open files)."""
     log = open(stack.home / "api.log", "wb")  # noqa: SIM115
     process = subprocess.Popen(
         [sys.executable, "-m", "api.cli", "api", "--port", str(port), "--no-migrate"],
@@ -83,7 +92,7 @@ def api_process(stack: BenchStack, *, port: int) -> Iterator[str]:
             if process.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError(f"API did not start: {(stack.home / 'api.log').read_text()[-2000:]}")
             time.sleep(0.1)
-        yield url
+        yield url, process.pid
     finally:
         process.terminate()
         process.wait(timeout=30)

@@ -8,9 +8,14 @@ threshold, CONCURRENTLY so writes go on meanwhile; from then on inserts maintain
 
 from __future__ import annotations
 
-from sqlalchemy import text
+import logging
 
-from core.db import get_engine
+from sqlalchemy import text
+from sqlalchemy.exc import ProgrammingError
+
+from core.db import get_owner_engine, system_connection
+
+log = logging.getLogger("engram.hnsw")
 
 HNSW_DIMS = frozenset({256, 384, 512, 768, 1024, 1536})
 _BUILD_LOCK_KEY = 7_402_911_338
@@ -30,7 +35,7 @@ def hnsw_index_sql(dims: int, *, concurrently: bool) -> str:
 
 def dims_needing_index(*, threshold: int) -> set[int]:
     """Vector sizes of the models that hold more than `threshold` vectors for some tenant."""
-    with get_engine().connect() as connection:
+    with system_connection() as connection:  # every tenant's sizes: system mode
         models = connection.execute(
             text("SELECT DISTINCT model FROM search_embedding_stats WHERE docs > :t"), {"t": threshold}
         ).scalars()
@@ -50,7 +55,8 @@ def ensure_hnsw_indexes(*, threshold: int) -> list[int]:
     if not wanted:
         return []
     built = []
-    with get_engine().connect().execution_options(isolation_level="AUTOCOMMIT") as connection:
+    # An index is DDL: only the schema owner may build it, not the app role.
+    with get_owner_engine().connect().execution_options(isolation_level="AUTOCOMMIT") as connection:
         if not connection.execute(text("SELECT pg_try_advisory_lock(:k)"), {"k": _BUILD_LOCK_KEY}).scalar():
             return []  # another process is building
         try:
@@ -59,7 +65,11 @@ def ensure_hnsw_indexes(*, threshold: int) -> list[int]:
             )
             for dims in sorted(wanted):
                 if hnsw_index_name(dims) not in existing:
-                    connection.execute(text(hnsw_index_sql(dims, concurrently=True)))
+                    try:
+                        connection.execute(text(hnsw_index_sql(dims, concurrently=True)))
+                    except ProgrammingError as error:  # connected as the app role: no DDL allowed
+                        log.warning("cannot build the HNSW index for %d dims (%s): run `engram migrate`", dims, error)
+                        break
                     built.append(dims)
         finally:
             connection.execute(text("SELECT pg_advisory_unlock(:k)"), {"k": _BUILD_LOCK_KEY})

@@ -1,8 +1,10 @@
 """Similarity linking when a memory's embedding lands (CONTRACT section 4).
 
-Cosine above `similarity_update_threshold` with an existing memory of the same owner and agent: the newer
-memory gets an `updates` association to the older, and the older's `superseded_by` names the newer (both
-stay active). Between the suggest and update thresholds the match is only reported (`similar_existing`).
+Cosine above `similarity_update_threshold` with an existing memory of the same owner and agent, and the
+evidence core.embeddings.supersede asks for (same entities, near-identical text): the newer memory gets an
+`updates` association to the older, and the older's `superseded_by` names the newer (both stay active).
+Between the suggest and update thresholds, or above without that evidence, the match is only reported
+(`similar_existing`).
 
 Comparing every new vector with the tenant's corpus in SQL costs a scan per memory; instead each process
 keeps the tenant's memory vectors in a numpy matrix, refreshed incrementally by `updated_at` (vectors read
@@ -25,9 +27,10 @@ import numpy as np
 from psycopg.rows import class_row
 from sqlalchemy.orm import Session
 
+from core.embeddings.supersede import may_supersede
 from core.embeddings.wire import decode_vectors, driver_connection
+from core.refs import MEMORY_PREFIX
 
-MEMORY_PREFIX = "memory:"
 _CANDIDATES = 8
 _SUGGESTED_CHARS = 200
 
@@ -207,11 +210,12 @@ class _Candidate(NamedTuple):
     agent_id: str | None
     created_at: datetime
     content: str
+    entities: list[str] | None
 
 
-# What linking checks of each memory involved (the content's start only for suggestions).
+# What linking checks of each memory involved (content and entities: the evidence a supersede needs).
 _CANDIDATES_SQL = (
-    "SELECT id, status, created_by, agent_id, created_at, left(content, %(chars)s) AS content FROM memories"
+    "SELECT id, status, created_by, agent_id, created_at, content, entities FROM memories"
     " WHERE tenant_id = %(tenant)s AND id = ANY(%(ids)b::text[]) AND status <> 'forgotten'"
 )
 
@@ -250,7 +254,7 @@ def plan_links(
     if not wanted:
         return plan
     with driver_connection(session).cursor(row_factory=class_row(_Candidate), binary=True) as cursor:
-        params = {"tenant": tenant_id, "ids": sorted(wanted), "chars": _SUGGESTED_CHARS if suggestions else 0}
+        params = {"tenant": tenant_id, "ids": sorted(wanted)}
         rows = {row.id: row for row in cursor.execute(_CANDIDATES_SQL, params)}
     for memory_id, pairs in nearest.items():
         me = rows.get(memory_id)
@@ -262,13 +266,18 @@ def plan_links(
                 continue
             if other.created_by != me.created_by or other.agent_id != me.agent_id:
                 continue
-            if score > update_threshold:
-                newer, older = (me, other) if (me.created_at, me.id) >= (other.created_at, other.id) else (other, me)
+            newer, older = (me, other) if (me.created_at, me.id) >= (other.created_at, other.id) else (other, me)
+            if score > update_threshold and may_supersede(
+                older_text=older.content,
+                newer_text=newer.content,
+                older_entities=older.entities or [],
+                newer_entities=newer.entities or [],
+            ):
                 plan.edges[(newer.id, older.id)] = round(min(max(score, 0.0), 1.0), 4)
                 plan.superseded[older.id] = newer.id
             elif suggestions:
                 plan.suggestions.setdefault(memory_id, []).append(
-                    {"memory_id": other_id, "score": round(score, 4), "content": other.content}
+                    {"memory_id": other_id, "score": round(score, 4), "content": other.content[:_SUGGESTED_CHARS]}
                 )
     return plan
 

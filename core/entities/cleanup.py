@@ -14,11 +14,11 @@ from typing import Any
 from sqlalchemy import select, text, update
 from sqlalchemy.orm import Session
 
+from core.changes import bump_change_seq
 from core.entities.canonical import rooted_in
 from core.entities.cascade import escape_like, mark_stale, query_mentions
 from core.entities.store import load_snapshot
 from core.memories.models import Memory
-from core.memories.service import bump_change_seq
 
 Probe = Callable[[str], bool]
 """True when the entity exists, False when it definitively does not; raising means "unknown"."""

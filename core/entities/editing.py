@@ -14,6 +14,7 @@ from typing import Any
 from sqlalchemy import delete, select, update
 from sqlalchemy.orm import Session
 
+from core.changes import bump_change_seq
 from core.embeddings.store_models import Embedding
 from core.entities.cascade import Removal, remove_entities
 from core.entities.models import (
@@ -31,7 +32,6 @@ from core.entities.service import get_datasource, get_model
 from core.entities.store import touch_catalog
 from core.errors import Conflict, Invalid, NotFound
 from core.jobs.service import enqueue
-from core.memories.service import bump_change_seq
 
 _FAMILY_HINTS = (
     (TEMPORAL, ("date", "time", "interval")),

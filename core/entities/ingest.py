@@ -1,7 +1,8 @@
 """Ingest: reflect a source database's tables, columns, types, primary and foreign keys into the catalog.
 
 Idempotent: a re-ingest updates what changed, adds what is new and removes reflected tables and columns
-that vanished (through the cascade, so memory references go too), in one transaction. Models and
+that vanished (through the cascade, so memory references go too), in one transaction. A source that
+cannot be reached, or that lists no table at all where it had some, fails the ingest and changes nothing. Models and
 columns defined by hand (``origin = "manual"``) are never removed by an ingest. Follow-up jobs (sample
 refresh, reference cleanup, embedding refresh) are queued in the same transaction.
 """
@@ -17,6 +18,7 @@ from sqlalchemy import delete, select
 from sqlalchemy.engine import Engine, make_url
 from sqlalchemy.orm import Session
 
+from core.changes import bump_change_seq
 from core.entities.cascade import Removal, remove_entities
 from core.entities.models import (
     CATEGORICAL,
@@ -29,10 +31,9 @@ from core.entities.models import (
     Datasource,
 )
 from core.entities.service import get_datasource, source_url
-from core.entities.sources import source_engine
+from core.entities.sources import SourceError, source_engine
 from core.entities.store import datasource_doc_ids, touch_catalog
 from core.jobs.service import enqueue
-from core.memories.service import bump_change_seq
 
 _COLUMN_FIELDS = ("data_type", "type_family", "nullable", "is_primary_key", "position", "origin")
 
@@ -210,12 +211,33 @@ def _replace_foreign_keys(session: Session, *, tenant_id: int, datasource: str, 
     return True
 
 
+def _refuse_emptied_source(session: Session, *, datasource: str) -> None:
+    """A source that lists no table where the catalog has reflected ones is taken for broken, not emptied.
+
+    A database restored half-way, a dropped schema or a role that lost its grants all look like this, and
+    converging on it would remove every model and strip every memory's links. A table that really went
+    is removed by the next ingest that still sees the others; a source emptied on purpose is deleted.
+    """
+    reflected = session.scalar(
+        select(sa.func.count())
+        .select_from(CatalogModel)
+        .where(CatalogModel.datasource == datasource, CatalogModel.origin == "reflected")
+    )
+    if reflected:
+        raise SourceError(
+            f"the source lists no tables where {reflected} were ingested before; the catalog is kept "
+            "(delete the datasource if it was emptied on purpose)"
+        )
+
+
 def run_ingest(session: Session, *, tenant_id: int, datasource: str, follow_up: bool = True) -> dict[str, Any]:
     """Reflect the source and converge the catalog; with ``follow_up``, queue the jobs that come after."""
     row = get_datasource(session, name=datasource, lock=True)
     url = make_url(source_url(row))
     with source_engine(url, pool_size=1) as engine:
         tables, warnings = reflect(engine, schema=row.schema_name)
+    if not tables:
+        _refuse_emptied_source(session, datasource=datasource)
     result: dict[str, Any] = apply_reflection(session, tenant_id=tenant_id, datasource=row, tables=tables)
     result["models"] = len(tables)
     result["warnings"] = warnings

@@ -1,7 +1,7 @@
-"""Catalog job handlers: ingest, refresh_samples, ingest_cleanup. Importing this module registers them.
+"""Catalog job handlers: ingest, refresh_samples, ingest_cleanup (named in core.jobs.handlers.HANDLERS).
 
-A missing datasource fails a job at once (retrying cannot bring it back); an unreachable source is
-retried with backoff like any other transient failure.
+A missing datasource, or one this server refuses to open, fails a job at once (retrying cannot change
+that); an unreachable source is retried with backoff like any other transient failure, and changes nothing.
 """
 
 from __future__ import annotations
@@ -14,10 +14,10 @@ from core.db import scope_to_tenant
 from core.entities.cleanup import cleanup_datasource_refs
 from core.entities.ingest import run_ingest
 from core.entities.profiling import refresh_samples
-from core.entities.sources import SourceError
+from core.entities.sources import SourceError, SourceRefused
 from core.errors import NotFound
 from core.jobs.models import Job
-from core.jobs.service import PermanentJobError, handler
+from core.jobs.service import PermanentJobError
 
 
 def _datasource_of(session: Session, job: Job) -> tuple[int, str]:
@@ -39,18 +39,16 @@ def _optional_names(job: Job, key: str) -> list[str] | None:
     return value
 
 
-@handler("ingest")
 def run_ingest_job(session: Session, job: Job) -> dict[str, Any]:
     tenant_id, datasource = _datasource_of(session, job)
     try:
         return run_ingest(session, tenant_id=tenant_id, datasource=datasource)
-    except NotFound as exc:
+    except (NotFound, SourceRefused) as exc:
         raise PermanentJobError(exc.message) from None
     except SourceError as exc:
         raise RuntimeError(f"source database: {exc}") from None
 
 
-@handler("refresh_samples")
 def run_refresh_samples_job(session: Session, job: Job) -> dict[str, Any]:
     tenant_id, datasource = _datasource_of(session, job)
     try:
@@ -61,13 +59,12 @@ def run_refresh_samples_job(session: Session, job: Job) -> dict[str, Any]:
             models=_optional_names(job, "models"),
             columns=_optional_names(job, "columns"),
         )
-    except NotFound as exc:
+    except (NotFound, SourceRefused) as exc:
         raise PermanentJobError(exc.message) from None
     except SourceError as exc:
         raise RuntimeError(f"source database: {exc}") from None
 
 
-@handler("ingest_cleanup")
 def run_ingest_cleanup_job(session: Session, job: Job) -> dict[str, Any]:
     tenant_id, datasource = _datasource_of(session, job)
     return cleanup_datasource_refs(session, tenant_id=tenant_id, datasource=datasource)

@@ -26,12 +26,12 @@ from sqlalchemy.engine import Engine, make_url
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session
 
+from core.changes import bump_change_seq
 from core.entities.crypto import scrub
 from core.entities.models import CATEGORICAL, NUMERIC, TEMPORAL, CatalogColumn, CatalogModel
 from core.entities.service import get_datasource, source_url
 from core.entities.sources import source_engine
 from core.jobs.service import enqueue
-from core.memories.service import bump_change_seq
 
 TOP_VALUES = 50
 SAMPLED_TEXT_VALUES = 20

@@ -1,24 +1,39 @@
 """Connections to the tenant's own databases (the sources the catalog describes).
 
 Source engines are opened read-only where the dialect allows it (PostgreSQL and MySQL/MariaDB session
-characteristics, SQLite ``query_only``): the catalog only ever reads, and a bug here must not be able to
-write into a customer's database.
+characteristics, SQLite ``mode=ro`` plus ``query_only``): the catalog only ever reads, and a bug here must
+not be able to write into a customer's database. Which sources may be opened at all is decided by
+:mod:`core.entities.source_guard`, on registration and again on every connection.
 """
 
 from __future__ import annotations
 
+import logging
+import sqlite3
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 from sqlalchemy import create_engine, event, text
 from sqlalchemy.engine import URL, Engine, make_url
 from sqlalchemy.exc import ArgumentError, NoSuchModuleError, SQLAlchemyError
 
-from core.config import get_settings
-from core.entities.crypto import scrub
+from core.entities.crypto import redact_url, scrub
+from core.entities.source_guard import (
+    UNREACHABLE,
+    SourceRefused,
+    SourceUnreachable,
+    check_sqlite_path,
+    check_target,
+    parse_target,
+    pin_target,
+)
 from core.errors import Invalid
+
+__all__ = ["SourceError", "SourceRefused", "check_reachable", "open_engine", "parse_source_url", "source_engine"]
+log = logging.getLogger(__name__)
 
 CONNECT_TIMEOUT_SECONDS = 10
 _READ_ONLY_SQL = {
@@ -35,8 +50,7 @@ _FALLBACK_DRIVERS = {
     "mysql": ("pymysql", "mysqldb", "mysqlconnector"),
     "mariadb": ("pymysql", "mysqldb", "mysqlconnector"),
 }
-# Files a datasource must never name, whatever they hold (kernel and device files read like text).
-_FORBIDDEN_ROOTS = (Path("/proc"), Path("/sys"), Path("/dev"))
+_NETWORK_BACKENDS = ("postgresql", "mysql", "mariadb")
 _SQLITE_HEADER = b"SQLite format 3\x00"
 
 
@@ -45,15 +59,20 @@ class SourceError(Exception):
 
 
 def parse_source_url(raw: str) -> URL:
-    """Validate a datasource URL: parseable, with an installed synchronous driver, and for SQLite a path to
-    an existing database file (not a kernel or device file). 422 naming ``url`` otherwise."""
+    """Validate a datasource URL: parseable, with an installed synchronous driver, naming one endpoint this
+    server may reach, and for SQLite a path to an existing database file. 422 naming ``url`` otherwise."""
     try:
         url = make_url(raw.strip())
     except (ArgumentError, ValueError) as exc:
         raise Invalid(f"url is not an SQLAlchemy database URL: {exc}", field="url") from None
     url = _with_installed_driver(url)
-    if url.get_backend_name() == "sqlite":
+    backend = url.get_backend_name()
+    if backend == "sqlite":
         _check_sqlite_file(url.database or "")
+    elif backend in _NETWORK_BACKENDS:
+        parse_target(url)
+    else:
+        raise Invalid(f"{backend!r} datasources are not supported (PostgreSQL, MySQL/MariaDB, SQLite)", field="url")
     return url
 
 
@@ -86,26 +105,21 @@ def _with_installed_driver(url: URL) -> URL:
     raise Invalid(f"the driver {missing} for {url.drivername!r} is not installed on this server", field="url")
 
 
-def _check_sqlite_file(database: str) -> None:
+def _check_sqlite_file(database: str) -> Path:
     if not database or database == ":memory:" or database.startswith("file:"):
         raise Invalid("a SQLite datasource needs the path of a database file", field="url")
     try:
-        path = Path(database).resolve()
-        if any(path == root or root in path.parents for root in _FORBIDDEN_ROOTS):
-            raise Invalid(f"a SQLite datasource cannot be under {', '.join(map(str, _FORBIDDEN_ROOTS))}", field="url")
-        allowed = [root.expanduser().resolve() for root in get_settings().sqlite_roots]
-        if allowed and not any(root in path.parents for root in allowed):
-            raise Invalid(
-                f"SQLite datasources must be under {', '.join(map(str, allowed))} (ENGRAM_SQLITE_ROOTS)", field="url"
-            )
+        path = check_sqlite_path(database)
         # Connecting would silently create a missing file: refuse instead. One message for a missing file,
         # an unreadable one and one that is not SQLite, so the check tells a caller little about the disk.
         header = _read_header(path) if path.is_file() else None
     except (OSError, ValueError, RuntimeError):  # too long, a NUL byte, a symlink loop
         header = None
+        path = Path("/")
     # An empty file is an empty SQLite database (SQLite writes the header on the first table).
     if header is None or (header and header != _SQLITE_HEADER):
         raise Invalid(f"no SQLite database file at {database[:300]!r}", field="url")
+    return path
 
 
 def _read_header(path: Path) -> bytes | None:
@@ -116,16 +130,40 @@ def _read_header(path: Path) -> bytes | None:
         return None
 
 
+def _sqlite_read_only(url: URL) -> dict[str, Any]:
+    """Engine arguments that open the file read-only (``mode=ro``): SQLite never creates a missing file."""
+    path = _check_sqlite_file(url.database or "")
+    try:
+        _args, params = url.get_dialect()().create_connect_args(url)  # the URL's own timeout etc.
+    except Exception as exc:  # noqa: BLE001 - ValueError, TypeError on ?timeout=abc and such
+        raise SourceError(f"the URL's query arguments are refused: {_describe(exc, url=url)}") from None
+    params = {k: v for k, v in params.items() if k != "uri"}
+    uri = f"file:{quote(str(path))}?mode=ro"
+    return {"creator": lambda: sqlite3.connect(uri, uri=True, **params)}
+
+
 def open_engine(url: URL, *, pool_size: int = 4) -> Engine:
+    """An engine on the source after the guard's checks: SQLite read-only, a network source pinned to the
+    address the checks resolved. :class:`SourceRefused` for what this server will not open."""
     backend = url.get_backend_name()
     connect_args: dict[str, Any] = {}
-    if backend in ("postgresql", "mysql", "mariadb"):
-        connect_args["connect_timeout"] = CONNECT_TIMEOUT_SECONDS
-    kwargs: dict[str, Any] = {"connect_args": connect_args, "pool_pre_ping": False}
-    if backend != "sqlite":
-        kwargs.update(pool_size=pool_size, max_overflow=0)
+    kwargs: dict[str, Any] = {"pool_pre_ping": False}
     try:
-        engine = create_engine(url, **kwargs)
+        if backend == "sqlite":
+            try:
+                kwargs.update(_sqlite_read_only(url))
+            except SourceRefused:
+                raise
+            except Invalid as exc:  # the file is gone or no longer SQLite: the source is unreachable
+                raise SourceError(exc.message) from None
+        else:
+            url, connect_args = pin_target(url, check_target(parse_target(url)))
+            connect_args["connect_timeout"] = CONNECT_TIMEOUT_SECONDS
+            kwargs.update(pool_size=pool_size, max_overflow=0)
+    except SourceUnreachable:
+        raise SourceError(UNREACHABLE) from None
+    try:
+        engine = create_engine(url, connect_args=connect_args, **kwargs)
     except Exception as exc:  # noqa: BLE001 - bad query arguments surface as ValueError, TypeError, ...
         raise SourceError(f"the URL's query arguments are refused: {_describe(exc, url=url)}") from None
     read_only = _READ_ONLY_SQL.get(backend)
@@ -146,12 +184,25 @@ def open_engine(url: URL, *, pool_size: int = 4) -> Engine:
 
 @contextmanager
 def source_engine(url: URL, *, pool_size: int = 4) -> Iterator[Engine]:
-    """An engine on the source, disposed afterwards; driver errors become :class:`SourceError`."""
+    """An engine on the source that has answered once, disposed afterwards.
+
+    A failure to connect becomes :class:`SourceError` with one generic message, whatever the cause
+    (refused, timeout, TLS, credentials, a missing file): telling them apart would make datasource
+    registration a port scanner. The real error goes to the server log. Errors of later queries keep
+    their (scrubbed) text: the source has answered by then.
+    """
     engine = open_engine(url, pool_size=pool_size)
     try:
-        yield engine
-    except SQLAlchemyError as exc:
-        raise SourceError(_describe(exc, url=url)) from None
+        try:
+            with engine.connect():
+                pass
+        except Exception as exc:  # noqa: BLE001 - drivers raise more than SQLAlchemyError on odd arguments
+            log.warning("datasource %s unreachable: %s", redact_url(url), _describe(exc, url=url))
+            raise SourceError(UNREACHABLE) from None
+        try:
+            yield engine
+        except SQLAlchemyError as exc:
+            raise SourceError(_describe(exc, url=url)) from None
     finally:
         engine.dispose()
 
@@ -162,15 +213,10 @@ def _describe(exc: BaseException, *, url: URL) -> str:
 
 
 def check_reachable(url: URL) -> None:
-    """422 when the database does not answer ``SELECT 1`` (wrong host, credentials, database, or query
-    arguments the driver refuses: ``?timeout=abc``, ``?charset=bogus``)."""
+    """422 when the source does not answer ``SELECT 1`` (one message whatever the reason), when the guard
+    refuses it, or when the driver refuses the URL's query arguments (``?timeout=abc``)."""
     try:
         with source_engine(url, pool_size=1) as engine, engine.connect() as connection:
             connection.execute(text("SELECT 1"))
     except SourceError as exc:
-        raise Invalid(f"cannot connect to the datasource: {exc}", field="url") from None
-    except Exception as exc:  # noqa: BLE001 - drivers raise plain ValueError/AttributeError on odd arguments
-        detail = _describe(exc, url=url)
-        raise Invalid(
-            f"cannot connect to the datasource (check the URL's query arguments): {detail}", field="url"
-        ) from None
+        raise Invalid(str(exc), field="url") from None

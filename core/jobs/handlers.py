@@ -1,18 +1,24 @@
-"""What each job kind does. Importing this module registers the handlers (workers do so at start)."""
+"""What each job kind does: the one table the runner (core.jobs.runner) reads.
+
+Every kind is named here, explicitly; no handler registers itself by being imported.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from sqlalchemy.orm import Session
 
 from core.config import get_settings
 from core.db import scope_to_tenant
+from core.entities import jobs as catalog_jobs
 from core.jobs.models import Job
-from core.jobs.service import PermanentJobError, enqueue, handler
+from core.jobs.service import PermanentJobError, enqueue
+
+Handler = Callable[[Session, Job], dict[str, Any] | None]
 
 
-@handler("embed")
 def run_embed(session: Session, job: Job) -> dict[str, Any]:
     from core.embeddings.chaos import embedder_for_settings
     from core.embeddings.refresh import embed_docs
@@ -58,11 +64,16 @@ def _split_embed_job(session: Session, job: Job, doc_ids: list[str], *, size: in
     return doc_ids[:size]
 
 
-@handler("prune")
 def run_prune(session: Session, job: Job) -> dict[str, Any]:
     from core.lifecycle.prune import run_prune_job
 
     return run_prune_job(session, job)
 
 
-import core.entities.jobs  # noqa: E402,F401 - registers ingest, refresh_samples and ingest_cleanup
+HANDLERS: dict[str, Handler] = {
+    "embed": run_embed,
+    "prune": run_prune,
+    "ingest": catalog_jobs.run_ingest_job,
+    "refresh_samples": catalog_jobs.run_refresh_samples_job,
+    "ingest_cleanup": catalog_jobs.run_ingest_cleanup_job,
+}

@@ -33,6 +33,8 @@ class Job(Base):
     payload: Mapped[dict[str, Any]] = mapped_column(JSONB, default=dict)
     attempts: Mapped[int] = mapped_column(Integer, default=0)
     error: Mapped[str | None] = mapped_column(Text, nullable=True)
+    # One {"attempt", "error", "at"} per failed attempt, oldest first; `error` is the last of them.
+    attempt_errors: Mapped[list[dict[str, Any]]] = mapped_column(JSONB, default=list, server_default="[]")
     result: Mapped[dict[str, Any] | None] = mapped_column(JSONB, nullable=True)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
     updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())

@@ -15,7 +15,7 @@ from collections.abc import Callable
 import psycopg
 from sqlalchemy import text
 
-from core.db import get_engine
+from core.db import system_connection
 
 log = logging.getLogger(__name__)
 CHANNEL = "engram_jobs"
@@ -33,14 +33,14 @@ def relay_once(publish: Callable[[list[str]], None]) -> int:
     """Claim and publish every undispatched queued job; returns how many were published."""
     total = 0
     while True:
-        with get_engine().begin() as connection:
+        with system_connection() as connection:
             ids = list(connection.execute(_CLAIM, {"n": _BATCH}).scalars())
         if not ids:
             return total
         try:
             publish(ids)
         except Exception:
-            with get_engine().begin() as connection:
+            with system_connection() as connection:
                 connection.execute(_RELEASE, {"ids": ids})
             raise
         total += len(ids)

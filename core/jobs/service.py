@@ -9,21 +9,17 @@ idempotent: a job may run more than once.
 from __future__ import annotations
 
 import logging
-import random
 import threading
-import traceback
 import uuid
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol
 
-from sqlalchemy import event, func, or_, select, text, update
+from sqlalchemy import event, func, or_, select, update
 from sqlalchemy.orm import Session
 
 from core.errors import NotFound
 from core.jobs.models import Job
+from core.tracing import job_context
 
 log = logging.getLogger(__name__)
 
@@ -52,7 +48,13 @@ def now() -> datetime:
 
 
 def enqueue(session: Session, *, tenant_id: int | None, kind: str, payload: dict[str, Any]) -> Job:
-    """Add a job row to the caller's unit of work; it is dispatched after that unit commits."""
+    """Add a job row to the caller's unit of work; it is dispatched after that unit commits.
+
+    The payload also keeps the enqueuing request's id and trace (``context``), which the worker's logs and
+    spans continue."""
+    context = job_context()
+    if context:
+        payload = {**payload, "context": context}
     job = Job(
         id=uuid.uuid4().hex,
         tenant_id=tenant_id,
@@ -104,6 +106,14 @@ def get_job(session: Session, *, job_id: str, tenant_id: int | None) -> Job:
     return job
 
 
+def next_attempt_at(job: Job) -> str | None:
+    """When a job waiting out its retry backoff runs again (its dispatched_at, set into the future by the
+    runner); None for jobs not waiting on a retry."""
+    if job.state == "queued" and job.attempts > 0 and job.dispatched_at is not None:
+        return job.dispatched_at.isoformat()
+    return None
+
+
 def job_to_dict(job: Job) -> dict[str, Any]:
     return {
         "id": job.id,
@@ -113,143 +123,16 @@ def job_to_dict(job: Job) -> dict[str, Any]:
         "error": job.error,
         "created_at": job.created_at.isoformat() if job.created_at else None,
         "updated_at": job.updated_at.isoformat() if job.updated_at else None,
+        "attempt_errors": list(job.attempt_errors or []),
+        "next_attempt_at": next_attempt_at(job),
         "tenant_id": job.tenant_id,
         "payload": job.payload,
         "result": job.result,
     }
 
 
-Handler = Callable[[Session, Job], dict[str, Any] | None]
-_handlers: dict[str, Handler] = {}
-
-
-def handler(kind: str) -> Callable[[Handler], Handler]:
-    """Register the function that runs jobs of `kind`."""
-
-    def register(fn: Handler) -> Handler:
-        _handlers[kind] = fn
-        return fn
-
-    return register
-
-
-@dataclass(frozen=True)
-class RunOutcome:
-    state: str  # succeeded | retry | failed | skipped
-    attempts: int
-    error: str | None = None
-    retry_in: float = 0.0
-
-
-def backoff_seconds(attempt: int, *, base: float, cap: float = 300.0) -> float:
-    """Exponential backoff with full jitter."""
-    return random.uniform(0, min(cap, base * (2 ** max(attempt - 1, 0))))
-
-
 class PermanentJobError(Exception):
     """A failure that retrying cannot fix (bad payload, missing datasource): the job fails at once."""
-
-
-def run_job(
-    job_id: str,
-    *,
-    session_factory: Callable[[], Any],
-    max_attempts: int,
-    running_lease: timedelta = timedelta(seconds=20),
-    retry_base_seconds: float = 1.0,
-) -> RunOutcome:
-    """Run one job once: claim it, call its handler in its own transaction, record the outcome.
-
-    A second delivery of a job that is running now (within its lease) or whose retry is not yet due is
-    skipped, so duplicate messages never run a job twice at once or inflate its attempts. While the
-    handler runs, a heartbeat renews the lease (``updated_at``) every quarter of it: a job whose
-    worker died stops renewing, and reconcile dispatches it again once the lease lapses.
-    """
-    import core.jobs.handlers  # noqa: F401 - registers every handler before the first job runs
-
-    with session_factory() as session:
-        job = session.get(Job, job_id, with_for_update=True)
-        if job is None or job.state in ("succeeded", "failed"):
-            return RunOutcome(state="skipped", attempts=job.attempts if job else 0)
-        if job.state == "running" and job.updated_at > now() - running_lease:
-            return RunOutcome(state="skipped", attempts=job.attempts)
-        if job.state == "queued" and job.dispatched_at is not None and job.dispatched_at > now():
-            return RunOutcome(state="skipped", attempts=job.attempts)
-        job.state = "running"
-        job.attempts += 1
-        job.started_at = job.updated_at = now()
-        attempts, kind = job.attempts, job.kind
-    fn = _handlers.get(kind)
-    heartbeat = _heartbeat(job_id, attempts, session_factory=session_factory, every=running_lease.total_seconds() / 4)
-    try:
-        if fn is None:
-            raise LookupError(f"no handler for job kind {kind!r}")
-        with heartbeat, session_factory() as session:
-            job = session.get(Job, job_id)
-            result = fn(session, job)
-            job.state = "succeeded"
-            job.result = result
-            job.error = None
-            job.finished_at = job.updated_at = now()
-        return RunOutcome(state="succeeded", attempts=attempts)
-    except Exception as exc:
-        error = f"{type(exc).__name__}: {exc}"
-        # Everything else (provider errors, a database restart) is retried with backoff.
-        final = (
-            attempts >= max_attempts
-            or isinstance(exc, PermanentJobError | LookupError)
-            or getattr(exc, "retryable", True) is False
-        )
-        log.warning("job %s (%s) attempt %d failed: %s", job_id, kind, attempts, traceback.format_exc())
-        retry_in = 0.0 if final else backoff_seconds(attempts, base=retry_base_seconds)
-        with session_factory() as session:
-            # dispatched_at of a queued job is when its next delivery is due: reconcile leaves it alone
-            # until then, and an early duplicate message is skipped.
-            # Only this attempt's own row: if the job was re-dispatched meanwhile (lease expired) and another
-            # attempt already finished it, a late failure here must not reopen it.
-            session.execute(
-                update(Job)
-                .where(Job.id == job_id, Job.state == "running", Job.attempts == attempts)
-                .values(
-                    state="failed" if final else "queued",
-                    error=error[:10_000],
-                    updated_at=now(),
-                    dispatched_at=None if final else now() + timedelta(seconds=retry_in),
-                    finished_at=now() if final else None,
-                )
-            )
-        return RunOutcome(state="failed" if final else "retry", attempts=attempts, error=error, retry_in=retry_in)
-
-
-@contextmanager
-def _heartbeat(job_id: str, attempts: int, *, session_factory: Callable[[], Any], every: float) -> Iterator[None]:
-    """Renew a running attempt's lease every ``every`` seconds from a thread, until the block ends.
-
-    Only this attempt's row is touched (state running, same attempts), in a short transaction of its own
-    that gives up on a row lock after 2 s: the handler's own transaction may hold the row.
-    """
-    stop = threading.Event()
-
-    def beat() -> None:
-        while not stop.wait(every):
-            try:
-                with session_factory() as session:
-                    session.execute(text("SET LOCAL lock_timeout = '2s'"))
-                    session.execute(
-                        update(Job)
-                        .where(Job.id == job_id, Job.state == "running", Job.attempts == attempts)
-                        .values(updated_at=now())
-                    )
-            except Exception:  # a missed beat only shortens the lease; the next one may land
-                log.warning("heartbeat of job %s failed", job_id, exc_info=True)
-
-    thread = threading.Thread(target=beat, name=f"job-heartbeat-{job_id}", daemon=True)
-    thread.start()
-    try:
-        yield
-    finally:
-        stop.set()
-        thread.join(timeout=5)
 
 
 def retry_job(session: Session, *, job_id: str, tenant_id: int | None) -> Job:

@@ -17,10 +17,11 @@ from sqlalchemy import DateTime, String, Table, Text, func, select, tuple_, upda
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.orm import Mapped, Session, mapped_column
 
+from core.changes import bump_change_seq
 from core.db import Base, TenantScoped
 from core.entities.models import CatalogAggregation, CatalogColumn, CatalogMeasure, CatalogModel
 from core.memories.models import Memory
-from core.memories.service import MEMORY_REF_PREFIX, bump_change_seq
+from core.refs import MEMORY_PREFIX
 
 
 class EntityDefinition(TenantScoped, Base):
@@ -74,7 +75,7 @@ def watch_definitions(session: Session, *, tenant_id: int) -> int:
     linked = set(
         session.scalars(select(func.unnest(Memory.entities)).where(Memory.status == "active").distinct()).all()
     )
-    linked = {e for e in linked if not e.startswith(MEMORY_REF_PREFIX) and "." in e}
+    linked = {e for e in linked if not e.startswith(MEMORY_PREFIX) and "." in e}
     if not linked:
         return 0
     current = current_definitions(session, entity_ids=linked)

@@ -19,9 +19,10 @@ from __future__ import annotations
 from sqlalchemy import select, text, update
 from sqlalchemy.orm import Session
 
+from core.changes import bump_change_seq
 from core.entities.store import load_snapshot
 from core.memories.models import Memory
-from core.memories.service import MEMORY_REF_PREFIX, bump_change_seq
+from core.refs import MEMORY_PREFIX
 from core.tenancy.models import Tenant
 
 STALE_PREFIX = "linked entities no longer in the catalog: "
@@ -36,7 +37,7 @@ def watch_tenant(session: Session, *, tenant_id: int) -> int:
     snapshot = load_snapshot(session, tenant_id)
     has_catalog_ref = text(
         "EXISTS (SELECT 1 FROM unnest(memories.entities) AS e WHERE e NOT LIKE :memory_ref_pattern)"
-    ).bindparams(memory_ref_pattern=MEMORY_REF_PREFIX + "%")
+    ).bindparams(memory_ref_pattern=MEMORY_PREFIX + "%")
     rows = session.execute(
         select(Memory.id, Memory.entities).where(
             Memory.tenant_id == tenant_id, Memory.status == "active", has_catalog_ref
@@ -44,7 +45,7 @@ def watch_tenant(session: Session, *, tenant_id: int) -> int:
     )
     vanished: dict[str, list[str]] = {}
     for memory_id, entities in rows:
-        gone = [e for e in entities if not e.startswith(MEMORY_REF_PREFIX) and not snapshot.contains(e)]
+        gone = [e for e in entities if not e.startswith(MEMORY_PREFIX) and not snapshot.contains(e)]
         if gone:
             vanished[memory_id] = gone
     from core.lifecycle.definitions import watch_definitions

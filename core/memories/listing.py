@@ -12,16 +12,17 @@ from typing import Any
 from sqlalchemy import ColumnElement, and_, exists, func, or_, select, tuple_
 from sqlalchemy.orm import Session
 
-from core.errors import BadRequest, Forbidden
+from core.errors import BadRequest, Forbidden, Invalid
 from core.memories.models import Memory
 from core.memories.schemas import ListFilters
 from core.memories.visibility import visible_clause
+from core.refs import is_memory_ref
 from core.tenancy.context import Caller
 
 
 def entity_filter(entity: str) -> ColumnElement[bool]:
     """Memories linked to `entity`: exactly, or (catalog refs only) through a strict dotted descendant."""
-    if entity.startswith("memory:"):
+    if is_memory_ref(entity):
         return Memory.entities.contains([entity])
     pattern = entity.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + ".%"
     linked = func.unnest(Memory.entities).column_valued("linked")
@@ -89,6 +90,12 @@ def list_memories(session: Session, *, caller: Caller, filters: ListFilters) -> 
         conditions.append(Memory.run_id == filters.run_id)
     if filters.since:
         conditions.append(Memory.created_at >= filters.since)
+    if filters.occurred_after and filters.occurred_before and filters.occurred_after > filters.occurred_before:
+        raise Invalid("occurred_after is later than occurred_before", field="occurred_after")
+    if filters.occurred_after:
+        conditions.append(Memory.occurred_at >= filters.occurred_after)
+    if filters.occurred_before:
+        conditions.append(Memory.occurred_at <= filters.occurred_before)
     if filters.entity:
         conditions.append(entity_filter(filters.entity))
     columns = (*_SORTS[filters.sort], Memory.id)

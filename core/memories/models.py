@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import BigInteger, DateTime, Float, Index, Integer, String, Text, func
+from sqlalchemy import BigInteger, DateTime, Float, ForeignKeyConstraint, Index, Integer, String, Text, func
 from sqlalchemy.dialects.postgresql import ARRAY, JSONB
 from sqlalchemy.orm import Mapped, mapped_column
 
@@ -35,9 +35,14 @@ class Memory(TenantScoped, Base):
     entities: Mapped[list[str]] = mapped_column(ARRAY(Text), default=list)
     # none_as_null: "no query" is SQL NULL, not JSON null, so `query IS NULL` finds plain learnings.
     query: Mapped[dict[str, Any] | None] = mapped_column(JSONB(none_as_null=True), nullable=True)
+    # What the attached query resolved to when it was saved: staleness is judged against these, never by
+    # resolving the query again against a catalog that has changed since.
+    query_entities: Mapped[list[str] | None] = mapped_column(ARRAY(Text), nullable=True)
     status: Mapped[str] = mapped_column(String(20), default="active")
     stale_reason: Mapped[str | None] = mapped_column(Text, nullable=True)
     forget_reason: Mapped[str | None] = mapped_column(Text, nullable=True)
+    forgotten_by: Mapped[str | None] = mapped_column(String(320), nullable=True)
+    forgotten_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
     superseded_by: Mapped[str | None] = mapped_column(String(200), nullable=True)
     created_by: Mapped[str] = mapped_column(String(320))
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
@@ -67,3 +72,29 @@ class Tombstone(TenantScoped, Base):
 
     doc_id: Mapped[str] = mapped_column(String(400), primary_key=True)
     change_seq: Mapped[int] = mapped_column(BigInteger)
+
+
+class MemoryVersion(TenantScoped, Base):
+    """One revision of a memory as a save, an upsert or a patch left it; the newest is the current one.
+
+    Keyed by the tenant's ``change_seq`` of the write that made it: each write takes a new one under the
+    tenant's row lock, so two revisions of a memory never share it and its order is the order of writes.
+    """
+
+    __tablename__ = "memory_versions"
+    __table_args__ = (
+        ForeignKeyConstraint(
+            ["tenant_id", "memory_id"], ["memories.tenant_id", "memories.id"], ondelete="CASCADE"
+        ),
+    )
+
+    memory_id: Mapped[str] = mapped_column(String(200), primary_key=True)
+    change_seq: Mapped[int] = mapped_column(BigInteger, primary_key=True)
+    content: Mapped[str] = mapped_column(Text)
+    kind: Mapped[str] = mapped_column(String(20))
+    category: Mapped[str] = mapped_column(String(20))
+    tags: Mapped[list[str]] = mapped_column(ARRAY(Text), default=list)
+    importance: Mapped[float] = mapped_column(Float)
+    entities: Mapped[list[str]] = mapped_column(ARRAY(Text), default=list)
+    changed_by: Mapped[str] = mapped_column(String(320))
+    changed_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())

@@ -98,7 +98,8 @@ class AssociationIn(BaseModel):
 
 
 class SaveMemoryIn(BaseModel):
-    model_config = ConfigDict(extra="ignore", populate_by_name=True)
+    # A field the call does not know is a 422 naming it: a typo must not silently save a different memory.
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
 
     content: str = Field(validation_alias=AliasChoices("content", "learning"), min_length=1)
     id: str | None = None
@@ -123,7 +124,7 @@ class SaveMemoryIn(BaseModel):
 
 
 class PatchMemoryIn(BaseModel):
-    model_config = ConfigDict(extra="ignore", populate_by_name=True)
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
 
     content: str | None = Field(default=None, validation_alias=AliasChoices("content", "learning"), min_length=1)
     kind: MemoryKind | None = None
@@ -135,6 +136,37 @@ class PatchMemoryIn(BaseModel):
     source: str | None = Field(default=None, max_length=MAX_SOURCE_CHARS)
     associations: list[AssociationIn] | None = Field(default=None, max_length=MAX_LINKS)
     sync_embed: bool = False
+    # Who the edit acts for (as on every call, the body or the query may say it); not a revised field.
+    agent_id: str | None = Field(default=None, max_length=200)
+    persona: str | None = Field(default=None, max_length=200)
+
+
+class SaveBatchIn(BaseModel):
+    """`POST /v1/memories:batch`. Items are validated one by one (a bad item is an error in its slot)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    items: list[SaveMemoryIn] = Field(max_length=MAX_BATCH_ITEMS)
+    agent_id: str | None = Field(default=None, max_length=200)
+    persona: str | None = Field(default=None, max_length=200)
+
+
+class HydrateIn(BaseModel):
+    """`POST /v1/hydrate`: the memories that fit `budget_bytes` of content."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    budget_bytes: int = Field(ge=0)
+    agent_id: str | None = Field(default=None, max_length=200)
+    persona: str | None = Field(default=None, max_length=200)
+
+
+def unknown_fields(model: type[BaseModel], body: dict[str, Any]) -> None:
+    """422 naming the first key of `body` that `model` does not declare (for bodies checked by hand)."""
+    known = set(model.model_fields)
+    for key in body:
+        if key not in known:
+            raise Invalid(f"{key}: Extra inputs are not permitted", field=str(key))
 
 
 class SaveResult(BaseModel):
@@ -151,6 +183,9 @@ class ListFilters(BaseModel):
     run_id: str | None = None
     status: MemoryStatus = "active"
     since: Time | None = None
+    # Event time bounds (``occurred_at``), both inclusive, as on search.
+    occurred_after: Time | None = None
+    occurred_before: Time | None = None
     entity: str | None = None
     sort: Literal["recent", "importance", "most_accessed"] = "recent"
     limit: int = Field(default=50, ge=1, le=200)

@@ -18,40 +18,18 @@ from sqlalchemy import delete, func, literal, select, text, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.orm import Session
 
+from core.changes import bump_change_seq
 from core.errors import EngramError, Forbidden, Invalid, NotFound
 from core.jobs.service import enqueue, new_outbox_job_id
+from core.memories.history import history_of, record_versions
 from core.memories.ids import integer_value, validate_memory_id
 from core.memories.links import LinkResolver, Links
-from core.memories.models import Association, Memory, Tombstone
+from core.memories.models import Association, Memory, MemoryVersion, Tombstone
 from core.memories.schemas import DEFAULT_IMPORTANCE, PatchMemoryIn, SaveMemoryIn, SaveResult
 from core.memories.visibility import is_visible, may_modify, visible_clause
+from core.refs import MEMORY_PREFIX, memory_ref
 from core.tenancy.context import Caller
-from core.tenancy.models import Tenant
-
-MEMORY_REF_PREFIX = "memory:"
-
-
-def memory_doc_id(memory_id: str) -> str:
-    return MEMORY_REF_PREFIX + memory_id
-
-
-def bump_change_seq(session: Session, *, tenant_id: int, auto_ids: int = 0, supplied_max: int = 0) -> tuple[int, int]:
-    """Advance the tenant's change sequence (and reserve `auto_ids` memory ids) under its row lock.
-
-    Returns (memory_seq, change_seq) after the update; the reserved ids are
-    memory_seq - auto_ids + 1 .. memory_seq. The row lock also orders concurrent writers of one tenant,
-    so change_seq values become visible in commit order.
-    """
-    row = session.execute(
-        update(Tenant)
-        .where(Tenant.id == tenant_id)
-        .values(
-            memory_seq=func.greatest(Tenant.memory_seq, supplied_max) + auto_ids,
-            change_seq=Tenant.change_seq + 1,
-        )
-        .returning(Tenant.memory_seq, Tenant.change_seq)
-    ).one()
-    return int(row[0]), int(row[1])
+from core.tracing import job_context
 
 
 @dataclass
@@ -160,6 +138,7 @@ def _write(session: Session, caller: Caller, valid: list[_Planned]) -> None:
             "rows": json.dumps(ordered, separators=(",", ":")),
             "base_time": datetime.now(UTC),
             "job_id": job_id,
+            "job_context": json.dumps({"context": context} if (context := job_context()) else {}),
         },
     ).one()
     first_auto = int(memory_seq) - n_auto + 1
@@ -170,12 +149,13 @@ def _write(session: Session, caller: Caller, valid: list[_Planned]) -> None:
 
 _WRITTEN = (
     "content", "kind", "category", "importance", "occurred_at", "tags", "source", "run_id", "persona",
-    "agent_id", "entities", "query", "status", "stale_reason", "forget_reason", "updated_at", "change_seq",
+    "agent_id", "entities", "query", "query_entities", "status", "stale_reason", "forget_reason", "forgotten_by",
+    "forgotten_at", "updated_at", "change_seq",
 )  # fmt: skip
 
 # One statement: reserve ids and a change_seq under the tenant's row lock, upsert the rows (an upsert keeps
-# created_at, created_by and access counters), and add the embed job to the outbox. The rows travel as one
-# JSON document; ``auto`` is the 1-based rank of an item that gets a reserved id.
+# created_at, created_by and access counters), keep each as a revision, and add the embed job to the outbox.
+# The rows travel as one JSON document; ``auto`` is the 1-based rank of an item that gets a reserved id.
 _SAVE_STATEMENT = text(
     f"""
     WITH seq AS (
@@ -190,23 +170,34 @@ _SAVE_STATEMENT = text(
         FROM jsonb_to_recordset(CAST(:rows AS jsonb)) AS r(
             ord int, id text, auto int, content text, kind text, category text, importance float8,
             occurred_at timestamptz, tags text[], source text, run_id text, persona text, agent_id text,
-            entities text[], query jsonb, created_by text
+            entities text[], query jsonb, query_entities text[], created_by text
         ) CROSS JOIN seq
     ), saved AS (
         INSERT INTO memories (
             tenant_id, id, content, kind, category, importance, occurred_at, tags, source, run_id, persona,
-            agent_id, entities, query, status, created_by, created_at, updated_at, access_count, change_seq
+            agent_id, entities, query, query_entities, status, created_by, created_at, updated_at, access_count,
+            change_seq
         )
         SELECT :tenant_id, memory_id, content, kind, category, importance, coalesce(occurred_at, created_at), tags,
-               source, run_id, persona, agent_id, entities, query, 'active', created_by, created_at, created_at,
-               0, change_seq
+               source, run_id, persona, agent_id, entities, query, query_entities, 'active', created_by, created_at,
+               created_at, 0, change_seq
         FROM items ORDER BY ord
         ON CONFLICT (tenant_id, id) DO UPDATE SET {", ".join(f"{c} = excluded.{c}" for c in _WRITTEN)}
+        RETURNING 1
+    ), version AS (
+        INSERT INTO memory_versions (
+            tenant_id, memory_id, change_seq, content, kind, category, tags, importance, entities,
+            changed_by, changed_at
+        )
+        SELECT :tenant_id, memory_id, change_seq, content, kind, category, coalesce(tags, '{{}}'), importance,
+               coalesce(entities, '{{}}'), created_by, created_at
+        FROM items
         RETURNING 1
     ), job AS (
         INSERT INTO jobs (id, tenant_id, kind, state, payload, attempts, created_at, updated_at)
         SELECT :job_id, :tenant_id, 'embed', 'queued',
-               jsonb_build_object('doc_ids', jsonb_agg('{MEMORY_REF_PREFIX}' || memory_id ORDER BY ord)),
+               jsonb_build_object('doc_ids', jsonb_agg('{MEMORY_PREFIX}' || memory_id ORDER BY ord))
+                   || CAST(:job_context AS jsonb),
                0, now(), now()
         FROM items
         RETURNING 1
@@ -230,13 +221,13 @@ def _row_values(caller: Caller, p: _Planned, *, auto: int | None) -> dict[str, A
         "tags": list(dict.fromkeys(item.tags)),
         "source": item.source,
         "run_id": item.run_id,
-        "persona": item.persona if item.persona is not None else caller.persona,
-        "agent_id": item.agent_id if item.agent_id is not None else caller.agent_id,
+        **caller.stamp(agent_id=item.agent_id, persona=item.persona),
         "entities": p.links.entities,
         "created_by": caller.user,
     }
     if p.links.query is not None:
         row["query"] = p.links.query
+        row["query_entities"] = p.links.query_entities
     return row
 
 
@@ -308,12 +299,24 @@ def get_memory(session: Session, *, caller: Caller, memory_id: str, include_forg
     return memory
 
 
+def memory_history(
+    session: Session, *, caller: Caller, memory_id: str, include_forgotten: bool = False
+) -> list[dict[str, Any]]:
+    """The memory's revisions, newest first (the current one first); visible as for get, no access counted."""
+    if include_forgotten and not caller.is_admin:
+        raise Forbidden("include_forgotten needs an admin key")
+    memory = _load_visible(session, caller=caller, memory_id=memory_id, include_forgotten=include_forgotten)
+    return history_of(session, memory)
+
+
 def patch_memory(session: Session, *, caller: Caller, memory_id: str, patch: PatchMemoryIn) -> Memory:
     """Revise a memory in place; keeps created_at; re-embeds only when the content changes."""
     memory = _load_visible(session, caller=caller, memory_id=memory_id, lock=True)
     if not may_modify(memory, caller):
         raise Forbidden(f"only the owner or an admin may change memory {memory_id!r}")
-    changes = patch.model_dump(exclude_unset=True, exclude={"sync_embed", "linked_entities", "associations"})
+    # agent_id / persona in a patch say who acts (acting_identity), never a revised field.
+    handled = {"sync_embed", "linked_entities", "associations", "agent_id", "persona"}
+    changes = patch.model_dump(exclude_unset=True, exclude=handled)
     content_changed = "content" in changes and changes["content"] != memory.content
     for name, value in changes.items():
         if value is None and name in ("content", "kind", "category", "tags"):
@@ -326,7 +329,7 @@ def patch_memory(session: Session, *, caller: Caller, memory_id: str, patch: Pat
     if "linked_entities" in patch.model_fields_set:
         links = LinkResolver(session, tenant_id=caller.tenant_id).resolve(patch.linked_entities, query=None)
         memory.entities = links.entities
-        memory.query = links.query
+        memory.query, memory.query_entities = links.query, links.query_entities
     if patch.associations is not None:
         planned = _Planned(
             index=0,
@@ -345,21 +348,24 @@ def patch_memory(session: Session, *, caller: Caller, memory_id: str, patch: Pat
     if memory.status == "stale" and "linked_entities" in patch.model_fields_set:
         memory.status, memory.stale_reason = "active", None
     if content_changed:
-        enqueue(session, tenant_id=caller.tenant_id, kind="embed", payload={"doc_ids": [memory_doc_id(memory.id)]})
-    session.flush()
+        enqueue(session, tenant_id=caller.tenant_id, kind="embed", payload={"doc_ids": [memory_ref(memory.id)]})
+    record_versions(session, tenant_id=caller.tenant_id, memory_ids=[memory.id], changed_by=caller.user)
     return memory
 
 
-def strip_memory_refs(session: Session, *, tenant_id: int, memory_id: str, change_seq: int) -> int:
-    """Remove `memory:<id>` from every memory's entities; exact match only (memory:42 keeps memory:421)."""
-    ref = memory_doc_id(memory_id)
-    result = session.execute(
+def strip_memory_refs(session: Session, *, tenant_id: int, memory_id: str, change_seq: int, changed_by: str) -> int:
+    """Remove `memory:<id>` from every memory's entities (a new revision of each); exact match only
+    (memory:42 keeps memory:421)."""
+    ref = memory_ref(memory_id)
+    stripped = session.scalars(
         update(Memory)
         .where(Memory.entities.contains([ref]))
-        .values(entities=func.array_remove(Memory.entities, literal(ref)), change_seq=change_seq)
+        .values(entities=func.array_remove(Memory.entities, literal(ref)), change_seq=change_seq, updated_at=func.now())
+        .returning(Memory.id)
         .execution_options(synchronize_session=False)
-    )
-    return int(result.rowcount or 0)  # type: ignore[attr-defined]
+    ).all()
+    record_versions(session, tenant_id=tenant_id, memory_ids=list(stripped), changed_by=changed_by)
+    return len(stripped)
 
 
 def forget_memory(
@@ -370,12 +376,15 @@ def forget_memory(
     if not may_modify(memory, caller):
         raise Forbidden(f"only the owner or an admin may forget memory {memory_id!r}")
     _, change_seq = bump_change_seq(session, tenant_id=caller.tenant_id)
-    strip_memory_refs(session, tenant_id=caller.tenant_id, memory_id=memory_id, change_seq=change_seq)
+    strip_memory_refs(
+        session, tenant_id=caller.tenant_id, memory_id=memory_id, change_seq=change_seq, changed_by=caller.user
+    )
     if purge:
         from core.embeddings.store_models import Embedding
 
-        doc_id = memory_doc_id(memory_id)
+        doc_id = memory_ref(memory_id)
         session.execute(delete(Embedding).where(Embedding.canonical_id == doc_id))
+        session.execute(delete(MemoryVersion).where(MemoryVersion.memory_id == memory_id))
         session.execute(
             delete(Association).where((Association.source_id == memory_id) | (Association.target_id == memory_id))
         )
@@ -387,6 +396,7 @@ def forget_memory(
         return {"memory_id": memory_id, "status": "purged"}
     memory.status = "forgotten"
     memory.forget_reason = reason
+    memory.forgotten_by, memory.forgotten_at = caller.user, datetime.now(UTC)
     memory.change_seq = change_seq
     memory.updated_at = datetime.now(UTC)
     return {"memory_id": memory_id, "status": "forgotten"}
@@ -409,7 +419,8 @@ def _iso(value: datetime | None) -> str | None:
 
 
 def memory_to_dict(memory: Memory, associations: list[dict[str, Any]] | None = None) -> dict[str, Any]:
-    return {
+    """The REST shape of a memory; a forgotten one (only admins read those) also says why, by whom, when."""
+    out = {
         "id": memory.id,
         "content": memory.content,
         "kind": memory.kind,
@@ -433,6 +444,13 @@ def memory_to_dict(memory: Memory, associations: list[dict[str, Any]] | None = N
         "access_count": memory.access_count,
         "last_accessed_at": _iso(memory.last_accessed_at),
     }
+    if memory.status == "forgotten":
+        out.update(
+            forget_reason=memory.forget_reason,
+            forgotten_by=memory.forgotten_by,
+            forgotten_at=_iso(memory.forgotten_at),
+        )
+    return out
 
 
 def memories_to_dicts(session: Session, memories: Sequence[Memory]) -> list[dict[str, Any]]:

@@ -27,7 +27,9 @@ Import keys: ``key`` (the id; omitted -> allocated), ``kind``, ``category``, ``i
 ``occurred_at``, ``tags``, ``entities``, ``associations``, ``source``, ``run_id``, ``persona``,
 ``agent_id``, ``query``. ``status``, ``stale_reason``, ``superseded_by``, ``created_by``,
 ``created_at``, ``updated_at`` and ``access_count`` are informational: an import saves active memories
-owned by the importing key, with fresh ``created_at`` in file order. Any other key is an error.
+owned by the importing key, with fresh ``created_at`` in file order. ``history`` lists the memory's
+revisions newest first, as ``GET /v1/memories/{id}/history`` does; an import restores them with their
+authors and times. Any other key is an error.
 
 Export writes the caller's visible ``active`` and ``stale`` memories (stale ones are live notes whose
 attached query lost an entity; re-saving them, which an import does, is the documented cure), oldest
@@ -41,10 +43,13 @@ from dataclasses import dataclass
 from typing import Any
 
 import yaml
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from core.errors import EngramError, Invalid
+from core.memories.history import VersionIn, histories_for, restore_history
 from core.memories.listing import list_memories
+from core.memories.models import Memory
 from core.memories.schemas import ListFilters, SaveMemoryIn, SaveResult, parse_model
 from core.memories.service import memories_to_dicts, save_memories
 from core.tenancy.context import Caller
@@ -79,6 +84,7 @@ INFORMATIONAL_KEYS = (
     "updated_at",
     "access_count",
 )
+HISTORY_KEY = "history"
 _ALWAYS_WRITTEN = {"key", "kind", "category", "importance", "occurred_at", "tags", "entities", "status"}
 
 
@@ -125,7 +131,10 @@ def unescape_content(content: str) -> str:
 
 
 def _front_matter(memory: dict[str, Any]) -> dict[str, Any]:
-    values = {"key": memory["id"], **{k: memory.get(k) for k in RESTORED_KEYS[1:] + INFORMATIONAL_KEYS}}
+    values = {
+        "key": memory["id"],
+        **{k: memory.get(k) for k in (*RESTORED_KEYS[1:], *INFORMATIONAL_KEYS, HISTORY_KEY)},
+    }
     return {k: v for k, v in values.items() if k in _ALWAYS_WRITTEN or v not in (None, [], {})}
 
 
@@ -188,7 +197,9 @@ def _load_front_matter(source: str, *, number: int, line: int) -> dict[str, Any]
         loaded = {}
     if not isinstance(loaded, dict):
         raise Invalid(f"{where}: front matter must be a mapping of keys", field=f"blocks.{number - 1}")
-    unknown = sorted(str(k) for k in loaded if k not in RESTORED_KEYS and k not in INFORMATIONAL_KEYS)
+    unknown = sorted(
+        str(k) for k in loaded if k not in RESTORED_KEYS and k not in INFORMATIONAL_KEYS and k != HISTORY_KEY
+    )
     if unknown:
         raise Invalid(f"{where}: unknown front-matter key {unknown[0]!r}", field=f"blocks.{number - 1}.{unknown[0]}")
     return loaded
@@ -207,6 +218,17 @@ def _save_body(block: Block) -> dict[str, Any]:
         body["linked_entities"] = body.pop("entities")
     body["content"] = block.content
     return body
+
+
+def _history(block: Block) -> list[VersionIn]:
+    """The block's revisions (newest first); a malformed one is a 422 naming it."""
+    raw = block.front_matter.get(HISTORY_KEY)
+    if raw is None:
+        return []
+    where = f"blocks.{block.number - 1}.{HISTORY_KEY}"
+    if not isinstance(raw, list):
+        raise Invalid(f"block {block.number} (line {block.line}): history must be a list of versions", field=where)
+    return [parse_model(VersionIn, v, prefix=f"{where}.{i}.") for i, v in enumerate(raw)]
 
 
 def _block_error(exc: EngramError, block: Block) -> EngramError:
@@ -230,19 +252,42 @@ def import_markdown(session: Session, *, caller: Caller, text: str) -> dict[str,
     """
     blocks = parse_markdown(text)
     items: list[SaveMemoryIn | EngramError] = []
+    histories: list[list[VersionIn]] = []
     for block in blocks:
         try:
             items.append(parse_model(SaveMemoryIn, _save_body(block)))
         except EngramError as exc:
             raise _block_error(exc, block) from None
+        try:
+            histories.append(_history(block))
+        except EngramError as exc:
+            exc.message = f"block {block.number} (line {block.line}): {exc.message}"
+            raise
     results = save_memories(session, caller=caller, items=items) if items else []
     saved: list[SaveResult] = []
     for block, result in zip(blocks, results, strict=True):
         if isinstance(result, EngramError):
             raise _block_error(result, block)
         saved.append(result)
+    _restore_histories(session, caller=caller, saved=saved, histories=histories)
     warnings = [f"block {b.number}: {w}" for b, r in zip(blocks, saved, strict=True) for w in r.warnings]
     return {"imported": len(saved), "memory_ids": [r.memory_id for r in saved], "warnings": warnings}
+
+
+def _restore_histories(
+    session: Session, *, caller: Caller, saved: list[SaveResult], histories: list[list[VersionIn]]
+) -> None:
+    """Put each imported memory's exported revisions under the one the import wrote (a later block wins)."""
+    wanted = {r.memory_id: h for r, h in zip(saved, histories, strict=True)}
+    wanted = {mid: h for mid, h in wanted.items() if h}
+    if not wanted:
+        return
+    rows = session.execute(select(Memory.id, Memory.change_seq).where(Memory.id.in_(list(wanted)))).all()
+    seqs = {memory_id: int(seq) for memory_id, seq in rows}
+    for memory_id, versions in wanted.items():
+        restore_history(
+            session, tenant_id=caller.tenant_id, memory_id=memory_id, change_seq=seqs[memory_id], versions=versions
+        )
 
 
 def exportable_memories(session: Session, *, caller: Caller) -> list[dict[str, Any]]:
@@ -258,7 +303,11 @@ def exportable_memories(session: Session, *, caller: Caller) -> list[dict[str, A
             if cursor is None:
                 break
     rows.sort(key=lambda m: (m.created_at, m.id))
-    return memories_to_dicts(session, rows)
+    out = memories_to_dicts(session, rows)
+    histories = histories_for(session, [m.id for m in rows])
+    for memory in out:
+        memory[HISTORY_KEY] = histories[memory["id"]]
+    return out
 
 
 def export_markdown(session: Session, *, caller: Caller) -> str:

@@ -16,7 +16,8 @@ takes the other's depth. Any reason the channel cannot run raises :class:`DenseU
 On the exact path, two query-side refinements (stored vectors stay the embedding of a memory's content
 alone, so content hashes and convergence are untouched):
 
-* run context: a memory's cosine is blended with the mean cosine of its neighbours in the same run (the
+* run context: a memory's cosine is blended with the mean cosine of its neighbours in the same episode (its
+  run, or the memories given the same explicit event time, see core.search.index.episode_of; the
   window full-text lends it, ``CONTEXT_TURNS``), as a conversation turn often makes sense only with the
   turns around it (``with_context``);
 * feedback: the question's vector is moved towards the mean vector of the bucket's first eligible
@@ -30,7 +31,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
@@ -46,12 +47,12 @@ from core.embeddings.providers import EmbeddingProviderError, get_embedder
 from core.embeddings.store_models import Embedding
 from core.memories.models import Memory
 from core.native import single_threaded_blas
+from core.refs import MEMORY_PREFIX
 from core.search.filters import EXAMPLE_QUERIES, HAS_QUERY_SQL, MEMORIES, has_query
-from core.search.index import CONTEXT_TURNS
+from core.search.index import CONTEXT_TURNS, episode_of
 
 MEMORY_KIND = "memory"
 ENTITIES = "entities"
-MEMORY_PREFIX = "memory:"
 HNSW_DIMS = frozenset({256, 384, 512, 768, 1024, 1536})
 CACHE_ENTRIES = 16
 # Depth of the single approximate query above dense_exact_max_docs (see DenseSearch._hnsw_sql).
@@ -61,6 +62,9 @@ CONTEXT_WEIGHT = 0.5
 # Pseudo-relevance feedback (Rocchio): the exact path moves the question's vector towards the mean
 # vector of a bucket's top full-text hits by this much (see DenseSearch.rank).
 FEEDBACK_WEIGHT = 0.5
+# A doc less similar to the question than this is not ranked: with the bundled model an unrelated question
+# ("zebra") still finds nearest neighbours at 0.2-0.25, while 95% of LoCoMo's gold turns sit above 0.35.
+SIMILARITY_FLOOR = 0.3
 
 
 class DenseUnavailable(Exception):
@@ -257,17 +261,19 @@ class _Layout:
     rows: dict[str, np.ndarray]
     neighbours: dict[str, np.ndarray]
     has_context: bool
-    # The memories it was made from (those carrying a query or a run id, not forgotten).
+    # The memories it was made from (those carrying a query, a run id or an explicit event time, not forgotten).
     members: frozenset[str] = frozenset()
 
 
 _layouts: OrderedDict[tuple[int, str], _Layout] = OrderedDict()
 # Memories changed since a layout whose ids a search reads to know whether the layout still holds.
 _LAYOUT_CHANGES = text(
-    f"SELECT memories.id, memories.status <> 'forgotten' AND ({HAS_QUERY_SQL} OR memories.run_id IS NOT NULL) "
+    f"SELECT memories.id, memories.status <> 'forgotten' AND ({HAS_QUERY_SQL} OR memories.run_id IS NOT NULL "
+    "OR memories.occurred_at <> memories.created_at) "
     "FROM memories WHERE memories.tenant_id = :tenant AND memories.change_seq > :since "
-    "UNION ALL SELECT substr(tombstones.doc_id, 8), false FROM tombstones WHERE tombstones.tenant_id = :tenant "
-    "AND tombstones.change_seq > :since AND starts_with(tombstones.doc_id, 'memory:')"
+    f"UNION ALL SELECT substr(tombstones.doc_id, {len(MEMORY_PREFIX) + 1}), false FROM tombstones "
+    "WHERE tombstones.tenant_id = :tenant AND tombstones.change_seq > :since "
+    f"AND starts_with(tombstones.doc_id, '{MEMORY_PREFIX}')"
 )
 
 
@@ -293,20 +299,24 @@ def _layout(session: Session, *, tenant_id: int, model: str, matrix: _Matrix, ch
                 _layouts[key] = kept
             return kept
     found = session.execute(
-        select(Memory.id, Memory.run_id, has_query())
-        .where(Memory.status != "forgotten", or_(has_query(), Memory.run_id.is_not(None)))
+        select(Memory.id, Memory.run_id, has_query(), Memory.occurred_at, Memory.created_at)
+        .where(
+            Memory.status != "forgotten",
+            or_(has_query(), Memory.run_id.is_not(None), Memory.occurred_at != Memory.created_at),
+        )
         .order_by(Memory.run_id, Memory.occurred_at, Memory.created_at, Memory.id)
     ).all()
     row_of = matrix.memories.row_of
     mask = np.zeros(len(row_of), dtype=bool)
     neighbours = np.full((len(row_of), 2 * CONTEXT_TURNS), -1, dtype=np.int64)
     runs: dict[str, list[int]] = {}
-    for memory_id, run_id, carries_query in found:
+    for memory_id, run_id, carries_query, occurred_at, created_at in found:
         row = row_of.get(MEMORY_PREFIX + memory_id, -1)
         if carries_query and row >= 0:
             mask[row] = True
-        if run_id is not None:
-            runs.setdefault(run_id, []).append(row)
+        episode = episode_of(run_id, occurred_at, created_at)
+        if episode is not None:
+            runs.setdefault(episode, []).append(row)
     for run in runs.values():
         for n, row in enumerate(run):
             if row < 0:
@@ -322,7 +332,7 @@ def _layout(session: Session, *, tenant_id: int, model: str, matrix: _Matrix, ch
         rows=rows,
         neighbours={bucket: neighbours[bucket_rows] for bucket, bucket_rows in rows.items()},
         has_context=bool((neighbours >= 0).any()),
-        members=frozenset(memory_id for memory_id, _, _ in found),
+        members=frozenset(row[0] for row in found),
     )
     with _cache_lock:
         _layouts[key] = layout
@@ -420,6 +430,34 @@ class DenseSearch:
             return hits
         return [(doc_id[len(MEMORY_PREFIX) :], score) for doc_id, score in hits]
 
+    def blind(self, bucket: str, candidates: Sequence[str]) -> Callable[[str], bool]:
+        """Whether this channel cannot see a doc of ``bucket`` at all (no vector of the model stored yet):
+        such a doc is neither ranked nor to be counted against (core.search.fusion.relevance).
+
+        Exact path: the doc has no row in the matrix. Approximate path: one query tells which of the
+        ``candidates`` outside the pool have a vector (entities are embedded by their ingest: all seen).
+        """
+        if self._exact:
+            side = self._matrix.entities if bucket == ENTITIES else self._matrix.memories
+            prefix = "" if bucket == ENTITIES else MEMORY_PREFIX
+            row_of = side.row_of
+            return lambda doc_id: prefix + doc_id not in row_of
+        if bucket == ENTITIES:
+            return lambda doc_id: False
+        pooled = {doc_id for doc_id, _ in self._hnsw_rank(bucket, HNSW_POOL)}
+        unknown = sorted({MEMORY_PREFIX + d for d in candidates if d not in pooled})
+        if not unknown:
+            return lambda doc_id: False
+        found = self._session.execute(
+            text(
+                "SELECT canonical_id FROM embeddings WHERE tenant_id = :t AND model = :m AND dims = :d "
+                "AND canonical_id = ANY(:ids)"
+            ),
+            {"t": self._tenant_id, "m": self._model, "d": self._dims, "ids": unknown},
+        ).scalars()
+        missing = {doc_id[len(MEMORY_PREFIX) :] for doc_id in set(unknown) - set(found)}
+        return missing.__contains__
+
     def _query_for(self, side: _Side, feedback: Sequence[str]) -> np.ndarray:
         rows = [side.row_of[r] for r in (MEMORY_PREFIX + f for f in feedback) if r in side.row_of]
         if not rows:
@@ -478,6 +516,9 @@ class DenseSearch:
             return []
         top = np.argpartition(-sub, k - 1)[:k] if k < len(sub) else np.arange(len(sub))
         top = top[np.argsort(-sub[top], kind="stable")]
+        # The floor is on the question's own cosine (as on the approximate path), not the score that
+        # feedback and run context moved: a doc must be like the question itself to be ranked.
+        top = top[side.matrix[rows[top]] @ self._query >= SIMILARITY_FLOOR]
         ids = side.ids if bucket == ENTITIES else side.memory_ids
         return list(zip([ids[r] for r in rows[top].tolist()], sub[top].tolist(), strict=True))
 
@@ -537,5 +578,7 @@ class DenseSearch:
                 bucket = ENTITIES
             else:
                 bucket = EXAMPLE_QUERIES if carries_query else MEMORIES
-            pool[bucket].append((canonical_id, 1.0 - float(dist)))
+            similarity = 1.0 - float(dist)
+            if similarity >= SIMILARITY_FLOOR:
+                pool[bucket].append((canonical_id, similarity))
         return {b: sorted(hits, key=lambda hit: (-hit[1], hit[0])) for b, hits in pool.items()}

@@ -3,7 +3,7 @@
 Judging a few hundred candidate ids was one query per search (an index probe and a heap fetch per id,
 a few milliseconds at 10k memories): the same few columns of the same rows, read again and again. A
 tenant's facts (status, persona, agent, category, kind, event time, whether it carries a query, the
-datasources its entities are rooted at) are loaded once and then caught up from the tenant's change
+datasources its entities are rooted at, its tags) are loaded once and then caught up from the tenant's change
 feed, as the full-text index is: every write that touches a memory stamps it with the tenant's new
 ``change_seq`` and a purge leaves a tombstone, so the rows with ``change_seq`` above the last one
 applied, read in the search's own snapshot (which the head's ``change_seq`` came from), are all that
@@ -31,10 +31,10 @@ from sqlalchemy.orm import Session
 
 from core.config import get_settings
 from core.entities.canonical import is_memory_ref
+from core.refs import MEMORY_PREFIX
 from core.search import sql
 from core.search.filters import HAS_QUERY_SQL
 
-MEMORY_REF = "memory:"
 # Filters (caller, statuses, kind, ...) whose verdicts a tenant's facts remember, least recent out first.
 MEMOS = 64
 
@@ -48,16 +48,17 @@ class Fact(NamedTuple):
     occurred_at: datetime | None
     carries_query: bool
     roots: frozenset[str]
+    tags: frozenset[str]
 
 
 _FACT_SQL = (
     "SELECT memories.id, memories.status, memories.persona, memories.agent_id, memories.category, memories.kind, "
-    f"memories.occurred_at, {HAS_QUERY_SQL}, memories.entities FROM memories "
+    f"memories.occurred_at, {HAS_QUERY_SQL}, memories.entities, memories.tags FROM memories "
     "WHERE memories.tenant_id = :tenant AND memories.change_seq > :since"
 )
 _GONE_SQL = (
     "SELECT tombstones.doc_id FROM tombstones WHERE tombstones.tenant_id = :tenant "
-    "AND tombstones.change_seq > :since AND starts_with(tombstones.doc_id, 'memory:')"
+    "AND tombstones.change_seq > :since AND starts_with(tombstones.doc_id, '" + MEMORY_PREFIX + "')"
 )
 
 
@@ -117,8 +118,8 @@ class TenantFacts:
     def _apply(self, changed: Sequence[Any], gone: Sequence[Any]) -> None:
         rows, share = self.rows, self._share
         for (doc_id,) in gone:
-            rows.pop(doc_id[len(MEMORY_REF) :], None)
-        for memory_id, status, persona, agent_id, category, kind, occurred_at, carries_query, entities in changed:
+            rows.pop(doc_id[len(MEMORY_PREFIX) :], None)
+        for memory_id, status, persona, agent_id, category, kind, occurred_at, carries_query, entities, tags in changed:
             if status == "forgotten":
                 rows.pop(memory_id, None)
                 continue
@@ -132,6 +133,7 @@ class TenantFacts:
                 occurred_at,
                 bool(carries_query),
                 share(roots),
+                share(frozenset(tags or ())),
             )
 
     def _share(self, value: Any) -> Any:

@@ -1,9 +1,9 @@
 """Which memories a search may return, as one SQL predicate, and a per-search cache of the verdicts.
 
 A memory is eligible when it is visible to the caller (CONTRACT section 2), its status is ``active``
-(or ``stale`` with ``include_stale``; ``forgotten`` never), it passes the ``kind``, ``category`` and
-``occurred_after`` / ``occurred_before`` filters (both bounds inclusive), and, under a ``datasource``,
-it has at least one entity rooted at that datasource.
+(or ``stale`` with ``include_stale``; ``forgotten`` never), it passes the ``kind``, ``category``,
+``tags`` (any of) and ``occurred_after`` / ``occurred_before`` filters (both bounds inclusive), and,
+under a ``datasource``, it has at least one entity rooted at that datasource.
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ from sqlalchemy.orm import Session
 
 from core.memories.models import Memory
 from core.memories.visibility import AGENT_SCOPED, visible_clause
+from core.refs import MEMORY_PREFIX
 from core.search import sql
 from core.tenancy.context import Caller
 
@@ -58,7 +59,7 @@ def scope_clause(datasource: str) -> ColumnElement[bool]:
     """The memory has an entity equal to ``datasource`` or a strict dotted descendant of it."""
     return text(  # type: ignore[return-value]
         "EXISTS (SELECT 1 FROM unnest(memories.entities) AS scope_e "
-        "WHERE split_part(scope_e, '.', 1) = :scope_ds AND NOT starts_with(scope_e, 'memory:'))"
+        "WHERE split_part(scope_e, '.', 1) = :scope_ds AND NOT starts_with(scope_e, '" + MEMORY_PREFIX + "'))"
     ).bindparams(scope_ds=datasource)
 
 
@@ -71,6 +72,8 @@ class MemoryFilter:
     occurred_after: datetime | None = None
     occurred_before: datetime | None = None
     datasource: str | None = None
+    # Any of these tags (sorted and distinct, so equal filters hash alike); empty: no tag filter.
+    tags: tuple[str, ...] = ()
 
     @property
     def statuses(self) -> list[str]:
@@ -90,6 +93,8 @@ class MemoryFilter:
             clauses.append(Memory.kind == self.kind)
         if self.category is not None:
             clauses.append(Memory.category == self.category)
+        if self.tags:
+            clauses.append(Memory.tags.overlap(literal(list(self.tags), type_=ARRAY(Text))))
         if self.occurred_after is not None:
             clauses.append(Memory.occurred_at >= self.occurred_after)
         if self.occurred_before is not None:
@@ -117,6 +122,8 @@ class MemoryFilter:
         if self.kind is not None and fact.kind != self.kind:
             return None
         if self.category is not None and fact.category != self.category:
+            return None
+        if self.tags and fact.tags.isdisjoint(self.tags):
             return None
         if self.occurred_after is not None and (fact.occurred_at is None or fact.occurred_at < self.occurred_after):
             return None

@@ -1,8 +1,16 @@
-"""Reciprocal Rank Fusion of per-channel rankings."""
+"""Reciprocal Rank Fusion of per-channel rankings, and the relevance search reports (RRF normalised).
+
+Search fuses with :func:`relevance`: the contract's RRF (k = 60) with each term scaled so that the first
+rank is worth 1, averaged over the channels that ran (so 1 means first everywhere and a score means the
+same in any query), and lexical channels voting in proportion to their BM25 score relative to their top
+hit (a doc sharing only common words with the question no longer sits level with one sharing its rare
+words). Graph hops are added by :func:`with_hops`, bounded by the seed they hang off. :func:`rrf` is the
+plain form, kept as the baseline the tests and benchmarks compare against.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 RRF_K = 60
 
@@ -41,3 +49,102 @@ def rrf(rankings: Mapping[str, Sequence[str]] | Sequence[Sequence[str]], *, k: i
             fused.append((-sum(1.0 / (k + r) for r in doc_ranks), doc_ranks[0], doc_id))
     fused.sort()
     return [(doc_id, -negated) for negated, _, doc_id in fused]
+
+
+# -- relevance: RRF normalised to [0, 1] and weighted by the evidence each channel carries -------------
+
+Ranking = list[tuple[str, float]]
+# Channels whose scores measure words shared with the input (BM25): a hit's share of the channel's top
+# score scales its vote, so a doc that only shares common words with the question votes little.
+LEXICAL = frozenset({"entity_bm25", "fulltext"})
+# A graph hop is worth at most this share of the seed it hangs off (see with_hops).
+GRAPH_SHARE = 0.5
+
+
+def channel_votes(ranking: Sequence[tuple[str, float]], *, lexical: bool, k: int = RRF_K) -> dict[str, float]:
+    """A channel's vote for each doc it ranks, in (0, 1]: ``(k + 1) / (k + rank)`` (RRF's term scaled so the
+    first doc gets 1), times ``score / top score`` for a lexical channel (a doc repeated counts once, first)."""
+    votes: dict[str, float] = {}
+    top = ranking[0][1] if ranking else 0.0
+    for rank, (doc_id, score) in enumerate(ranking, start=1):
+        if doc_id in votes:
+            continue
+        vote = (k + 1) / (k + rank)
+        if lexical and top > 0:
+            vote *= max(float(score), 0.0) / top
+        votes[doc_id] = vote
+    return votes
+
+
+def relevance(
+    rankings: Mapping[str, Sequence[tuple[str, float]]],
+    *,
+    blind: Mapping[str, Callable[[str], bool]] | None = None,
+    k: int = RRF_K,
+) -> Ranking:
+    """Fuse the rankings of the channels that ran (``rankings`` holds one per channel, empty when it found
+    nothing) into [(doc_id, relevance)] best first, relevance in [0, 1].
+
+    relevance(d) = sum over channels ranking d of its vote (:func:`channel_votes`) / the number of channels
+    that ran and could have ranked d: 1 when every such channel put d first. ``blind[c](d)`` says channel c
+    cannot see d at all (dense, for a memory whose vector is not stored yet): c then neither votes for d nor
+    counts against it, so a fresh memory is not pushed down by a channel that cannot know it. Ties as in
+    :func:`rrf`: best single rank, then doc id; sums run in channel-name order, so the result does not depend
+    on the order the channels are given in.
+    """
+    names = sorted(rankings)
+    totals: dict[str, float] = {}
+    best: dict[str, int] = {}
+    ranked_by: dict[str, set[str]] = {}
+    for name in names:
+        ranking = rankings[name]
+        top = ranking[0][1] if ranking else 0.0
+        scaled = name in LEXICAL and top > 0
+        seen = ranked_by[name] = set()
+        for rank, (doc_id, score) in enumerate(ranking, start=1):
+            if doc_id in seen:
+                continue
+            seen.add(doc_id)
+            vote = (k + 1) / (k + rank)
+            if scaled:
+                vote *= max(float(score), 0.0) / top
+            totals[doc_id] = totals.get(doc_id, 0.0) + vote
+            if rank < best.get(doc_id, rank + 1):
+                best[doc_id] = rank
+    blinds = [(ranked_by[name], sees_not) for name, sees_not in (blind or {}).items() if name in ranked_by]
+    channels = len(names)
+    fused: list[tuple[float, int, str]] = []
+    for doc_id, total in totals.items():
+        seen_by = channels
+        for ranked, sees_not in blinds:
+            if doc_id not in ranked and sees_not(doc_id):
+                seen_by -= 1
+        fused.append((-(total / seen_by if seen_by else 0.0), best[doc_id], doc_id))
+    fused.sort()
+    return [(doc_id, -negated) for negated, _, doc_id in fused]
+
+
+def with_hops(fused: Sequence[tuple[str, float]], hops: Sequence[tuple[str, float]]) -> Ranking:
+    """``fused`` with the graph's hops: a hop valued ``v`` (association weight times its seed's relevance,
+    at most the seed's) lifts a doc's relevance r to r + (1 - r) * GRAPH_SHARE * v.
+
+    So a hop found by no other channel scores at most half its seed: the graph follows direct evidence and
+    never outranks it. The result stays in [0, 1]; ties by the order in ``fused``, then hop order, then id.
+    """
+    lift: dict[str, float] = {}
+    for doc_id, value in hops:
+        lift.setdefault(doc_id, GRAPH_SHARE * min(max(float(value), 0.0), 1.0))
+    order = {doc_id: n for n, (doc_id, _) in enumerate(fused)}
+    scored = {doc_id: score for doc_id, score in fused}
+    for doc_id in lift:
+        scored.setdefault(doc_id, 0.0)
+    extra = len(order)
+    hop_order = {doc_id: extra + n for n, (doc_id, _) in enumerate(hops)}
+    out = [(doc_id, score + (1.0 - score) * lift.get(doc_id, 0.0)) for doc_id, score in scored.items()]
+    out.sort(key=lambda hit: (-hit[1], order.get(hit[0], hop_order.get(hit[0], extra)), hit[0]))
+    return out
+
+
+def single_ranking_scores(count: int, *, k: int = RRF_K) -> list[float]:
+    """The relevance of the docs of a lone ordering (recency): (k + 1) / (k + rank)."""
+    return [(k + 1) / (k + rank) for rank in range(1, count + 1)]

@@ -2,7 +2,9 @@
 
 Associations are followed in both directions (an ``updates`` edge links the newer and the older note
 either way). A neighbour is ranked by the heaviest association weight that reaches it, then by the
-best rank of the seed it hangs off, then by id; a seed reached from another seed counts too.
+best rank of the seed it hangs off, then by id; a seed reached from another seed counts too. With the
+seeds' relevance given, a hop's value is association weight times its seed's relevance (ranked by that
+value first): a hop is worth what the direct evidence it follows is worth (core.search.fusion.with_hops).
 """
 
 from __future__ import annotations
@@ -68,7 +70,11 @@ def query(*, seeds: dict[str, list[str]], eligibility: Eligibility) -> sql.Query
 
 
 def from_rows(
-    found: Sequence[Any], *, seeds: dict[str, list[str]], eligibility: Eligibility
+    found: Sequence[Any],
+    *,
+    seeds: dict[str, list[str]],
+    eligibility: Eligibility,
+    seed_scores: dict[str, dict[str, float]] | None = None,
 ) -> dict[str, list[tuple[str, float]]]:
     """The rankings of :func:`neighbours` from the rows of :func:`query`; teaches ``eligibility`` the verdicts."""
     edges: dict[tuple[str, str, float], None] = {}
@@ -82,18 +88,21 @@ def from_rows(
             verdicts.setdefault(end, None)
     eligibility.learn(verdicts)
     rows = list(edges)
-    return {key: _rank(rows, key_seeds) for key, key_seeds in seeds.items()}
+    scores = seed_scores or {}
+    return {key: _rank(rows, key_seeds, scores.get(key)) for key, key_seeds in seeds.items()}
 
 
-def _rank(rows: Sequence[Any], seeds: list[str]) -> list[tuple[str, float]]:
+def _rank(rows: Sequence[Any], seeds: list[str], scores: dict[str, float] | None = None) -> list[tuple[str, float]]:
+    """[(memory id, value)] best first: value = weight (times the seed's relevance when ``scores``)."""
     seed_rank = {seed: rank for rank, seed in enumerate(seeds)}
-    best: dict[str, tuple[float, int]] = {}
+    best: dict[str, tuple[float, float, int]] = {}
     for source, target, weight in rows:
         for seed, other in ((source, target), (target, source)):
             if seed not in seed_rank or other == seed:
                 continue
-            key = (float(weight), -seed_rank[seed])
+            value = float(weight) * (scores.get(seed, 0.0) if scores is not None else 1.0)
+            key = (value, float(weight), -seed_rank[seed])
             if other not in best or key > best[other]:
                 best[other] = key
-    ordered = sorted(best.items(), key=lambda item: (-item[1][0], -item[1][1], item[0]))
-    return [(memory_id, weight) for memory_id, (weight, _) in ordered]
+    ordered = sorted(best.items(), key=lambda item: (-item[1][0], -item[1][1], -item[1][2], item[0]))
+    return [(memory_id, value) for memory_id, (value, _, _) in ordered]

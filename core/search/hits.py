@@ -10,7 +10,7 @@ from sqlalchemy import Executable, any_, select
 from sqlalchemy.orm import Session
 
 from core.entities.canonical import CatalogSnapshot
-from core.entities.resolver import extract_query_entities, stale_references
+from core.entities.resolver import stale_references
 from core.memories.models import Memory
 from core.search import sql
 from core.search.catalog import Prefetch, entity_docs
@@ -28,6 +28,7 @@ _HIT_COLUMNS = (
     Memory.created_at,
     Memory.query,
     Memory.entities,
+    Memory.query_entities,
 )
 
 
@@ -51,6 +52,7 @@ class HitMemory(NamedTuple):
     created_at: datetime
     query: dict[str, Any] | None
     entities: list[str]
+    query_entities: list[str] | None
 
 
 assert HitMemory._fields == tuple(column.key for column in _HIT_COLUMNS)
@@ -160,13 +162,17 @@ def prefetch_mode(snapshot: CatalogSnapshot) -> Prefetch:
 
 
 def stale_query_warning(memory: Memory, *, snapshot: CatalogSnapshot) -> str | None:
-    """The warning for a query-bearing memory whose attached query names entities that are gone."""
+    """The warning for a query-bearing memory when something its attached query resolved to is gone.
+
+    The query was resolved when it was saved (``query_entities``); it is not resolved again here, so a
+    catalog change that keeps those entities (a second datasource with the same table names, which would
+    make the bare names ambiguous today) does not make it stale. Memories saved before that was recorded
+    fall back to their linked entities.
+    """
     if not memory.query:
         return None
-    stale = stale_references(snapshot, memory.entities or [])
-    if snapshot.datasources:
-        resolution = extract_query_entities(snapshot, memory.query)
-        stale += [w for w in resolution.warnings if w.startswith("entity '") and w not in stale]
+    resolved = memory.query_entities if memory.query_entities is not None else memory.entities
+    stale = stale_references(snapshot, resolved or [])
     if not stale:
         return None
     return (

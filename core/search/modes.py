@@ -5,8 +5,8 @@
 * ``typed``: memories of the requested ``kind`` (a filter every mode honours), newest first.
 
 Each bucket is its own query with its own cap (learning-only memories vs query-bearing ones), so a
-bucket depends only on its cap. Scores: ``importance`` in ``important`` mode, otherwise the
-single-ranking RRF score 1 / (60 + rank), which keeps scores comparable across modes.
+bucket depends only on its cap. Scores, in [0, 1] as everywhere in search: ``importance`` in
+``important`` mode, otherwise the relevance of a lone ranking, (60 + 1) / (60 + rank): 1 for the first.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from sqlalchemy.orm import Session
 
 from core.memories.models import Memory
 from core.search.filters import EXAMPLE_QUERIES, MEMORIES, MemoryFilter, has_query
-from core.search.fusion import RRF_K
+from core.search.fusion import single_ranking_scores
 
 
 def ordered_buckets(
@@ -39,9 +39,10 @@ def ordered_buckets(
         rows = session.execute(
             select(Memory.id, Memory.importance).where(*memory_filter.clauses(), partition).order_by(*order).limit(cap)
         ).all()
+        ranked = single_ranking_scores(len(rows))
         out[bucket] = [
-            (memory_id, float(importance) if mode == "important" else 1.0 / (RRF_K + rank))
-            for rank, (memory_id, importance) in enumerate(rows, start=1)
+            (memory_id, float(importance) if mode == "important" else score)
+            for score, (memory_id, importance) in zip(ranked, rows, strict=True)
         ]
     return out
 

@@ -14,10 +14,12 @@ SearchMode = Literal["hybrid", "recent", "important", "typed"]
 MAX_CAP = 100
 MAX_QUESTION_CHARS = 10_000
 MAX_INPUT_ENTITIES = 200
+MAX_FILTER_TAGS = 100
 
 
 class SearchRequest(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    # A field search does not know is a 422 naming it, not unfiltered results.
+    model_config = ConfigDict(extra="forbid")
 
     entities: list[Annotated[str, Field(max_length=1_000)]] | None = Field(default=None, max_length=MAX_INPUT_ENTITIES)
     query: dict[str, Any] | None = None
@@ -29,12 +31,16 @@ class SearchRequest(BaseModel):
     mode: SearchMode = "hybrid"
     kind: MemoryKind | None = None
     category: MemoryCategory | None = None
+    # Any of: a memory carrying at least one of these tags is eligible (empty or absent: no tag filter).
+    tags: list[Annotated[str, Field(max_length=200)]] | None = Field(default=None, max_length=MAX_FILTER_TAGS)
     persona: str | None = None
     agent_id: str | None = None
     # Naive times are UTC, and both are compared in UTC (a naive and an aware one could not be compared).
     occurred_after: Time | None = None
     occurred_before: Time | None = None
     include_stale: bool = False
+    # Hits scoring below this relevance (see core.search.fusion) are left out of every bucket.
+    min_score: float = Field(default=0.0, ge=0.0, le=1.0, allow_inf_nan=False)
 
     @field_validator("datasource")
     @classmethod
@@ -63,6 +69,7 @@ class SearchRequest(BaseModel):
 
 class MemoryHit(BaseModel):
     id: str
+    # Relevance in [0, 1], comparable across queries: 1 when first in every channel that ran.
     score: float
     text: str
     matched_entities: list[str]

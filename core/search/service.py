@@ -3,9 +3,11 @@
 Three buckets are ranked independently: ``memories`` (no attached query), ``example_queries``
 (query-bearing memories) and ``entities`` (catalog docs). For each bucket every active channel yields
 its own ranking of that bucket's eligible docs, to a depth that depends only on the bucket's cap
-(``max(2 * cap, 30)``); the rankings are fused with RRF (k = 60), or, when a single channel is active,
-keep that channel's raw scores; the cap then slices. Graph seeds are a bucket's own fused top hits.
-So a bucket depends on the corpus, the inputs and its own cap, never on the other caps.
+(``max(2 * cap, 30)``); the rankings are fused into a relevance in [0, 1] (core.search.fusion.relevance:
+RRF with k = 60, normalised, lexical channels weighted by their share of the top score, dense blind to
+memories without a vector); graph hops lift it (``with_hops``); ``min_score`` then filters and the cap
+slices. Graph seeds are a bucket's own fused top hits. So a bucket depends on the corpus, the inputs and
+its own cap, never on the other caps.
 
 Channels: 1 entity BM25Plus (when ``entities`` or ``query`` is given), 2 full-text and 3 dense (when a
 ``question`` is given; dense ranks a memory bucket with the bucket's first ``FEEDBACK_DOCS`` eligible
@@ -25,6 +27,7 @@ runs in PostgreSQL while full-text ranks in this process (``DenseSearch.overlapp
 from __future__ import annotations
 
 import contextlib
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -39,13 +42,15 @@ from core.entities.resolver import extract_query_entities, resolve_entities
 from core.errors import BadRequest
 from core.memories.models import Memory
 from core.memories.visibility import visible_clause
+from core.refs import MEMORY_PREFIX
 from core.search import entity_channel, facts, graph, hits, sql
 from core.search.catalog import last_snapshot, load_snapshot, snapshot_memo
+from core.search.clock import ChannelClock
 from core.search.dense import ENTITIES, DenseSearch, DenseUnavailable, EmbeddingStats, dense_model
 from core.search.filters import EXAMPLE_QUERIES, MEMORIES, Eligibility, MemoryFilter, any_of
 from core.search.fulltext import ENTITY_KINDS, FulltextIndex
-from core.search.fusion import RRF_K, rrf
-from core.search.index import MEMORY_DOC_PREFIX, catch_up, catch_up_before_search, memory_doc_kind
+from core.search.fusion import relevance, with_hops
+from core.search.index import catch_up, catch_up_before_search, memory_doc_kind
 from core.search.modes import ordered_buckets
 from core.search.schemas import SearchRequest, SearchResponse
 from core.tenancy.context import Caller
@@ -65,20 +70,29 @@ Fetch = Callable[[int], Ranking]
 BucketFetch = Callable[[str, int], Ranking]
 
 
-# Function words of questions: they match nearly every note, so full-text ignores them when the question
-# has other words (a question made only of them is kept as is).
+# Function words of questions (and the pieces contractions leave: "what's" -> "what", "s"): they match
+# nearly every note, so full-text ignores them when the question has other words.
 QUESTION_STOPWORDS = frozenset(
     "a an and are as at be been but by can could did do does for from had has have he her hers him his how i "
     "if in into is it its me my of on or our she so that the their them they this to was we were what when "
-    "where which who whom whose why will with would you your".split()
+    "where which who whom whose why will with would you your s t d ll re ve m".split()
 )
+_WORD = re.compile(r"[^\W_]+")
 
 
 def fulltext_query(question: str) -> str:
-    """The question without its function words, for full-text."""
-    words = question.split()
-    kept = [w for w in words if w.strip("?!.,;:'\"()").lower() not in QUESTION_STOPWORDS]
-    return " ".join(kept) if kept and QUESTION_STOPWORDS else question
+    """The question's words without its function words, for full-text.
+
+    Words are split as the index's analyzer splits them (on every non-alphanumeric character), so the
+    "in" of "in-process" goes like any other "in". A question of one token (a pasted canonical id such
+    as ``shop.orders.country``) is kept as it is: the index also matches it against doc ids. A question
+    made only of function words is kept too.
+    """
+    literal = question.strip()
+    if not any(ch.isspace() for ch in literal):
+        return literal
+    kept = [w for w in _WORD.findall(literal) if w.lower() not in QUESTION_STOPWORDS]
+    return " ".join(kept) if kept else question
 
 
 def bucket_depth(cap: int) -> int:
@@ -118,11 +132,9 @@ def filtered_ranking(fetch: Fetch, *, keep: Keep, depth: int) -> Ranking:
         limit = min(limit * 4, MAX_SCAN)
 
 
-def fuse(rankings: dict[str, Ranking], *, active: int) -> Ranking:
-    """RRF over the channels' rankings; a lone active channel keeps its raw scores."""
-    if active == 1:
-        return next((r for r in rankings.values() if r), [])
-    return rrf({name: [doc_id for doc_id, _ in ranking] for name, ranking in rankings.items()}, k=RRF_K)
+def above(ranking: Ranking, min_score: float) -> Ranking:
+    """The hits scoring at least ``min_score`` (in order)."""
+    return [hit for hit in ranking if hit[1] >= min_score] if min_score > 0 else ranking
 
 
 @dataclass(frozen=True)
@@ -203,7 +215,7 @@ class _FulltextRankings:
     def bucket(self, bucket: str, limit: int) -> Ranking:
         if (bucket, limit) not in self._buckets:
             hits = self.kinds(frozenset({memory_doc_kind(bucket == EXAMPLE_QUERIES)}), limit)
-            self._buckets[bucket, limit] = [(doc_id[len(MEMORY_DOC_PREFIX) :], s) for doc_id, s in hits]
+            self._buckets[bucket, limit] = [(doc_id[len(MEMORY_PREFIX) :], s) for doc_id, s in hits]
         return self._buckets[bucket, limit]
 
     def first_looks(self, caps: dict[str, int], entity_depth: int) -> None:
@@ -244,6 +256,7 @@ class _Search:
             occurred_after=request.occurred_after,
             occurred_before=request.occurred_before,
             datasource=request.datasource,
+            tags=tuple(sorted(set(request.tags or ()))),
         )
         self.eligibility = Eligibility(session=session, memory_filter=self.memory_filter, facts_source=self._facts)
         self.caps = {MEMORIES: request.max_memories, EXAMPLE_QUERIES: request.max_example_queries}
@@ -257,6 +270,8 @@ class _Search:
         # The catalog version of a snapshot taken on trust (see _guess_snapshot), until the head confirms it.
         self.guessed_version: int | None = None
         self._ft: _FulltextRankings | None = None
+        self._dense: DenseSearch | None = None
+        self.clock = ChannelClock()
 
     @cached_property
     def head(self) -> _Head:
@@ -310,6 +325,7 @@ class _Search:
             self._hybrid(inputs)
         except _CatalogMoved as moved:
             return _Search(self.session, caller=self.caller, request=request, head=moved.head).run()
+        self.clock.record()
         return self.response
 
     # -- inputs ---------------------------------------------------------------------------
@@ -372,7 +388,7 @@ class _Search:
     # -- hybrid ---------------------------------------------------------------------------
 
     def _hybrid(self, inputs: _Inputs) -> None:
-        request, channels = self.request, self.response.channels
+        request, channels, clock = self.request, self.response.channels, self.clock
         question = request.question_text
         memory_fetch: dict[str, BucketFetch] = {}
         entity_rankings: dict[str, Ranking] = {}
@@ -383,41 +399,47 @@ class _Search:
             if question and "head" not in self.__dict__:
                 early = self._early_fulltext(question)
                 if early is not None:
-                    meanwhile = lambda: early.first_looks(self.caps, entity_depth)  # noqa: E731
-            bm25, _ = self._entity_bm25(inputs.bm25_tokens, meanwhile=meanwhile)
+                    meanwhile = clock.wrap("fulltext", lambda: early.first_looks(self.caps, entity_depth))
+            with clock.timing("entity_bm25"):
+                bm25, _ = self._entity_bm25(inputs.bm25_tokens, meanwhile=meanwhile)
             # BM25 saw every candidate with its verdict, so its bucket rankings need no deeper look.
-            memory_fetch["entity_bm25"] = lambda bucket, limit: self.eligibility.pick(bm25, bucket, limit)
-            entity_rankings["entity_bm25"] = [
-                (e, 1.0 / (RRF_K + rank)) for rank, e in enumerate(inputs.entity_refs, start=1)
-            ][:entity_depth]
+            memory_fetch["entity_bm25"] = clock.wrap(
+                "entity_bm25", lambda bucket, limit: self.eligibility.pick(bm25, bucket, limit)
+            )
+            # The named refs in the order given, each fully named (score 1: no share of a top score to lose).
+            entity_rankings["entity_bm25"] = [(e, 1.0) for e in inputs.entity_refs][:entity_depth]
         dense: DenseSearch | None = None
         if question:
             channels.fulltext = channels.graph = True
             # The tenant's change seq and the embedding statistics come with the search's first query.
             head = self.head
             try:
-                dense = DenseSearch(
-                    self.session,
-                    tenant_id=self.caller.tenant_id,
-                    question=question,
-                    change_seq=head.change_seq,
-                    feedback=self.feedback,
-                    stats=head.embeddings,
-                )
+                with clock.timing("dense"):
+                    dense = DenseSearch(
+                        self.session,
+                        tenant_id=self.caller.tenant_id,
+                        question=question,
+                        change_seq=head.change_seq,
+                        feedback=self.feedback,
+                        stats=head.embeddings,
+                    )
             except DenseUnavailable as exc:
                 self.warn(str(exc))
                 self.response.degraded = True
             ft = self._fulltext(question)
-            ft.follow(head.change_seq)
+            with clock.timing("fulltext"):
+                ft.follow(head.change_seq)
             # While PostgreSQL runs the approximate dense query, full-text runs the first look of every
             # ranking the buckets will ask it for (the same calls they would make, answered from its memo).
             with dense.overlapped() if dense is not None and OVERLAP_DENSE else contextlib.nullcontext():
-                ft.first_looks(self.caps, entity_depth)
-            fulltext, search_kinds = ft.bucket, ft.kinds
+                with clock.timing("fulltext"):
+                    ft.first_looks(self.caps, entity_depth)
+            fulltext, search_kinds = clock.wrap("fulltext", ft.bucket), clock.wrap("fulltext", ft.kinds)
             memory_fetch["fulltext"] = fulltext
             if dense is not None:
                 channels.dense = True
-                memory_fetch["dense"] = dense.rank
+                dense_rank = clock.wrap("dense", dense.rank)
+                memory_fetch["dense"] = dense_rank
             if entity_depth:
                 keep = self._entity_keep
                 entity_rankings["fulltext"] = filtered_ranking(
@@ -425,11 +447,14 @@ class _Search:
                 )
                 if dense is not None:
                     entity_rankings["dense"] = filtered_ranking(
-                        _Memo(lambda limit: dense.rank(ENTITIES, limit)), keep=keep, depth=entity_depth
+                        _Memo(lambda limit: dense_rank(ENTITIES, limit)), keep=keep, depth=entity_depth
                     )
+        self._dense = dense
         buckets = self._memory_buckets(memory_fetch)
-        entity_active = sum(1 for name in ("entity_bm25", "fulltext", "dense") if name in entity_rankings)
-        entities = fuse(entity_rankings, active=entity_active)[: request.max_entities]
+        blind = {}
+        if dense is not None and "dense" in entity_rankings:
+            blind["dense"] = dense.blind(ENTITIES, [])
+        entities = above(relevance(entity_rankings, blind=blind), request.min_score)[: request.max_entities]
         self._hydrate(buckets, tokens=inputs.bm25_tokens)
         if entities:
             self.response.entities = hits.entity_hits(
@@ -531,29 +556,41 @@ class _Search:
         per_bucket: dict[str, dict[str, Ranking]] = {bucket: {} for bucket in live}
         for (name, bucket), ranking in rankings.items():
             per_bucket[bucket][name] = self._pick(ranking, bucket, depths[bucket])
+        fused = {bucket: self._fused(per_bucket[bucket], bucket) for bucket in live}
+        min_score = self.request.min_score
         if self.response.channels.graph:
             # Every channel ranked every live bucket, so the seeds are the fused ranking's first.
-            fused = {bucket: fuse(per_bucket[bucket], active=len(per_bucket[bucket])) for bucket in live}
             seeds = {bucket: [d for d, _ in fused[bucket][: graph.SEEDS]] for bucket in live}
+            seed_scores = {bucket: dict(fused[bucket][: graph.SEEDS]) for bucket in live}
             # A new ranking only raises the fused score of the docs it holds, so a bucket's final hits are
             # among its top hits without the graph and the graph's hops: the former are loaded with the
             # graph's query, in the same round trip (the latter, rarely needed, when hydrating).
             likely = [d for bucket in live for d, _ in fused[bucket][: self.caps[bucket]]]
-            edges, rows = sql.run_many(
-                self.session,
-                [
-                    graph.query(seeds=seeds, eligibility=self.eligibility),
-                    hits.memories_query(tenant_id=self.caller.tenant_id, memory_ids=likely),
-                ],
-            )
-            hops = graph.from_rows(edges, seeds=seeds, eligibility=self.eligibility)
+            with self.clock.timing("graph"):
+                edges, rows = sql.run_many(
+                    self.session,
+                    [
+                        graph.query(seeds=seeds, eligibility=self.eligibility),
+                        hits.memories_query(tenant_id=self.caller.tenant_id, memory_ids=likely),
+                    ],
+                )
+                hops = graph.from_rows(edges, seeds=seeds, eligibility=self.eligibility, seed_scores=seed_scores)
             self.loaded.update(hits.memories_from_rows(rows))
             self.eligibility.check(d for ranking in hops.values() for d, _ in ranking)
             for bucket in live:
-                per_bucket[bucket]["graph"] = self._pick(hops[bucket], bucket, depths[bucket])
+                fused[bucket] = with_hops(fused[bucket], self._pick(hops[bucket], bucket, depths[bucket]))
         for bucket in live:
-            out[bucket] = fuse(per_bucket[bucket], active=len(per_bucket[bucket]))[: self.caps[bucket]]
+            out[bucket] = above(fused[bucket], min_score)[: self.caps[bucket]]
         return out
+
+    def _fused(self, rankings: dict[str, Ranking], bucket: str) -> Ranking:
+        """A bucket's direct channels fused into relevance; dense does not count against a memory it has no
+        vector of (a fresh save is first for its own words before its embedding lands)."""
+        blind = {}
+        if "dense" in rankings and self._dense is not None:
+            candidates = sorted({d for ranking in rankings.values() for d, _ in ranking})
+            blind["dense"] = self._dense.blind(bucket, candidates)
+        return relevance(rankings, blind=blind)
 
     def _feedback(self, ranking: Ranking, bucket: str) -> list[str]:
         """The first FEEDBACK_DOCS docs of a ranking that are in the bucket or not yet checked."""
@@ -587,6 +624,7 @@ class _Search:
 
     def _ordered(self, mode: str) -> SearchResponse:
         buckets = ordered_buckets(self.session, memory_filter=self.memory_filter, mode=mode, caps=self.caps)
+        buckets = {bucket: above(ranking, self.request.min_score) for bucket, ranking in buckets.items()}
         self._hydrate(buckets, tokens=[])
         return self.response
 
@@ -596,7 +634,7 @@ class _Search:
         missing = [memory_id for memory_id in ids if memory_id not in memories]
         memories.update(hits.load_memories(self.session, tenant_id=self.caller.tenant_id, memory_ids=missing))
         matched = {
-            memory_id: [t for t in tokens if t in (memory.entities or []) or t == MEMORY_DOC_PREFIX + memory_id]
+            memory_id: [t for t in tokens if t in (memory.entities or []) or t == MEMORY_PREFIX + memory_id]
             for memory_id, memory in memories.items()
         }
         self.response.memories = hits.memory_hits(  # type: ignore[assignment]

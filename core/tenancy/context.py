@@ -1,8 +1,16 @@
-"""Who is calling: the identity every core service receives instead of raw request data."""
+"""Who is calling: the identity every core service receives instead of raw request data.
+
+A key may be bound to an agent and/or a persona, and may be read-only. The binding is enforced here and
+nowhere else: every path that turns a call's named agent/persona into the acting identity goes through
+:meth:`Caller.acting_as` (and :meth:`Caller.stamp` for per-item identities), and every write through
+:meth:`Caller.require_write`.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+
+from core.errors import Forbidden
 
 
 @dataclass(frozen=True)
@@ -14,11 +22,40 @@ class Caller:
     key_id: str
     agent_id: str | None = None
     persona: str | None = None
+    bound_agent_id: str | None = None
+    bound_persona: str | None = None
+    read_only: bool = False
 
     @property
     def is_admin(self) -> bool:
         return self.role == "admin"
 
     def acting_as(self, *, agent_id: str | None, persona: str | None) -> Caller:
-        """The same key, naming the agent and persona it acts for on this call."""
+        """The same key, naming the agent and persona it acts for on this call (its binding, if bound)."""
+        agent_id, persona = self._bound(agent_id=agent_id, persona=persona)
         return replace(self, agent_id=agent_id, persona=persona)
+
+    def stamp(self, *, agent_id: str | None, persona: str | None) -> dict[str, str | None]:
+        """The agent and persona a saved item carries: what it names, else the acting ones; a bound key
+        cannot stamp another agent or persona."""
+        agent_id, persona = self._bound(agent_id=agent_id, persona=persona)
+        return {
+            "agent_id": agent_id if agent_id is not None else self.agent_id,
+            "persona": persona if persona is not None else self.persona,
+        }
+
+    def require_write(self) -> None:
+        if self.read_only:
+            raise Forbidden("this API key is read-only")
+
+    def _bound(self, *, agent_id: str | None, persona: str | None) -> tuple[str | None, str | None]:
+        for name, named, bound in (
+            ("agent_id", agent_id, self.bound_agent_id),
+            ("persona", persona, self.bound_persona),
+        ):
+            if bound is not None and named is not None and named != bound:
+                raise Forbidden(f"this API key is bound to {name} {bound!r}", field=name)
+        return (
+            self.bound_agent_id if self.bound_agent_id is not None else agent_id,
+            self.bound_persona if self.bound_persona is not None else persona,
+        )

@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 from decimal import Decimal
 
-from sqlalchemy import BigInteger, DateTime, ForeignKey, Identity, Numeric, String, UniqueConstraint, func
+from sqlalchemy import BigInteger, Boolean, DateTime, ForeignKey, Identity, Numeric, String, UniqueConstraint, func
 from sqlalchemy.orm import Mapped, mapped_column
 
 from core.db import Base
@@ -32,8 +32,9 @@ class User(Base):
     __tablename__ = "users"
     __table_args__ = (UniqueConstraint("tenant_id", "email"),)
 
+    # Keys lead with tenant_id (a distributed PostgreSQL shards by it).
+    tenant_id: Mapped[int] = mapped_column(BigInteger, ForeignKey("tenants.id", ondelete="CASCADE"), primary_key=True)
     id: Mapped[int] = mapped_column(BigInteger, Identity(), primary_key=True)
-    tenant_id: Mapped[int] = mapped_column(BigInteger, ForeignKey("tenants.id", ondelete="CASCADE"))
     email: Mapped[str] = mapped_column(String(320))
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
 
@@ -42,13 +43,17 @@ class ApiKey(Base):
     """A key is shown once; only its SHA-256 is stored (keys are 256-bit random: a slow hash adds nothing)."""
 
     __tablename__ = "api_keys"
+    __table_args__ = (UniqueConstraint("tenant_id", "key_hash"),)
 
+    tenant_id: Mapped[int] = mapped_column(BigInteger, ForeignKey("tenants.id", ondelete="CASCADE"), primary_key=True)
     id: Mapped[str] = mapped_column(String(40), primary_key=True)
-    tenant_id: Mapped[int] = mapped_column(
-        BigInteger, ForeignKey("tenants.id", ondelete="CASCADE"), index=True
-    )
     user_email: Mapped[str] = mapped_column(String(320))
     role: Mapped[str] = mapped_column(String(20))
-    key_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    # Authentication finds a key by its hash alone (system mode); keys are 256-bit random, so unique in practice.
+    key_hash: Mapped[str] = mapped_column(String(64), index=True)
+    # A bound key acts as this agent / persona whatever a call names (see Caller.acting_as).
+    agent_id: Mapped[str | None] = mapped_column(String(200), nullable=True)
+    persona: Mapped[str | None] = mapped_column(String(200), nullable=True)
+    read_only: Mapped[bool] = mapped_column(Boolean, default=False, server_default="false")
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
     revoked_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)

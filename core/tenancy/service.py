@@ -29,6 +29,26 @@ class IssuedKey:
     tenant: str
     user: str
     role: str
+    agent_id: str | None = None
+    persona: str | None = None
+    read_only: bool = False
+
+
+@dataclass(frozen=True)
+class KeyBinding:
+    """What a key may act as: one agent and/or persona, and whether it may write."""
+
+    agent_id: str | None = None
+    persona: str | None = None
+    read_only: bool = False
+
+    def validate(self, *, role: str) -> None:
+        for name, value in (("agent_id", self.agent_id), ("persona", self.persona)):
+            if value is not None and (not value or len(value) > 200):
+                raise Invalid(f"{name} must be a non-empty string of at most 200 characters", field=name)
+        if role == "admin" and (self.agent_id is not None or self.persona is not None):
+            # An admin sees everything in its tenant: an agent or persona binding would mean nothing.
+            raise Invalid("an admin key cannot be bound to an agent or persona; use role member", field="role")
 
 
 def hash_key(api_key: str) -> str:
@@ -57,10 +77,14 @@ def get_tenant_by_name(session: Session, *, name: str) -> Tenant | None:
     return session.scalar(select(Tenant).where(Tenant.name == name))
 
 
-def issue_key(session: Session, *, tenant: Tenant, user: str, role: str) -> IssuedKey:
-    """Issue a key for `user` (created on first use) with `role`."""
+def issue_key(
+    session: Session, *, tenant: Tenant, user: str, role: str, binding: KeyBinding | None = None
+) -> IssuedKey:
+    """Issue a key for `user` (created on first use) with `role`, bound as `binding` says."""
+    binding = binding or KeyBinding()
     if role not in ROLES:
         raise Invalid(f"role must be one of {', '.join(ROLES)}", field="role")
+    binding.validate(role=role)
     if not _EMAIL.fullmatch(user or "") or len(user) > 320:
         raise Invalid("user must be an email address", field="user")
     existing = session.scalar(select(User).where(User.tenant_id == tenant.id, User.email == user))
@@ -68,10 +92,39 @@ def issue_key(session: Session, *, tenant: Tenant, user: str, role: str) -> Issu
         session.add(User(tenant_id=tenant.id, email=user))
     key_id, api_key = _new_key()
     session.add(
-        ApiKey(id=key_id, tenant_id=tenant.id, user_email=user, role=role, key_hash=hash_key(api_key))
+        ApiKey(
+            id=key_id,
+            tenant_id=tenant.id,
+            user_email=user,
+            role=role,
+            key_hash=hash_key(api_key),
+            agent_id=binding.agent_id,
+            persona=binding.persona,
+            read_only=binding.read_only,
+        )
     )
     session.flush()
-    return IssuedKey(id=key_id, api_key=api_key, tenant=tenant.name, user=user, role=role)
+    return IssuedKey(
+        id=key_id,
+        api_key=api_key,
+        tenant=tenant.name,
+        user=user,
+        role=role,
+        agent_id=binding.agent_id,
+        persona=binding.persona,
+        read_only=binding.read_only,
+    )
+
+
+def list_keys(session: Session, *, caller: Caller) -> list[ApiKey]:
+    """The tenant's live keys, oldest first."""
+    return list(
+        session.scalars(
+            select(ApiKey)
+            .where(ApiKey.tenant_id == caller.tenant_id, ApiKey.revoked_at.is_(None))
+            .order_by(ApiKey.created_at, ApiKey.id)
+        )
+    )
 
 
 def authenticate(session: Session, *, api_key: str) -> Caller:
@@ -87,7 +140,16 @@ def authenticate(session: Session, *, api_key: str) -> Caller:
         raise Unauthorized("invalid API key")
     key, tenant_name = row
     return Caller(
-        tenant_id=key.tenant_id, tenant_name=tenant_name, user=key.user_email, role=key.role, key_id=key.id
+        tenant_id=key.tenant_id,
+        tenant_name=tenant_name,
+        user=key.user_email,
+        role=key.role,
+        key_id=key.id,
+        agent_id=key.agent_id,
+        persona=key.persona,
+        bound_agent_id=key.agent_id,
+        bound_persona=key.persona,
+        read_only=key.read_only,
     )
 
 

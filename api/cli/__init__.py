@@ -1,0 +1,235 @@
+"""The `engram` command. Heavy imports stay inside the commands so `engram --help` and the REST-calling
+commands start fast."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+from pathlib import Path
+
+import click
+
+from core import __version__
+
+
+def _set_home(home: str | None) -> None:
+    if home:
+        os.environ["ENGRAM_HOME"] = str(Path(home).expanduser().resolve())
+        from core.config import reset_settings_cache
+
+        reset_settings_cache()
+
+
+home_option = click.option(
+    "--home", type=click.Path(file_okay=False), default=None, help="engram home (default ~/.engram)"
+)
+
+
+@click.group()
+@click.version_option(__version__, "--version", prog_name="engram", message="%(prog)s %(version)s")
+def main() -> None:
+    """engram: memory for AI agents."""
+
+
+@main.command()
+@click.option("--host", default="127.0.0.1", show_default=True)
+@click.option("--port", default=8000, type=int, show_default=True)
+@home_option
+def serve(host: str, port: int, home: str | None) -> None:
+    """Run the whole service: API, worker, beat (and embedded PostgreSQL/Redis unless configured)."""
+    from api.serve.stack import serve as run_serve
+    from core.config import get_settings
+
+    run_serve(host=host, port=port, home=Path(home) if home else get_settings().home)
+
+
+@main.command()
+@click.option("--host", default=None)
+@click.option("--port", default=None, type=int)
+@click.option("--workers", default=None, type=int, help="API worker processes")
+@click.option("--migrate/--no-migrate", default=True, help="apply migrations first")
+@home_option
+def api(host: str | None, port: int | None, workers: int | None, migrate: bool, home: str | None) -> None:
+    """Run the HTTP API alone."""
+    _set_home(home)
+    import uvicorn
+
+    from core.config import get_settings
+    from core.logging import configure_logging
+
+    settings = get_settings()
+    configure_logging(process="api")
+    from core.entities.source_guard import describe_policy
+
+    logging.getLogger("engram.api").info("%s", describe_policy())  # what tenants may connect to
+    if migrate:
+        from core.migrate import upgrade
+
+        upgrade()
+    uvicorn.run(
+        "api.main:app",
+        host=host or settings.host,
+        port=port or settings.port,
+        workers=workers or settings.api_workers,
+        # Logging is ours (core.logging, configured again in each worker by api.main); the access log is
+        # api.observe's, which knows the request id and the route.
+        log_config=None,
+        log_level=settings.log_level.lower(),
+        access_log=False,
+    )
+
+
+@main.command()
+@click.option("--concurrency", default=2, type=int, show_default=True)
+@click.option("--pool", default="threads", type=click.Choice(["threads", "prefork", "solo"]), show_default=True)
+@click.option(
+    "--supervise/--no-supervise",
+    default=True,
+    show_default=True,
+    help="run Celery in a child process and restart it if it dies (a broker outage can end it)",
+)
+@home_option
+def worker(concurrency: int, pool: str, supervise: bool, home: str | None) -> None:
+    """Run one Celery worker."""
+    _set_home(home)
+    if supervise:
+        from api.serve.supervise import run_supervised
+
+        argv = [sys.executable, "-m", "api.cli", "worker", f"--concurrency={concurrency}", f"--pool={pool}"]
+        sys.exit(run_supervised("worker", [*argv, "--no-supervise", *(["--home", home] if home else [])]))
+    from core.config import get_settings
+    from workers.celery_app import app
+
+    app.worker_main(
+        [
+            "worker",
+            f"--loglevel={get_settings().log_level.upper()}",
+            f"--concurrency={concurrency}",
+            f"--pool={pool}",
+            "-Q",
+            "engram",
+        ]
+    )
+
+
+@main.command()
+@home_option
+def beat(home: str | None) -> None:
+    """Run the Celery beat scheduler (reconcile, lifecycle)."""
+    _set_home(home)
+    from core.config import get_settings
+    from workers.celery_app import app
+
+    schedule = get_settings().home / "celerybeat-schedule"
+    schedule.parent.mkdir(parents=True, exist_ok=True)
+    app.start(["beat", f"--loglevel={get_settings().log_level.upper()}", f"--schedule={schedule}"])
+
+
+@main.command()
+@home_option
+def migrate(home: str | None) -> None:
+    """Apply database migrations."""
+    _set_home(home)
+    from core.runtime import database_session_for_cli
+
+    with database_session_for_cli():
+        from core.migrate import upgrade
+
+        upgrade()
+    click.echo("migrations applied")
+
+
+@main.command()
+@click.option("--agent-id", envvar="ENGRAM_AGENT_ID", default=None, help="default agent identity of the tools")
+@click.option("--persona", envvar="ENGRAM_PERSONA", default=None, help="default persona of the tools")
+@click.option("--url", envvar="ENGRAM_URL", default=None, help="serve through this remote engram's REST API")
+@click.option("--api-key", envvar="ENGRAM_API_KEY", default=None, help="the key the tools act for")
+@home_option
+def mcp(agent_id: str | None, persona: str | None, url: str | None, api_key: str | None, home: str | None) -> None:
+    """Run an MCP server over stdio for one agent: on the same storage as serve, or with --url through a
+    hosted engram's REST API."""
+    _set_home(home)
+    from api.mcp.stdio import McpStartupError, run_remote_stdio, run_stdio
+
+    try:
+        if url:
+            run_remote_stdio(url=url, api_key=api_key, agent_id=agent_id, persona=persona)
+        else:
+            if api_key:
+                os.environ["ENGRAM_API_KEY"] = api_key
+            run_stdio(agent_id=agent_id, persona=persona)
+    except McpStartupError as exc:
+        raise click.ClickException(str(exc)) from None
+
+
+@main.group()
+def tenant() -> None:
+    """Tenants."""
+
+
+@tenant.command("create")
+@click.argument("name")
+@click.option("--json", "as_json", is_flag=True, help='print {"tenant", "api_key"} only')
+@click.option("--admin-user", default="admin@localhost", show_default=True)
+@home_option
+def tenant_create(name: str, as_json: bool, admin_user: str, home: str | None) -> None:
+    """Create a tenant and its first admin key."""
+    _set_home(home)
+    from core.runtime import database_session_for_cli
+
+    with database_session_for_cli():
+        from core.db import system_session
+        from core.errors import EngramError
+        from core.migrate import upgrade
+        from core.tenancy.service import create_tenant
+
+        upgrade()
+        try:
+            with system_session() as session:
+                issued = create_tenant(session, name=name, admin_user=admin_user)
+        except EngramError as exc:
+            raise click.ClickException(exc.message) from None
+    if as_json:
+        click.echo(json.dumps({"tenant": issued.tenant, "api_key": issued.api_key}))
+    else:
+        click.echo(f"tenant {issued.tenant} created\nadmin key (shown once): {issued.api_key}")
+
+
+@tenant.command("list")
+@click.option("--format", "fmt", type=click.Choice(["json", "table"]), default="table", show_default=True)
+@home_option
+def tenant_list(fmt: str, home: str | None) -> None:
+    """Every tenant with its live keys and memories (reads the database, as `tenant create` writes it)."""
+    _set_home(home)
+    from core.runtime import database_session_for_cli
+
+    with database_session_for_cli():
+        from core.db import system_session
+        from core.tenancy.overview import tenant_overview
+
+        with system_session() as session:
+            rows = tenant_overview(session)
+    from api.cli.memory import emit
+
+    emit({"tenants": rows}, fmt=fmt, rows=rows, columns=("name", "keys", "memories", "created_at"))
+
+
+from api.cli.admin import datasource, key  # noqa: E402
+from api.cli.bench import bench, eval_  # noqa: E402 - registered after the group exists
+from api.cli.catalog import ingest  # noqa: E402
+from api.cli.demo import demo  # noqa: E402
+from api.cli.memory import memory  # noqa: E402
+from api.cli.ops import jobs, search  # noqa: E402
+
+main.add_command(memory)
+main.add_command(search)
+main.add_command(jobs)
+main.add_command(ingest)
+main.add_command(bench)
+main.add_command(eval_)
+main.add_command(datasource)
+main.add_command(key)
+main.add_command(demo)
+

@@ -1,0 +1,122 @@
+"""Request budgets kept in Redis, so they hold across API replicas (the `limits` library, sliding window).
+
+Two budgets: per API key (ENGRAM_RATE_LIMIT_PER_SECOND on average, bursts up to ENGRAM_RATE_LIMIT_BURST),
+and per client address for keys that fail to authenticate, so guessing keys cannot turn each guess into a
+database lookup. When Redis is unreachable the limiter fails open: a save must not fail because its budget
+cannot be read. It then logs a warning and leaves Redis alone for a few seconds, so an outage does not add
+a connect timeout to every request.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+from dataclasses import dataclass
+
+from limits import RateLimitItem, RateLimitItemPerSecond
+from limits.storage import RedisStorage
+from limits.strategies import SlidingWindowCounterRateLimiter
+
+from core.config import get_settings
+
+log = logging.getLogger("engram.ratelimit")
+
+_RETRY_REDIS_AFTER_SECONDS = 5.0
+# A client address may fail authentication this often per minute before it gets 429 without a lookup.
+INVALID_KEYS_PER_MINUTE = 120
+
+
+@dataclass(frozen=True)
+class Verdict:
+    allowed: bool
+    limit: int
+    remaining: int
+    reset_seconds: int
+
+    def headers(self) -> dict[str, str]:
+        """The IETF RateLimit header fields (and Retry-After when refused)."""
+        headers = {
+            "RateLimit-Limit": str(self.limit),
+            "RateLimit-Remaining": str(self.remaining),
+            "RateLimit-Reset": str(self.reset_seconds),
+        }
+        if not self.allowed:
+            headers["Retry-After"] = str(max(1, self.reset_seconds))
+        return headers
+
+
+class RedisRateLimiter:
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._limiter: SlidingWindowCounterRateLimiter | None = None
+        self._url = ""
+        self._down_until = 0.0
+
+    def _get(self) -> SlidingWindowCounterRateLimiter | None:
+        if time.monotonic() < self._down_until:
+            return None
+        settings = get_settings()
+        url = settings.redis_url
+        if not url:
+            from core.runtime import ServiceNotRunning, resolve_redis_url
+
+            try:
+                url = resolve_redis_url()
+            except ServiceNotRunning:
+                return None
+        with self._lock:
+            if self._limiter is None or url != self._url:
+                storage = RedisStorage(url, socket_connect_timeout=0.25, socket_timeout=0.25)
+                self._limiter, self._url = SlidingWindowCounterRateLimiter(storage), url
+            return self._limiter
+
+    def _failed(self, error: Exception) -> None:
+        self._down_until = time.monotonic() + _RETRY_REDIS_AFTER_SECONDS
+        log.warning("rate limiter unavailable, letting requests through: %s", error)
+
+    def hit(self, item: RateLimitItem, identifier: str) -> Verdict | None:
+        """Spend one request of `identifier`'s budget; None when the budget cannot be read (fail open)."""
+        limiter = self._get()
+        if limiter is None:
+            return None
+        try:
+            allowed = limiter.hit(item, identifier)
+            stats = limiter.get_window_stats(item, identifier)
+        except Exception as error:  # noqa: BLE001 - any storage failure must let the request through
+            self._failed(error)
+            return None
+        reset = max(0, math.ceil(stats.reset_time - time.time()))
+        return Verdict(allowed=allowed, limit=item.amount, remaining=stats.remaining, reset_seconds=reset)
+
+    def exhausted(self, item: RateLimitItem, identifier: str) -> Verdict | None:
+        """The refusal for `identifier` when its budget is spent (without spending), else None."""
+        limiter = self._get()
+        if limiter is None:
+            return None
+        try:
+            if limiter.test(item, identifier):
+                return None
+            stats = limiter.get_window_stats(item, identifier)
+        except Exception as error:  # noqa: BLE001 - fail open, as in hit()
+            self._failed(error)
+            return None
+        reset = max(1, math.ceil(stats.reset_time - time.time()))
+        return Verdict(allowed=False, limit=item.amount, remaining=0, reset_seconds=reset)
+
+
+def key_budget() -> RateLimitItem | None:
+    """The per-key budget as a sliding window: `burst` requests per `burst / rate` seconds keeps both the
+    average rate and the largest burst of a token bucket with those settings."""
+    settings = get_settings()
+    rate, burst = settings.rate_limit_per_second, max(settings.rate_limit_burst, 1.0)
+    if rate <= 0:
+        return None
+    seconds = max(1, round(burst / rate))
+    return RateLimitItemPerSecond(max(1, round(rate * seconds)), seconds, namespace="engram-key")
+
+
+INVALID_KEY_BUDGET = RateLimitItemPerSecond(INVALID_KEYS_PER_MINUTE, 60, namespace="engram-badkey")
+
+limiter = RedisRateLimiter()

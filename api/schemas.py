@@ -1,0 +1,231 @@
+"""Response models of the REST API: the OpenAPI description's success bodies, and what the Python clients
+(remote and local) and the MCP server parse.
+
+Request models are the core ones (``SaveMemoryIn``, ``PatchMemoryIn``, ``ListFilters``, ``SearchRequest``,
+``DatasourceIn``, ``ModelPutIn``, ``ModelPatchIn``); ``SaveResult`` and ``SearchResponse`` are core
+responses. Models here allow extra fields so a newer server never breaks an older client.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from core.memories.schemas import SaveResult
+
+
+class _Out(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+
+class AssociationOut(_Out):
+    target_id: str
+    relation_type: str
+    weight: float
+
+
+class Memory(_Out):
+    id: str
+    content: str
+    kind: str
+    category: str
+    importance: float
+    occurred_at: datetime | None = None
+    tags: list[str] = Field(default_factory=list)
+    source: str | None = None
+    run_id: str | None = None
+    persona: str | None = None
+    agent_id: str | None = None
+    entities: list[str] = Field(default_factory=list)
+    query: dict[str, Any] | None = None
+    associations: list[AssociationOut] = Field(default_factory=list)
+    status: str
+    stale_reason: str | None = None
+    superseded_by: str | None = None
+    created_by: str
+    created_at: datetime
+    updated_at: datetime
+    access_count: int = 0
+    last_accessed_at: datetime | None = None
+
+
+class MemoryVersion(_Out):
+    content: str
+    kind: str
+    category: str
+    tags: list[str] = Field(default_factory=list)
+    importance: float
+    entities: list[str] = Field(default_factory=list)
+    changed_by: str
+    changed_at: datetime
+
+
+class MemoryHistory(_Out):
+    versions: list[MemoryVersion]
+
+
+class MemoryPage(_Out):
+    memories: list[Memory]
+    next_cursor: str | None = None
+
+
+class ErrorBody(_Out):
+    """The contract's error object; more keys may follow (e.g. `status` in MCP answers)."""
+
+    code: str = Field(description="machine-readable kind of error", examples=["validation_error"])
+    message: str = Field(description="what went wrong, for a human", examples=["kind: Input should be 'fact', ..."])
+    field: str | None = Field(default=None, description="on 422: the offending field's path", examples=["kind"])
+
+
+class ErrorResponse(_Out):
+    """Every error of every route: ``{"error": {"code", "message", "field"?}}``."""
+
+    error: ErrorBody
+
+
+class BatchItemError(_Out):
+    error: ErrorBody
+
+
+class BatchResult(_Out):
+    results: list[SaveResult | BatchItemError]
+
+
+class ForgetResult(_Out):
+    memory_id: str
+    status: str
+
+
+class HydrateResult(_Out):
+    memories: list[Memory]
+    bytes: int
+
+
+class ImportResult(_Out):
+    imported: int
+    memory_ids: list[str]
+    warnings: list[str] = Field(default_factory=list)
+
+
+class IssuedKeyOut(_Out):
+    api_key: str
+    id: str
+    user: str
+    role: str
+    tenant: str
+    agent_id: str | None = None
+    persona: str | None = None
+    read_only: bool = False
+
+
+class KeyOut(_Out):
+    id: str
+    user: str
+    role: str
+    agent_id: str | None = None
+    persona: str | None = None
+    read_only: bool = False
+    created_at: datetime | None = None
+
+
+class KeyList(_Out):
+    keys: list[KeyOut]
+
+
+class KeyRevoked(_Out):
+    id: str
+    revoked: bool
+
+
+class Datasource(_Out):
+    name: str
+    url: str
+    dialect: str | None = None
+    description: str | None = None
+    schema_name: str | None = Field(default=None, alias="schema")
+    created_at: datetime | None = None
+    updated_at: datetime | None = None
+    last_ingested_at: datetime | None = None
+    models: list[str] | None = None
+    model_count: int | None = None
+
+
+class DatasourceList(_Out):
+    datasources: list[Datasource]
+
+
+class Deleted(_Out):
+    """A datasource or model delete, with the cascade's counters as extra fields."""
+
+    status: str
+
+
+class JobAccepted(_Out):
+    job_id: str
+
+
+class Job(_Out):
+    id: str
+    kind: str
+    state: str
+    attempts: int
+    error: str | None = None
+    created_at: datetime | None = None
+    updated_at: datetime | None = None
+    payload: dict[str, Any] | None = None
+    result: dict[str, Any] | None = None
+    tenant: str | None = None
+    started_at: datetime | None = None
+    finished_at: datetime | None = None
+
+
+class JobPage(_Out):
+    jobs: list[Job]
+    next_cursor: str | None = None
+
+
+class RunEnded(_Out):
+    run_id: str
+    status: str
+    count: int
+    skipped: int
+
+
+class CoverageRow(_Out):
+    tenant: str
+    doc_kind: str
+    model: str
+    indexed: int
+    expected: int
+    ratio: float
+
+
+class ModelInspection(_Out):
+    id: str
+    datasource: str
+    name: str
+    table: str | None = None
+    label: str | None = None
+    description: str | None = None
+    hidden: bool = False
+    origin: str | None = None
+    columns: list[dict[str, Any]] = Field(default_factory=list)
+    foreign_keys: list[dict[str, Any]] = Field(default_factory=list)
+    measures: list[dict[str, Any]] = Field(default_factory=list)
+    aggregations: list[dict[str, Any]] = Field(default_factory=list)
+    learnings: list[Memory] = Field(default_factory=list)
+
+
+class CoverageReport(_Out):
+    coverage: list[CoverageRow]
+
+
+class Health(_Out):
+    status: str = Field(examples=["ok"])
+
+
+class Readiness(_Out):
+    status: str = Field(description="`ready`, or `unavailable` (with a 503)", examples=["ready"])
+    checks: dict[str, str] = Field(description="per dependency: `ok` or why not", examples=[{"database": "ok"}])

@@ -1,0 +1,232 @@
+"""`engram serve`: the whole service on one machine, supervised, and stopped cleanly.
+
+Starts embedded PostgreSQL (pgvector) and Redis under the home unless ENGRAM_DATABASE_URL /
+ENGRAM_REDIS_URL name real ones, applies migrations, creates the default tenant on first run, then runs
+the API, one Celery worker and beat as child processes. SIGINT/SIGTERM stop the children first, then the
+embedded servers; every child also dies with this process (PDEATHSIG) if it is killed outright.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import click
+
+from api.serve.supervise import die_with_parent
+from core.config import Settings, get_settings, reset_settings_cache
+
+
+@dataclass
+class Child:
+    name: str
+    argv: list[str]
+    process: subprocess.Popen[bytes] | None = None
+    restarts: list[float] = field(default_factory=list)
+
+
+def _spawn(child: Child, env: dict[str, str], log_dir: Path) -> None:
+    log = open(log_dir / f"{child.name}.log", "ab")  # noqa: SIM115 - the child owns it
+    child.process = subprocess.Popen(
+        child.argv, env=env, stdout=log, stderr=subprocess.STDOUT, preexec_fn=die_with_parent(signal.SIGTERM)
+    )
+
+
+def _operator_key(settings: Settings) -> tuple[str, bool]:
+    """The operator key: the setting, else the one stored in the home (made on first run)."""
+    if settings.operator_key:
+        return settings.operator_key, False
+    path = settings.home / "operator_key"
+    if path.exists():
+        return path.read_text().strip(), False
+    key = "egop_" + secrets.token_urlsafe(32)
+    path.write_text(key)
+    path.chmod(0o600)
+    return key, True
+
+
+def _secret_key(settings: Settings) -> str:
+    if settings.secret_key:
+        return settings.secret_key
+    path = settings.home / "secret_key"
+    if not path.exists():
+        from cryptography.fernet import Fernet
+
+        path.write_text(Fernet.generate_key().decode())
+        path.chmod(0o600)
+    return path.read_text().strip()
+
+
+def _bootstrap_default_tenant(home: Path) -> str | None:
+    """On serve's first run on this home, create tenant `default` with an admin key (unless it exists)."""
+    marker = home / ".default-tenant"
+    if marker.exists():
+        return None
+    from core.db import system_session
+    from core.tenancy.service import create_tenant, get_tenant_by_name
+
+    with system_session() as session:
+        key = None if get_tenant_by_name(session, name="default") else create_tenant(session, name="default").api_key
+    marker.write_text("created on first run\n")
+    return key
+
+
+def _wait_http(url: str, *, timeout: float, children: list[Child]) -> bool:
+    import httpx
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if any(c.process is not None and c.process.poll() is not None for c in children if c.name == "api"):
+            return False
+        try:
+            if httpx.get(url, timeout=1.0).status_code == 200:
+                return True
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.1)
+    return False
+
+
+def ensure_port_free(host: str, port: int) -> None:
+    """Fail at once, before anything starts or is printed, when another process holds the API's port."""
+    import errno
+    import socket
+
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        # As uvicorn binds: SO_REUSEADDR, so a port left in TIME_WAIT by a stopped serve is not "in use".
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, port))
+        except OSError as exc:
+            reason = "is already in use" if exc.errno == errno.EADDRINUSE else f"cannot be bound ({exc.strerror})"
+            raise click.ClickException(f"port {port} on {host} {reason}; choose another with --port") from None
+
+
+def serve(*, host: str, port: int, home: Path) -> None:
+    ensure_port_free(host, port)
+    home = home.expanduser().resolve()
+    home.mkdir(parents=True, exist_ok=True)
+    os.environ["ENGRAM_HOME"] = str(home)
+    reset_settings_cache()
+    settings = get_settings()
+    from core.runtime import clear_runtime, read_runtime, write_runtime
+
+    if read_runtime(home) is not None:
+        raise click.ClickException(f"engram serve is already running on {home} (see {home / 'runtime.json'})")
+
+    stop_event = threading.Event()
+
+    def _on_signal(signum: int, frame: object) -> None:
+        stop_event.set()
+
+    signal.signal(signal.SIGINT, _on_signal)
+    signal.signal(signal.SIGTERM, _on_signal)
+
+    embedded: list = []
+    children: list[Child] = []
+    try:
+        database_url, redis_url = settings.database_url, settings.redis_url
+        if not database_url:
+            from core.embedded import EmbeddedPostgres
+
+            pg = EmbeddedPostgres.for_home(home)
+            embedded.append(pg)
+            database_url = pg.start()
+        if not redis_url:
+            from core.embedded import EmbeddedRedis
+
+            redis_server = EmbeddedRedis(data_dir=home / "redis")
+            embedded.append(redis_server)
+            redis_url = redis_server.start()
+        operator_key, new_operator_key = _operator_key(settings)
+        from core.entities.source_guard import describe_policy, serve_policy
+
+        os.environ.update(
+            ENGRAM_DATABASE_URL=database_url,
+            ENGRAM_REDIS_URL=redis_url,
+            ENGRAM_OPERATOR_KEY=operator_key,
+            ENGRAM_SECRET_KEY=_secret_key(settings),
+            ENGRAM_DATASOURCE_POLICY=serve_policy(),
+        )
+        reset_settings_cache()
+        from core.migrate import upgrade
+
+        upgrade()
+        admin_key = _bootstrap_default_tenant(home)
+        api_url = f"http://{host}:{port}"
+        write_runtime(
+            {
+                "pid": os.getpid(),
+                "database_url": database_url,
+                "redis_url": redis_url,
+                "api_url": api_url,
+                # One machine, its owner's data: local sources (loopback, SQLite files) are allowed unless
+                # ENGRAM_DATASOURCE_POLICY says otherwise (core.entities.source_guard.policy reads this).
+                "datasource_policy": get_settings().datasource_policy or "local",
+            },
+            home,
+        )
+        env = dict(os.environ)
+        exe = [sys.executable, "-m", "api.cli"]
+        children = [
+            Child("api", [*exe, "api", "--host", host, "--port", str(port), "--no-migrate"]),
+            Child("worker", [*exe, "worker"]),
+            Child("beat", [*exe, "beat"]),
+        ]
+        log_dir = home / "logs"
+        log_dir.mkdir(exist_ok=True)
+        for child in children:
+            _spawn(child, env, log_dir)
+        if not _wait_http(f"{api_url}/healthz", timeout=60, children=children):
+            raise click.ClickException(f"the API did not start; see {log_dir / 'api.log'}")
+        click.echo(f"engram is running\n  API:       {api_url}\n  dashboard: {api_url}/dashboard\n  home:      {home}")
+        click.echo(f"  {describe_policy()}")
+        if admin_key:
+            click.echo(f"  default tenant admin key (shown once): {admin_key}")
+        if new_operator_key:
+            click.echo(f"  operator key (shown once; also in {home / 'operator_key'}): {operator_key}")
+        click.echo("Press Ctrl-C to stop.", err=False)
+        sys.stdout.flush()
+        _supervise(children, env=env, log_dir=log_dir, stop_event=stop_event)
+    finally:
+        _stop_children(children)
+        for server in reversed(embedded):
+            server.stop()
+        clear_runtime(home)
+        click.echo("engram stopped.")
+
+
+def _supervise(children: list[Child], *, env: dict[str, str], log_dir: Path, stop_event: threading.Event) -> None:
+    """Restart a child that dies (at most 5 times a minute), until asked to stop."""
+    while not stop_event.wait(0.5):
+        for child in children:
+            if child.process is not None and child.process.poll() is not None:
+                now = time.monotonic()
+                child.restarts = [t for t in child.restarts if now - t < 60] + [now]
+                if len(child.restarts) > 5:
+                    raise click.ClickException(f"{child.name} keeps dying; see {log_dir / (child.name + '.log')}")
+                click.echo(f"{child.name} exited with {child.process.returncode}; restarting", err=True)
+                _spawn(child, env, log_dir)
+
+
+def _stop_children(children: list[Child]) -> None:
+    for child in children:
+        if child.process is not None and child.process.poll() is None:
+            child.process.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + 15
+    for child in children:
+        if child.process is None:
+            continue
+        try:
+            child.process.wait(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            child.process.kill()
+            child.process.wait()

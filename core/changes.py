@@ -1,0 +1,32 @@
+"""The tenant's change sequence: every write to tenant data takes the next value.
+
+Derived indexes (full-text, entity statistics, vector matrices) remember the last ``change_seq`` they
+reflect and catch up on rows stamped with a larger one. Catalog, memory and lifecycle writes all bump it,
+so it lives here, below those domains, rather than in any of them.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import func, update
+from sqlalchemy.orm import Session
+
+from core.tenancy.models import Tenant
+
+
+def bump_change_seq(session: Session, *, tenant_id: int, auto_ids: int = 0, supplied_max: int = 0) -> tuple[int, int]:
+    """Advance the tenant's change sequence (and reserve `auto_ids` memory ids) under its row lock.
+
+    Returns (memory_seq, change_seq) after the update; the reserved ids are
+    memory_seq - auto_ids + 1 .. memory_seq. The row lock also orders concurrent writers of one tenant,
+    so change_seq values become visible in commit order.
+    """
+    row = session.execute(
+        update(Tenant)
+        .where(Tenant.id == tenant_id)
+        .values(
+            memory_seq=func.greatest(Tenant.memory_seq, supplied_max) + auto_ids,
+            change_seq=Tenant.change_seq + 1,
+        )
+        .returning(Tenant.memory_seq, Tenant.change_seq)
+    ).one()
+    return int(row[0]), int(row[1])

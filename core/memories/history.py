@@ -1,0 +1,140 @@
+"""Every revision of a memory: written by each save, upsert and patch, read newest first.
+
+A revision is a row of ``memory_versions`` keyed by the tenant's ``change_seq`` of the write that made it
+(see core.changes), so the newest row is the memory as it stands. Catalog cascades may strip entities from
+a memory without a revision of their own; the read then puts the memory's current state first, so the
+first version is always the current one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+from sqlalchemy import delete, func, select, text
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.orm import Session
+
+from core.memories.models import Memory, MemoryVersion
+from core.memories.schemas import MemoryCategory, MemoryKind
+
+VERSION_FIELDS = ("content", "kind", "category", "tags", "importance", "entities")
+
+# Snapshot the named memories as they are now, as one revision each (after a patch or a ref strip).
+_RECORD = text(
+    """
+    INSERT INTO memory_versions (
+        tenant_id, memory_id, change_seq, content, kind, category, tags, importance, entities, changed_by, changed_at
+    )
+    SELECT tenant_id, id, change_seq, content, kind, category, coalesce(tags, '{}'), importance,
+           coalesce(entities, '{}'), :changed_by, updated_at
+    FROM memories WHERE tenant_id = :tenant_id AND id = ANY(:ids)
+    ON CONFLICT (tenant_id, memory_id, change_seq) DO UPDATE SET
+        content = excluded.content, kind = excluded.kind, category = excluded.category, tags = excluded.tags,
+        importance = excluded.importance, entities = excluded.entities, changed_by = excluded.changed_by,
+        changed_at = excluded.changed_at
+    """
+)
+
+
+class VersionIn(BaseModel):
+    """One revision as an export writes it (the history API's shape); what an import accepts back."""
+
+    model_config = ConfigDict(extra="forbid", strict=False)
+
+    content: str
+    kind: MemoryKind
+    category: MemoryCategory
+    tags: list[str] = Field(default_factory=list)
+    importance: float = Field(ge=0.0, le=1.0)
+    entities: list[str] = Field(default_factory=list)
+    changed_by: str | None = None
+    changed_at: datetime | None = None
+
+
+def record_versions(session: Session, *, tenant_id: int, memory_ids: Sequence[str], changed_by: str) -> None:
+    """Keep the current state of `memory_ids` as their newest revision (rows must carry this write's change_seq)."""
+    if memory_ids:
+        session.flush()
+        session.execute(_RECORD, {"tenant_id": tenant_id, "ids": list(memory_ids), "changed_by": changed_by})
+
+
+def _version_dict(
+    row: MemoryVersion | Memory, *, changed_by: str | None, changed_at: datetime | None
+) -> dict[str, Any]:
+    return {
+        "content": row.content,
+        "kind": row.kind,
+        "category": row.category,
+        "tags": list(row.tags or []),
+        "importance": row.importance,
+        "entities": list(row.entities or []),
+        "changed_by": changed_by,
+        "changed_at": changed_at.isoformat() if changed_at is not None else None,
+    }
+
+
+def history_of(session: Session, memory: Memory) -> list[dict[str, Any]]:
+    """The versions of a (visible) memory, newest first; the first is its current state."""
+    rows = session.scalars(
+        select(MemoryVersion).where(MemoryVersion.memory_id == memory.id).order_by(MemoryVersion.change_seq.desc())
+    ).all()
+    versions = [_version_dict(r, changed_by=r.changed_by, changed_at=r.changed_at) for r in rows]
+    current = _version_dict(memory, changed_by=None, changed_at=memory.updated_at)
+    if not versions or any(versions[0][k] != current[k] for k in VERSION_FIELDS):
+        # Changed without a revision of its own (a catalog cascade): the engine changed it.
+        versions.insert(0, {**current, "changed_by": "engram"})
+    return versions
+
+
+def histories_for(session: Session, memory_ids: Sequence[str]) -> dict[str, list[dict[str, Any]]]:
+    """The stored versions of many memories (an export), newest first per memory."""
+    out: dict[str, list[dict[str, Any]]] = {mid: [] for mid in memory_ids}
+    if not memory_ids:
+        return out
+    rows = session.scalars(
+        select(MemoryVersion)
+        .where(MemoryVersion.memory_id.in_(list(memory_ids)))
+        .order_by(MemoryVersion.memory_id, MemoryVersion.change_seq.desc())
+    ).all()
+    for r in rows:
+        out[r.memory_id].append(_version_dict(r, changed_by=r.changed_by, changed_at=r.changed_at))
+    return out
+
+
+def restore_history(
+    session: Session, *, tenant_id: int, memory_id: str, change_seq: int, versions: Sequence[VersionIn]
+) -> None:
+    """Replace a just-imported memory's revisions by those of its export (newest first).
+
+    The import's own revision (at `change_seq`) stays unless the export's newest version is the same
+    state, in which case the exported one, with its original author and time, takes its place.
+    """
+    current = session.scalar(
+        select(MemoryVersion).where(MemoryVersion.memory_id == memory_id, MemoryVersion.change_seq == change_seq)
+    )
+    session.execute(
+        delete(MemoryVersion).where(MemoryVersion.memory_id == memory_id, MemoryVersion.change_seq != change_seq)
+    )
+    if current is not None and versions:
+        mine = _version_dict(current, changed_by=None, changed_at=None)
+        if all(getattr(versions[0], k) == mine[k] for k in VERSION_FIELDS):
+            session.delete(current)
+            session.flush()
+        else:
+            change_seq -= 1  # the import's revision is the newest; the export's come before it
+    rows = [
+        {
+            "tenant_id": tenant_id,
+            "memory_id": memory_id,
+            "change_seq": change_seq - i,
+            **v.model_dump(include=set(VERSION_FIELDS)),
+            "changed_by": v.changed_by or "import",
+            "changed_at": v.changed_at or func.now(),
+        }
+        for i, v in enumerate(versions)
+    ]
+    if rows:
+        session.execute(pg_insert(MemoryVersion).values(rows).on_conflict_do_nothing())

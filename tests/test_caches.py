@@ -1,0 +1,66 @@
+"""Per-process caches are bounded, report their size, hits and evictions, and eviction never changes an
+answer (only latency)."""
+
+from __future__ import annotations
+
+import pytest
+
+from core.caches import CACHE_EVICTIONS, BoundedCache, cache_sizes
+from tests.test_search_api import save, search
+
+
+@pytest.mark.parametrize(
+    ("max_entries", "max_bytes", "puts", "kept"),
+    [
+        # Rule: the least recently used entry goes first once the entry bound is passed.
+        (2, 0, ["a", "b", "c"], ["b", "c"]),
+        # Rule: a byte bound evicts until the total fits, oldest first.
+        (10, 25, ["a", "b", "c"], ["b", "c"]),
+        # Rule: the entry just stored stays even when it alone passes the byte bound.
+        (10, 5, ["a", "b"], ["b"]),
+    ],
+)
+def test_bounded_cache_evicts_least_recently_used(max_entries, max_bytes, puts, kept):
+    evicted: list[object] = []
+    cache: BoundedCache[str] = BoundedCache(
+        f"test-{max_entries}-{max_bytes}",
+        max_entries=lambda: max_entries,
+        max_bytes=(lambda: max_bytes) if max_bytes else None,
+        weigh=lambda _value: 10,
+        on_evict=lambda key, _value: evicted.append(key),
+    )
+    for key in puts:
+        cache.put(key, key.upper())
+    assert cache.keys() == kept
+    assert sorted(evicted) == sorted(set(puts) - set(kept))
+    assert cache_sizes()[cache.name] == (len(kept), 10 * len(kept))
+
+
+def test_a_hit_makes_an_entry_recent():
+    cache: BoundedCache[int] = BoundedCache("test-recency", max_entries=lambda: 2)
+    cache.put("a", 1)
+    cache.put("b", 2)
+    assert cache.get("a") == 1  # "a" is now the most recent
+    cache.put("c", 3)
+    assert cache.keys() == ["a", "c"] and cache.get("b") is None
+    assert cache.get_or_create("b", lambda: 4) == 4 and cache.keys() == ["c", "b"]
+
+
+def test_evicting_a_tenants_index_handle_keeps_its_answers(client, make_tenant, monkeypatch):
+    """With room for one open full-text index, searching another tenant evicts the first tenant's handle;
+    the first tenant's next search reopens it and answers exactly as before."""
+    from core.config import get_settings
+
+    monkeypatch.setattr(get_settings(), "fulltext_max_open_indexes", 1)
+    first, second = make_tenant("cache"), make_tenant("cache")
+    for i in range(8):
+        save(client, first, {"content": f"parcel {i} ships from warehouse {i % 3} by courier"})
+        save(client, second, {"content": f"ledger {i} closes on day {i % 5} of the month"})
+    body = {"question": "courier warehouse parcel", "max_memories": 5}
+    before = search(client, first, body)
+    evictions = CACHE_EVICTIONS.labels("fulltext_indexes")._value.get()
+    search(client, second, {"question": "ledger closes"})
+    assert CACHE_EVICTIONS.labels("fulltext_indexes")._value.get() > evictions
+    after = search(client, first, body)
+    assert [(h["id"], h["score"]) for h in after["memories"]] == [(h["id"], h["score"]) for h in before["memories"]]
+    assert cache_sizes()["fulltext_indexes"][0] == 1

@@ -1,0 +1,94 @@
+"""Rate limits kept in Redis (CONTRACT section 2): they hold across API replicas, answer 429 with
+Retry-After and the RateLimit header fields, fail open when Redis is down, and bound failed key lookups."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+
+import pytest
+from limits import RateLimitItemPerSecond
+
+from api.ratelimit import INVALID_KEY_BUDGET, INVALID_KEYS_PER_MINUTE, RedisRateLimiter, limiter
+
+
+@pytest.fixture
+def tight_budget() -> Iterator[None]:
+    from core.config import get_settings
+
+    settings = get_settings()
+    saved = settings.rate_limit_per_second, settings.rate_limit_burst
+    settings.rate_limit_per_second, settings.rate_limit_burst = 1.0, 3.0
+    try:
+        yield
+    finally:
+        settings.rate_limit_per_second, settings.rate_limit_burst = saved
+
+
+def test_successful_responses_carry_ratelimit_headers(client, tenant):
+    response = client.get("/v1/memories", headers=tenant.headers())
+    assert response.status_code == 200
+    limit, remaining = int(response.headers["RateLimit-Limit"]), int(response.headers["RateLimit-Remaining"])
+    assert 0 <= remaining < limit and int(response.headers["RateLimit-Reset"]) >= 0
+
+
+def test_budget_is_shared_by_separate_limiters(stack, tenant):
+    """Two limiters with their own Redis connections (as two API replicas have) spend one budget."""
+    item = RateLimitItemPerSecond(5, 30, namespace="engram-test")
+    replica_a, replica_b = RedisRateLimiter(), RedisRateLimiter()
+    identifier = f"shared-{tenant.name}"
+    verdicts = [(replica_a if i % 2 else replica_b).hit(item, identifier) for i in range(8)]
+    assert all(v is not None for v in verdicts)
+    assert [v.allowed for v in verdicts if v is not None] == [True] * 5 + [False] * 3
+    refused = verdicts[-1]
+    assert refused is not None and refused.headers()["RateLimit-Remaining"] == "0"
+    assert 1 <= int(refused.headers()["Retry-After"]) <= 30
+
+
+def test_429_is_per_key(client, tenant, member_key, tight_budget):
+    other = member_key("other@example.com")  # spends one of the admin key's 3
+    statuses = [client.get("/v1/memories", headers=tenant.headers()).status_code for _ in range(4)]
+    assert statuses == [200, 200, 429, 429]
+    limited = client.get("/v1/memories", headers=tenant.headers())
+    assert limited.json()["error"]["code"] == "rate_limited"
+    names = {h.lower() for h in limited.headers}
+    assert {"retry-after", "ratelimit-limit", "ratelimit-remaining", "ratelimit-reset"} <= names
+    assert client.get("/v1/memories", headers=tenant.headers(other)).status_code == 200
+
+
+def test_saves_succeed_when_redis_is_down(client, tenant, tight_budget, caplog):
+    from core.config import get_settings
+    from core.embedded import free_port
+
+    settings = get_settings()
+    saved_url = settings.redis_url
+    settings.redis_url = f"redis://127.0.0.1:{free_port()}/0"  # nothing listens there
+    try:
+        with caplog.at_level(logging.WARNING, logger="engram.ratelimit"):
+            statuses = [
+                client.post("/v1/memories", json={"content": f"n{i}"}, headers=tenant.headers()).status_code
+                for i in range(5)
+            ]
+        assert statuses == [201] * 5  # over the budget of 3, yet let through: the limiter cannot count
+        assert "rate limiter unavailable" in caplog.text
+    finally:
+        settings.redis_url = saved_url
+        limiter._down_until = 0.0
+
+
+def test_failed_key_lookups_are_limited_per_address(client, tenant):
+    """Guessing keys: past the address's budget of failures, 429 without a database lookup."""
+    assert client.get("/v1/memories", headers=tenant.headers()).status_code == 200  # now cached
+    try:
+        statuses = [
+            client.get("/v1/memories", headers={"Authorization": f"Bearer egk_guess{i}"}).status_code
+            for i in range(INVALID_KEYS_PER_MINUTE + 2)
+        ]
+        assert statuses[:INVALID_KEYS_PER_MINUTE] == [401] * INVALID_KEYS_PER_MINUTE
+        assert statuses[-1] == 429
+        # A cached valid key from the same address still works.
+        assert client.get("/v1/memories", headers=tenant.headers()).status_code == 200
+    finally:
+        active = limiter._get()
+        assert active is not None
+        active.clear(INVALID_KEY_BUDGET, "testclient")
