@@ -226,8 +226,8 @@ def _figures(url: str, key: str, *, clients: int, seconds: float, log: Callable[
         out.append(figure("load", f"{op}_p50_ms", _p(values, 0.5), "ms", **params))
         out.append(figure("load", f"{op}_p95_ms", _p(values, 0.95), "ms", **params))
     out += [
-        figure("load", "status_503_p50_ms", _p(tally.busy_ms, 0.5), "ms", **params),
-        figure("load", "status_503_p95_ms", _p(tally.busy_ms, 0.95), "ms", **params),
+        figure("load", "busy_503_p50_ms", _p(tally.busy_ms, 0.5), "ms", **params),
+        figure("load", "busy_503_p95_ms", _p(tally.busy_ms, 0.95), "ms", **params),
         figure("load", "saves_acknowledged", len(tally.saved), "count", **params),
         figure("load", "lost_writes", lost, "count", **params),
         figure("load", "healthz_max_ms", max(tally.health_ms, default=0.0), "ms", **params),
