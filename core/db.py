@@ -216,7 +216,7 @@ def system_session() -> Iterator[Session]:
 def system_connection() -> Iterator[Connection]:
     """A Core connection in system mode, in one transaction (the outbox relay, index maintenance)."""
     with get_engine().begin() as connection:
-        connection.exec_driver_sql(_SYSTEM_MODE)
+        _set_mode(connection, _SYSTEM_MODE)
         yield connection
 
 
@@ -235,9 +235,15 @@ def _set_transaction_tenant(session: Session, _transaction: Any, connection: Con
     """Name the transaction's tenant (or system mode) to PostgreSQL before any statement of it runs."""
     tenant_id = session.info.get("tenant_id")
     if tenant_id is not None:
-        connection.exec_driver_sql(_tenant_mode(tenant_id))
+        _set_mode(connection, _tenant_mode(tenant_id))
     elif session.info.get("all_tenants"):
-        connection.exec_driver_sql(_SYSTEM_MODE)
+        _set_mode(connection, _SYSTEM_MODE)
+
+
+def _set_mode(connection: Connection, statement: str) -> None:
+    """Straight on the driver (no SQLAlchemy cursor round), and never prepared: the statement has no
+    parameters, so a prepared one would only count as a generic plan and fill psycopg's cache."""
+    connection.connection.driver_connection.execute(statement, prepare=False)  # type: ignore[union-attr]
 
 
 def _touches_tenant_data(state: ORMExecuteState) -> bool:
@@ -274,5 +280,5 @@ def scope_to_tenant(session: Session, tenant_id: int) -> Session:
     session.info.pop("all_tenants", None)
     session.info["tenant_id"] = tenant_id
     if session.in_transaction() and session.get_transaction() is not None:
-        session.connection().exec_driver_sql(_tenant_mode(tenant_id))
+        _set_mode(session.connection(), _tenant_mode(tenant_id))
     return session
