@@ -6,11 +6,13 @@ import logging
 
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse
+from fastapi_offline import FastAPIOffline
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 import core.schema  # noqa: F401 - every table known to the ORM
 from api.errors import error_response, install_error_handlers
 from api.observe import RequestContext
+from api.openapi import install_openapi, operation_id
 from api.overload import LoadShedder
 from core import __version__
 from core.config import get_settings
@@ -37,8 +39,24 @@ _BODY_LIMITS = (
 _BODY_METHODS = ("POST", "PUT", "PATCH")
 
 
+DESCRIPTION = """Memory for AI agents: save what a run learns, find it again by entity, words and meaning.
+
+Every /v1 call takes an API key as `Authorization: Bearer egk_...` (the Authorize button); `agent_id` and
+`persona` (in the body or the query) say which agent and persona a call acts for. Every error is
+`{"error": {"code", "message", "field"?}}`, with `field` the offending field's path on 422."""
+
+
 def create_app(*, install_queue: bool = False) -> FastAPI:
-    app = FastAPI(title="engram", version=__version__, docs_url="/docs", redoc_url=None)
+    # Swagger UI and ReDoc from the fastapi-offline package's own files: /docs and /redoc work offline.
+    app = FastAPIOffline(
+        title="engram",
+        version=__version__,
+        docs_url="/docs",
+        redoc_url="/redoc",
+        static_url="/docs/assets",
+        generate_unique_id_function=operation_id,
+    )
+    install_openapi(app, description=DESCRIPTION)
     install_error_handlers(app)
 
     app.add_middleware(BodyGuard)
@@ -54,7 +72,8 @@ def create_app(*, install_queue: bool = False) -> FastAPI:
         lock_timeout_seconds=settings.db_lock_timeout_seconds,
         idle_in_transaction_seconds=settings.db_idle_in_transaction_seconds,
     )
-    # Added last, so it runs first: the shedder's and BodyGuard's refusals carry the request id and are counted.
+    # Added last, so it runs first: even shed requests and BodyGuard's refusals carry the request id and
+    # are counted.
     app.add_middleware(RequestContext)
 
     from api.dashboard import routes as dashboard

@@ -41,8 +41,6 @@ class Settings(BaseSettings):
     # Embeddings: a litellm "<provider>/<model>" name, or "local" for the bundled model.
     embedding_model: str = "local"
     embedding_batch_size: int = 64
-    embedding_max_attempts: int = 5
-    embedding_retry_base_seconds: float = 1.0
     # Resilience drill: the share of embedding calls that fail on purpose (core.embeddings.chaos).
     embedding_fault_rate: float = 0.0
     similarity_update_threshold: float = 0.9
@@ -83,8 +81,18 @@ class Settings(BaseSettings):
     # Outbox: jobs queued longer than this without running are dispatched again by reconcile.
     outbox_redispatch_seconds: float = 30.0
     reconcile_interval_seconds: float = 15.0
-    # A running job whose worker died is dispatched again after this lease.
-    job_running_lease_seconds: float = 600.0
+    # A failed job attempt is retried after base * 2^(attempt-1) seconds, capped at the max, with jitter
+    # (core.jobs.runner.backoff_seconds); after max_attempts it fails. The defaults ride out an outage of
+    # about a day: 20 attempts, the delays doubling from 2 s to a 4 h ceiling.
+    job_max_attempts: int = 20
+    job_retry_base_seconds: float = 2.0
+    job_retry_max_seconds: float = 4 * 3600.0
+    # A running job renews this lease (a heartbeat every quarter of it) while its worker lives; once it has
+    # lapsed the worker is taken for dead and the job is dispatched again, so a killed worker costs seconds.
+    job_running_lease_seconds: float = 20.0
+    # Embed jobs larger than this are split into jobs of this size when they first run: a lost attempt
+    # redoes one chunk, and the chunks spread over the worker's processes.
+    embed_job_max_docs: int = 100
     # Redis redelivers an unacknowledged message (worker killed) after this long.
     broker_visibility_timeout_seconds: float = 3600.0
     api_workers: int = 1

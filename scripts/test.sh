@@ -14,7 +14,13 @@ if [ ! -x .venv/bin/python ]; then
 fi
 .venv/bin/python -m pip install --quiet --upgrade pip
 .venv/bin/python -m pip install --quiet -e '.[test]'
+# The Python SDK is its own distribution (clients/python); its tests run against this checkout's server.
+.venv/bin/python -m pip install --quiet -e clients/python
+# The TypeScript client's pinned toolchain (openapi-typescript, openapi-fetch, tsc) from its lock file.
+if command -v npm >/dev/null; then
+  (cd clients/typescript && npm ci --no-audit --no-fund --silent)
+fi
 
-.venv/bin/ruff check core api workers tests scripts
+.venv/bin/ruff check core api workers tests scripts clients/python
 .venv/bin/mypy core api workers
 exec .venv/bin/python -m pytest "$@"

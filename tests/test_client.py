@@ -52,8 +52,8 @@ def normalise(value: Any) -> Any:
     if isinstance(value, str) and GENERATED_ID.search(value):
         return GENERATED_ID.sub("<generated id>", value)
     if isinstance(value, str) and value.startswith("---\n"):  # the export: drop its record times
-        times = ("created_at:", "updated_at:", "occurred_at:")
-        return "\n".join(line for line in value.split("\n") if not line.startswith(times))
+        times = ("created_at:", "updated_at:", "occurred_at:", "changed_at:")  # also inside `history:`
+        return "\n".join(line for line in value.split("\n") if not line.strip().startswith(times))
     return value
 
 
@@ -219,3 +219,11 @@ def test_bad_keys_and_signatures():
         remote = inspect.signature(getattr(EngramClient, name))
         assert inspect.signature(getattr(LocalEngramClient, name)) == remote, name
         assert hasattr(AsyncEngramClient, name)
+
+
+def test_local_mode_is_the_rest_client_over_the_app_itself():
+    """Local mode adds no call of its own: every method is the REST client's, served by the routes in-process,
+    so it cannot drift from what a server answers."""
+    own = {name for name in vars(LocalEngramClient) if not name.startswith("__")}
+    assert own == set(), own
+    assert issubclass(LocalEngramClient, EngramClient)

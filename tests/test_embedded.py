@@ -85,7 +85,8 @@ def test_postgres_with_pgvector_and_redis_start_serve_and_stop(home: Path) -> No
     broker = EmbeddedRedis(data_dir=home / "redis")
     try:
         url = postgres.start()
-        assert url.startswith("postgresql+psycopg://postgres@127.0.0.1:") and url.endswith("/engram")
+        assert url.startswith(f"postgresql+psycopg://postgres:{postgres.password}@127.0.0.1:")
+        assert url.endswith("/engram") and len(postgres.password) >= 32
         assert url == postgres.url and postgres.port not in (None, 5432)
         with psycopg.connect(_psycopg_dsn(url)) as conn:
             distance = conn.execute("SELECT '[1,2,3]'::vector <=> '[1,2,4]'::vector").fetchone()
@@ -110,6 +111,59 @@ def test_postgres_with_pgvector_and_redis_start_serve_and_stop(home: Path) -> No
     broker.stop()
     for pid in pids:
         assert pid is not None and not psutil.pid_exists(pid)
+
+
+def _refused_without_password(postgres: EmbeddedPostgres) -> list[str]:
+    """How each password-less login attempt (TCP as the superuser, the socket, a wrong password) ended."""
+    attempts = [
+        f"host=127.0.0.1 port={postgres.port} user=postgres dbname=engram",
+        f"host=127.0.0.1 port={postgres.port} user=postgres password=wrong dbname=postgres",
+        f"host={postgres.data_dir.resolve()} port={postgres.port} user=postgres dbname=engram",
+    ]
+    answers = []
+    for dsn in attempts:
+        try:
+            psycopg.connect(dsn, connect_timeout=5).close()
+            answers.append("connected")
+        except psycopg.OperationalError as exc:
+            answers.append("password" if "password" in str(exc) else str(exc))
+    return answers
+
+
+def test_postgres_asks_every_client_for_the_password_kept_in_the_home(home: Path) -> None:
+    """No trusted login on TCP or the socket; the password is generated once, 0600, under the home."""
+    postgres = EmbeddedPostgres.for_home(home, durable=False)
+    try:
+        url = postgres.start()
+        secret = home / "pg_password"
+        assert secret.stat().st_mode & 0o777 == 0o600 and secret.read_text() in url
+        assert _refused_without_password(postgres) == ["password"] * 3
+        with psycopg.connect(_psycopg_dsn(url)) as conn:
+            assert conn.execute("SELECT current_user").fetchone() == ("postgres",)
+    finally:
+        postgres.stop()
+
+
+def test_a_cluster_from_an_older_version_gets_a_password_on_start(home: Path) -> None:
+    """An older engram made clusters that trusted every login from 127.0.0.1 and kept no password: the
+    next start writes the new rules and sets a fresh password before the server listens."""
+    data_dir = pg_data_dir_for(home)
+    first = EmbeddedPostgres.for_home(home, durable=False)
+    first.start()
+    first.stop()
+    hba = data_dir / "pg_hba.conf"
+    hba.write_text("local all all trust\nhost all all 127.0.0.1/32 trust\nhost all all ::1/128 trust\n")
+    (data_dir / "engram_auth").unlink()
+    (home / "pg_password").unlink()
+    again = EmbeddedPostgres.for_home(home, durable=False)
+    try:
+        url = again.start()
+        assert "trust" not in hba.read_text() and (home / "pg_password").exists()
+        assert _refused_without_password(again) == ["password"] * 3
+        with psycopg.connect(_psycopg_dsn(url)) as conn:
+            assert conn.execute("SELECT 1").fetchone() == (1,)
+    finally:
+        again.stop()
 
 
 def test_restart_keeps_postgres_rows_and_queued_redis_messages(home: Path) -> None:

@@ -151,7 +151,7 @@ def test_litellm_names_route_to_litellm_without_importing_it():
 
 @pytest.mark.skipif(
     importlib.util.find_spec("litellm") is None,
-    reason="litellm not installed (optional extra engram[litellm]); provider error mapping not testable",
+    reason="litellm not installed (optional extra engram-memory-server[litellm]); provider error mapping not testable",
 )
 def test_unknown_litellm_provider_raises_provider_error():
     emb = LiteLLMEmbedder("nosuchprovider/some-model")

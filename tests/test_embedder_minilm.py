@@ -1,5 +1,5 @@
-"""The optional full MiniLM backend (`local/all-minilm-l6-v2`, extra engram[minilm]): real vectors from the
-real transformer, offline, and a tenant that switches to it searches by meaning."""
+"""The optional full MiniLM backend (`local/all-minilm-l6-v2`, extra engram-memory-server[minilm]): real vectors
+from the real transformer, offline, and a tenant that switches to it searches by meaning."""
 
 from __future__ import annotations
 
@@ -112,7 +112,7 @@ def test_a_deployment_without_the_extra_still_saves_and_searches(client, tenant,
         body = response.json()
         assert [m["text"] for m in body["memories"]] == ["weekly churn is reported on mondays"]
         assert body["degraded"] is True
-        assert any("engram[minilm]" in w for w in body["warnings"]), body["warnings"]
+        assert any("engram-memory-server[minilm]" in w for w in body["warnings"]), body["warnings"]
     finally:
         settings.embedding_model = saved
         clear_embedder_cache()

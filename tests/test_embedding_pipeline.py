@@ -121,12 +121,16 @@ def test_reconcile_finds_changed_content_and_missing_rows(client, tenant):
 
 
 def test_model_change_converges_and_old_rows_serve_meanwhile(client, tenant):
-    """After ENGRAM_EMBEDDING_MODEL changes, search keeps the old model until the new one covers every
-    memory; reconcile converges the tenant; old rows go only by the explicit command."""
+    """After ENGRAM_EMBEDDING_MODEL changes (between two local models), search keeps the old model until the
+    new one covers every memory; reconcile converges the tenant, then deletes the retired model's vectors,
+    and coverage (which reports the configured model) is back at 1.0."""
+    from sqlalchemy import func
+
     from core.db import tenant_session
     from core.embeddings.providers import HASHING_MODEL_NAME, get_embedder
     from core.embeddings.reconcile import reconcile_embeddings
-    from core.embeddings.store import drop_other_models, serving_model
+    from core.embeddings.store import serving_model
+    from core.embeddings.store_models import Embedding
 
     settings = get_settings()
     old_model = get_embedder(settings.embedding_model).name
@@ -139,13 +143,23 @@ def test_model_change_converges_and_old_rows_serve_meanwhile(client, tenant):
         with tenant_session(tenant.tenant_id) as session:
             assert serving_model(session, configured_model=HASHING_MODEL_NAME) == old_model
         assert reconcile_embeddings(model=HASHING_MODEL_NAME)[tenant.tenant_id] == 12
-        _converge(client, tenant, HASHING_MODEL_NAME)
         rows = _coverage(client, tenant)
-        assert rows[("memory", old_model)]["indexed"] == 12  # old rows are kept
+        assert set(rows) == {("memory", HASHING_MODEL_NAME)} and rows[("memory", HASHING_MODEL_NAME)]["ratio"] == 0
+        _converge(client, tenant, HASHING_MODEL_NAME)
+
+        def old_rows() -> int:
+            with tenant_session(tenant.tenant_id) as session:
+                return int(session.scalar(select(func.count()).where(Embedding.model == old_model)) or 0)
+
+        assert old_rows() == 12  # converged, but reconcile has not run since: the old rows still exist
         with tenant_session(tenant.tenant_id) as session:
             assert serving_model(session, configured_model=HASHING_MODEL_NAME) == HASHING_MODEL_NAME
-            assert drop_other_models(session, keep_model=HASHING_MODEL_NAME) == 12
-        assert ("memory", old_model) not in {k for k, v in _coverage(client, tenant).items() if v["indexed"]}
+        assert tenant.tenant_id not in reconcile_embeddings(model=HASHING_MODEL_NAME)
+        assert old_rows() == 0
+        rows = _coverage(client, tenant)
+        assert set(rows) == {("memory", HASHING_MODEL_NAME)}
+        row = rows[("memory", HASHING_MODEL_NAME)]
+        assert (row["indexed"], row["expected"], row["ratio"]) == (12, 12, 1.0)
     finally:
         settings.embedding_model = saved
 

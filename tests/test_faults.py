@@ -30,16 +30,34 @@ DRILL_ENV = {
     "ENGRAM_JOB_RUNNING_LEASE_SECONDS": "8",
     "ENGRAM_OUTBOX_REDISPATCH_SECONDS": "2",
     "ENGRAM_RECONCILE_INTERVAL_SECONDS": "1",
-    "ENGRAM_EMBEDDING_RETRY_BASE_SECONDS": "0.2",
+    "ENGRAM_JOB_RETRY_BASE_SECONDS": "0.2",
+    "ENGRAM_JOB_RETRY_MAX_SECONDS": "2",
 }
 
 
+def _defaults(*names: str) -> dict[str, str]:
+    """The shipped defaults of these settings, as environment values (overriding the suite's fast ones)."""
+    from core.config import Settings
+
+    return {f"ENGRAM_{n.upper()}": str(Settings.model_fields[n].default) for n in names}
+
+
+# The settings that decide how fast a dead worker is noticed, at their shipped values.
+DEFAULT_RECOVERY_ENV = _defaults(
+    "broker_visibility_timeout_seconds",
+    "job_running_lease_seconds",
+    "outbox_redispatch_seconds",
+    "reconcile_interval_seconds",
+)
+
+
 class Drill:
-    def __init__(self, stack, base: Path):  # type: ignore[no-untyped-def]
+    def __init__(self, stack, base: Path, drill_env: dict[str, str] = DRILL_ENV):  # type: ignore[no-untyped-def]
         self.base = base
+        self.drill_env = drill_env
         self.redis = EmbeddedRedis(data_dir=base / "redis")
         self.redis_url = self.redis.start()
-        self.env = {**os.environ, **stack.env, **DRILL_ENV, "ENGRAM_REDIS_URL": self.redis_url}
+        self.env = {**os.environ, **stack.env, **drill_env, "ENGRAM_REDIS_URL": self.redis_url}
         self.stack = stack
         self.processes: list[subprocess.Popen[bytes]] = []
         self.workers: list[WorkerProcess] = []
@@ -62,7 +80,7 @@ class Drill:
         )
 
     def start_worker(self, **extra_env: str) -> WorkerProcess:
-        stack = type(self.stack)(**{**self.stack.__dict__, "env": {**self.stack.env, **DRILL_ENV}})
+        stack = type(self.stack)(**{**self.stack.__dict__, "env": {**self.stack.env, **self.drill_env}})
         worker = WorkerProcess(stack, extra_env={"ENGRAM_REDIS_URL": self.redis_url, **extra_env})
         self.workers.append(worker)
         return worker
@@ -85,6 +103,16 @@ def drill(stack) -> Iterator[Drill]:  # type: ignore[no-untyped-def]
     base = Path(tempfile.mkdtemp(prefix="engram-drill-", dir="/tmp"))
     base.chmod(0o755)
     d = Drill(stack, base)
+    yield d
+    d.stop()
+
+
+@pytest.fixture
+def default_drill(stack) -> Iterator[Drill]:  # type: ignore[no-untyped-def]
+    """A drill whose lease, re-dispatch and reconcile timings are the shipped defaults."""
+    base = Path(tempfile.mkdtemp(prefix="engram-drill-", dir="/tmp"))
+    base.chmod(0o755)
+    d = Drill(stack, base, drill_env=DEFAULT_RECOVERY_ENV)
     yield d
     d.stop()
 
@@ -194,7 +222,7 @@ def test_flaky_provider_still_converges(drill):
     from core.jobs.models import Job
 
     tenant_id, headers = _new_tenant()
-    drill.start_worker(ENGRAM_EMBEDDING_FAULT_RATE="0.5", ENGRAM_EMBEDDING_MAX_ATTEMPTS="30")
+    drill.start_worker(ENGRAM_EMBEDDING_FAULT_RATE="0.5", ENGRAM_JOB_MAX_ATTEMPTS="30")
     _save_batches(drill.url, headers, total=200, size=20)
     wait_for(lambda: _embedded_count(tenant_id) == 200, timeout=180, interval=0.5)
 
@@ -208,3 +236,61 @@ def test_flaky_provider_still_converges(drill):
         (j.state, j.attempts, j.error, j.payload.get("reason")) for j in jobs
     ]
     assert any(j.attempts > 1 for j in jobs), "half the calls failed, so some job must have retried"
+
+
+def _descendants(pid: int) -> list[int]:
+    found = []
+    for child in _children(pid):
+        found += [child, *_descendants(child)]
+    return found
+
+
+def _embed_jobs(tenant_id: int) -> list[tuple[str, str, int, int]]:
+    """(id, state, attempts, docs) of the tenant's embed jobs."""
+    from core.db import get_engine
+
+    with get_engine().connect() as connection:
+        rows = connection.execute(
+            text(
+                "SELECT id, state, attempts, jsonb_array_length(payload->'doc_ids') FROM jobs "
+                "WHERE tenant_id = :t AND kind = 'embed'"
+            ),
+            {"t": tenant_id},
+        ).all()
+    return [(r[0], r[1], int(r[2]), int(r[3])) for r in rows]
+
+
+def test_celery_killed_during_a_big_embed_job_recovers_within_a_minute(default_drill):
+    """kill -9 of the Celery processes (main and pool) while a 1,000-item embed job runs, with the shipped
+    lease and reconcile timings: the job was split into chunks of at most 100, the chunk whose worker died
+    stops renewing its lease and runs again, and every embedding lands within 60 s of the kill."""
+    from core.config import get_settings
+
+    drill = default_drill
+    tenant_id, headers = _new_tenant()
+    worker = drill.start_worker(ENGRAM_EMBEDDING_BATCH_SIZE="1")
+    _save_batches(drill.url, headers, total=1000, size=1000)
+    chunk = get_settings().embed_job_max_docs
+
+    def busy() -> bool:
+        running = any(state == "running" for _, state, _, _ in _embed_jobs(tenant_id))
+        return running and 0 < _embedded_count(tenant_id) < 1000
+
+    wait_for(busy, timeout=120, interval=0.02)
+    (celery,) = _children(worker.process.pid)
+    for pid in [celery, *_descendants(celery)]:
+        os.kill(pid, signal.SIGKILL)
+    killed_at = time.monotonic()
+    # No process is left to run a job: a job still marked running is an attempt that died.
+    dead = [job_id for job_id, state, _, _ in _embed_jobs(tenant_id) if state == "running"]
+    assert dead and _embedded_count(tenant_id) < 1000
+    # Within a minute of the kill (the restarted Celery included), coverage is back to 1.0.
+    wait_for(lambda: _embedded_count(tenant_id) == 1000, timeout=60, interval=0.5)
+    print(f"coverage back to 1.0 {time.monotonic() - killed_at:.1f} s after the kill")
+    rows = httpx.get(f"{drill.url}/v1/ops/coverage", headers=headers, timeout=10).json()["coverage"]
+    assert [r["ratio"] for r in rows if r["doc_kind"] == "memory" and r["indexed"]] == [1.0]
+    jobs = _embed_jobs(tenant_id)
+    assert len(jobs) >= 1000 // chunk and all(docs <= chunk for _, _, _, docs in jobs)
+    # The attempts that died with the worker were detected (their lease lapsed) and run again.
+    again = {job_id: attempts for job_id, state, attempts, _ in jobs if job_id in dead and state == "succeeded"}
+    assert set(again) == set(dead) and all(attempts >= 2 for attempts in again.values()), (dead, jobs)

@@ -149,3 +149,43 @@ def test_probes_are_async_and_answer_outside_the_request_pool(client, path):
         from core.db import get_engine
 
         assert health._engine() is not get_engine()
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "http://localhost:8000",
+        "http://10.0.0.1:8000",
+        "https://127.0.0.1:8000",
+        "http://127.0.0.2:8000",
+        "http://127.0.0.1",
+        "http://user@127.0.0.1:8000",
+        "http://127.0.0.1:8000/v1",
+        "http://example.com:80",
+    ],
+)
+def test_bench_load_refuses_anything_but_loopback(url):
+    from core.bench.load import NotLoopback, check_loopback, run
+
+    with pytest.raises(NotLoopback):
+        check_loopback(url)
+    with pytest.raises(ValueError):
+        run(url=url, key="egk_x", clients=1, seconds=1, log=lambda m: None)
+    assert check_loopback("http://127.0.0.1:8123/") == "http://127.0.0.1:8123"
+
+
+def test_bench_load_short_run_loses_nothing_and_answers_only_2xx_or_503(stack, tenant):
+    from core.bench.load import run
+    from core.bench.stack import BenchStack, api_process
+    from core.embedded import free_port
+
+    with api_process(BenchStack(home=stack.home, env=stack.env), port=free_port()) as url:
+        figures = run(url=url, key=tenant.admin_key, clients=4, seconds=3, log=lambda m: None)
+    values = {f["metric"]: f["value"] for f in figures}
+    assert all(f["bench"] == "load" and f["params"] == {"clients": 4, "seconds": 3} for f in figures)
+    assert values["requests"] > 0 and values["saves_acknowledged"] > 0
+    assert values["lost_writes"] == 0
+    assert values["unanswered_30s"] == 0 and values["connection_errors"] == 0
+    statuses = {m[len("status_") :]: v for m, v in values.items() if m.startswith("status_")}
+    assert sum(statuses.values()) == values["requests"]
+    assert all(code.startswith("2") or code == "503" for code in statuses), statuses

@@ -17,6 +17,7 @@ import pytest
 from core.embedded import free_port
 from core.logging import add_secret, configure_logging, make_formatter, redact, request_id_scope
 from tests.conftest import OPERATOR_KEY, REPO, WorkerProcess, wait_for
+from tests.test_catalog_support import sqlite_source
 
 DS_PASSWORD = "Tiger-Secret-Pw-4711"
 
@@ -79,10 +80,12 @@ def test_readable_lines_on_a_terminal():
 
 
 def test_a_full_run_logs_request_ids_into_jobs_and_never_a_secret(stack, tmp_path):
-    env = {**os.environ, **stack.env, "ENGRAM_LOG_LEVEL": "DEBUG", "ENGRAM_ACCESS_LOG": "true"}
+    # Local datasource policy: the API tries to reach the loopback source instead of refusing it unseen.
+    extra = {"ENGRAM_LOG_LEVEL": "DEBUG", "ENGRAM_ACCESS_LOG": "true", "ENGRAM_DATASOURCE_POLICY": "local"}
+    env = {**os.environ, **stack.env, **extra}
     port = free_port()
     api_log = tmp_path / "api.log"
-    worker = WorkerProcess(stack, extra_env={"ENGRAM_LOG_LEVEL": "DEBUG"})
+    worker = WorkerProcess(stack, extra_env=extra)
     with open(api_log, "wb") as out:
         api = subprocess.Popen(
             [sys.executable, "-m", "api.cli", "api", "--port", str(port), "--no-migrate"],
@@ -108,10 +111,14 @@ def test_a_full_run_logs_request_ids_into_jobs_and_never_a_secret(stack, tmp_pat
             http.post(
                 "/v1/memories", json={"content": "by a member"}, headers={"Authorization": f"Bearer {member_key}"}
             )
-            url = _database_with_password(stack)
-            created = http.post("/v1/datasources", json={"name": "pw", "url": url}, headers=headers)
+            # A PostgreSQL source given with a password (nothing listens there: the API refuses it after trying).
+            url = f"postgresql://scott:{DS_PASSWORD}@127.0.0.1:{free_port()}/shop"
+            refused = http.post("/v1/datasources", json={"name": "pw", "url": url}, headers=headers)
+            assert refused.status_code == 422, refused.text
+            with sqlite_source(tmp_path) as (sqlite_url, _):
+                created = http.post("/v1/datasources", json={"name": "shop", "url": sqlite_url}, headers=headers)
             assert created.status_code == 201, created.text
-            job = http.post("/v1/datasources/pw/ingest", json={}, headers={**headers, "X-Request-ID": "logs-req-2"})
+            job = http.post("/v1/datasources/shop/ingest", json={}, headers={**headers, "X-Request-ID": "logs-req-2"})
             job_id = job.json()["job_id"]
 
             def ingested() -> bool:
@@ -137,27 +144,6 @@ def test_a_full_run_logs_request_ids_into_jobs_and_never_a_secret(stack, tmp_pat
     embed_lines = [line for line in worker_lines if "engram.job.embed" in line["message"]]
     assert any(line.get("request_id") == "logs-req-1" for line in embed_lines)
     assert any(line.get("request_id") == "logs-req-2" for line in worker_lines)
-
-
-def _database_with_password(stack) -> str:  # type: ignore[no-untyped-def]
-    """A small database reached as a role with a password (the embedded server trusts local logins, so the
-    password only has to be carried, as a real deployment's would be)."""
-    import uuid
-
-    import psycopg
-    from sqlalchemy.engine import make_url
-
-    name = f"logs_shop_{uuid.uuid4().hex[:8]}"
-    admin = make_url(stack.database_url).set(drivername="postgresql")
-    with psycopg.connect(admin.render_as_string(hide_password=False), autocommit=True) as connection:
-        if connection.execute("SELECT 1 FROM pg_roles WHERE rolname = 'logs_reader'").fetchone() is None:
-            connection.execute(f"CREATE ROLE logs_reader LOGIN PASSWORD '{DS_PASSWORD}'")
-        connection.execute(f"CREATE DATABASE {name} OWNER logs_reader")
-    shop = admin.set(database=name, username="logs_reader", password=DS_PASSWORD)
-    with psycopg.connect(shop.render_as_string(hide_password=False), autocommit=True) as connection:
-        connection.execute("CREATE TABLE orders (id int primary key, amount int, status text)")
-        connection.execute("INSERT INTO orders VALUES (1, 300, 'paid'), (2, 500, 'open')")
-    return shop.set(drivername="postgresql+psycopg").render_as_string(hide_password=False)
 
 
 def _answers(url: str) -> bool:

@@ -18,8 +18,8 @@ from mcp import ClientSession, StdioServerParameters
 from mcp.client.stdio import stdio_client
 from mcp.client.streamable_http import streamable_http_client
 
-from api.mcp import engram_version
 from api.mcp.size import measure
+from core import __version__
 from tests.live_api import running_api
 from tests.test_catalog_support import create_and_ingest, sqlite_source
 
@@ -65,7 +65,7 @@ async def stdio_session(stack, api_key: str | None, *args: str) -> AsyncIterator
     params = StdioServerParameters(command=sys.executable, args=["-m", "api.cli", "mcp", *args], env=env, cwd=str(REPO))
     async with stdio_client(params) as (read, write), ClientSession(read, write) as session:
         init = await session.initialize()
-        assert init.serverInfo.name == "engram" and init.serverInfo.version == engram_version()
+        assert init.serverInfo.name == "engram" and init.serverInfo.version == __version__
         yield session
 
 

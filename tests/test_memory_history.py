@@ -113,3 +113,23 @@ def test_import_rejects_a_malformed_history(client, tenant):
     )
     assert response.status_code == 422, response.text
     assert response.json()["error"]["field"].startswith("blocks.0.history")
+
+
+def test_a_catalog_cascade_shows_as_the_engines_revision(client, tenant, tmp_path):
+    """A column removed from the catalog strips it from the memories linking it: the history's first
+    version is the memory as it now stands, recorded as changed by the engine."""
+    import sqlite3
+
+    db = tmp_path / "shop.db"
+    sqlite3.connect(db).close()
+    headers = tenant.headers()
+    created = client.post("/v1/datasources", json={"name": "shop", "url": f"sqlite:///{db}"}, headers=headers)
+    assert created.status_code == 201, created.text
+    body = {"columns": [{"name": "amount", "type": "INTEGER"}, {"name": "status", "type": "TEXT"}]}
+    assert client.put("/v1/models/shop/orders", json=body, headers=headers).status_code == 200
+    mid = save(client, tenant, {"content": "status is free text", "linked_entities": ["shop.orders.status"]})
+    response = client.patch("/v1/models/shop/orders", json={"remove_columns": ["status"]}, headers=headers)
+    assert response.status_code == 200, response.text
+    versions = history(client, tenant, mid)
+    assert [v["entities"] for v in versions] == [[], ["shop.orders.status"]]
+    assert [v["changed_by"] for v in versions] == ["engram", "admin@localhost"]

@@ -66,17 +66,46 @@ def test_embedding_work_and_coverage_are_exported(client, tenant, worker):
         key = next(
             (k for k in samples.get("engram_embedding_coverage_ratio", {}) if ("tenant", tenant.name) in k), None
         )
-        return samples if key and samples["engram_embedding_coverage_ratio"][key] == 1.0 else None
+        # The embedding lands before its job is marked succeeded: wait for both.
+        done = samples.get("engram_embed_job_attempts_total", {}).get((("outcome", "succeeded"),), 0) >= 1
+        return samples if done and key and samples["engram_embedding_coverage_ratio"][key] == 1.0 else None
 
     samples = wait_for(covered, timeout=60)
     assert samples["engram_embed_job_attempts_total"][(("outcome", "failed"),)] >= 2
     assert samples["engram_embed_job_attempts_total"][(("outcome", "succeeded"),)] >= 1
     assert samples["engram_embed_job_texts_total"][()] >= 1
-    assert (
-        "engram_search_channel_seconds_count" in samples
-        or "engram_embedding_calls_total" in {name.removesuffix("_created") for name in samples}
-        or True
-    )  # process metrics appear once used; the point is that the scrape parses
+
+
+def test_search_latency_is_recorded_for_each_channel_that_ran(client, tenant):
+    """One observation per channel and search: all four for a question with entities and embeddings, only
+    the entity channel for entities alone."""
+    headers = tenant.headers()
+    saved = client.post(
+        "/v1/memories", json={"content": "channel timing for invoices", "sync_embed": True}, headers=headers
+    )
+    memory_id = saved.json()["memory_id"]
+    count = "engram_search_channel_seconds_count"
+    channels = ("entity_bm25", "fulltext", "dense", "graph")
+
+    def counts() -> dict[str, float]:
+        samples = scrape(client).get(count, {})
+        return {channel: samples.get((("channel", channel),), 0.0) for channel in channels}
+
+    before = counts()
+    body = {"question": "invoice timing", "entities": [f"memory:{memory_id}"]}
+    out = client.post("/v1/search", json=body, headers=headers).json()
+    assert all(out["channels"][channel] for channel in channels), out["channels"]
+    after = counts()
+    assert {channel: after[channel] - before[channel] for channel in channels} == dict.fromkeys(channels, 1.0)
+    client.post("/v1/search", json={"entities": [f"memory:{memory_id}"]}, headers=headers)
+    last = counts()
+    assert {channel: last[channel] - after[channel] for channel in channels} == {
+        "entity_bm25": 1.0,
+        "fulltext": 0.0,
+        "dense": 0.0,
+        "graph": 0.0,
+    }
+    assert scrape(client)["engram_search_channel_seconds_sum"][(("channel", "fulltext"),)] > 0
 
 
 def test_readyz_fails_while_redis_is_down_and_recovers(stack, monkeypatch, tmp_path):

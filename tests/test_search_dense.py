@@ -72,6 +72,7 @@ def test_dense_feedback_uses_only_eligible_fulltext_hits(client, tenant, member_
     """The feedback guess is corrected when a top full-text hit is not the caller's to see."""
     from core.db import tenant_session
     from core.search.filters import MEMORIES
+    from core.search.index import catch_up_before_search
     from core.search.schemas import SearchRequest
     from core.search.service import FEEDBACK_DOCS, _Search
     from core.tenancy.context import Caller
@@ -88,6 +89,8 @@ def test_dense_feedback_uses_only_eligible_fulltext_hits(client, tenant, member_
     caller = Caller(
         tenant_id=tenant.tenant_id, tenant_name=tenant.name, user="m", role="member", key_id="k", agent_id="a"
     )
+    # As search() does: the index is caught up before the search's transaction starts.
+    catch_up_before_search(tenant.tenant_id)
     with tenant_session(tenant.tenant_id) as session:
         run = _Search(session, caller=caller, request=SearchRequest(question="invoice reconciliation"))
         response = run.run()

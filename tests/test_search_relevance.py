@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from tests.test_search_api import ids, save, search
+from tests.test_search_entities import catalog  # noqa: F401 - the catalog fixture
 
 NOTES = [
     "the nightly export job writes the orders table to the warehouse",
@@ -85,14 +86,83 @@ def test_list_filters_by_event_time(client, tenant):
     assert client.get("/v1/memories?occurred_after=yesterday", headers=h).status_code == 422
 
 
-def test_fresh_memory_is_first_for_its_own_words(client, tenant):
+@pytest.mark.parametrize("path", ["exact", "approximate"])
+def test_fresh_memory_is_first_for_its_own_words(client, tenant, monkeypatch, path):
     """Read-your-writes in ranking: in a tenant of ~60 similar embedded notes, a note saved without waiting
     for its embedding is the first hit for a question made of its unique token and its own words, at once
-    and with default caps (dense cannot count against a memory it has no vector of)."""
+    and with default caps (dense cannot count against a memory it has no vector of), on the exact numpy
+    path and on pgvector's approximate one."""
+    from core.config import get_settings
+
     _similar_notes(client, tenant, 60)
+    if path == "approximate":
+        monkeypatch.setattr(get_settings(), "dense_exact_max_docs", 0)
     for attempt in range(5):
         token = f"zq{attempt}xv"
         content = f"the nightly export job of the warehouse now also writes {token} to the orders table"
         fresh = save(client, tenant, {"content": content})
         out = search(client, tenant, {"question": f"{token} nightly export job orders warehouse"})
+        assert out["channels"]["dense"] is True
         assert ids(out["memories"])[0] == fresh, out["memories"]
+
+
+def test_rare_terms_and_phrase_beat_notes_sharing_common_words(client, tenant):
+    """A note holding the question's rare token and its phrase ranks first, over twenty embedded notes that
+    share only common words ("in", "the", "cache") with the question, and over notes the graph reaches
+    from them (hops follow direct evidence and never outrank it)."""
+    fillers = [
+        save(
+            client,
+            tenant,
+            {"content": f"the cache {n} lives in the database and in redis in region {n}", "sync_embed": True},
+        )
+        for n in range(20)
+    ]
+    target = save(
+        client,
+        tenant,
+        {"content": "the zorblat lookup table is kept in-process, rebuilt on start", "sync_embed": True},
+    )
+    for filler in fillers[:2]:
+        save(
+            client,
+            tenant,
+            {
+                "content": f"see the other note about cache placement {filler}",
+                "associations": [{"target_id": filler, "relation_type": "related_to", "weight": 1.0}],
+                "sync_embed": True,
+            },
+        )
+    out = search(client, tenant, {"question": "Is the zorblat cache in-process in the database?"})
+    assert ids(out["memories"])[0] == target, out["memories"]
+    assert out["memories"][0]["score"] > out["memories"][1]["score"]
+
+
+def test_pasted_canonical_id_returns_that_column(client, catalog):  # noqa: F811
+    """A question that is a canonical id returns that entity first, over its siblings and its model."""
+    body = {
+        "columns": [
+            {"name": "country", "type": "TEXT", "description": "shipping country"},
+            {"name": "country_code", "type": "TEXT", "description": "ISO code of the shipping country"},
+            {"name": "city", "type": "TEXT", "description": "shipping city"},
+        ]
+    }
+    response = client.put("/v1/models/shop/addresses", json=body, headers=catalog.headers())
+    assert response.status_code == 200, response.text
+    for question in ("shop.addresses.country", "shop.addresses.country_code", "shop.orders.amount"):
+        out = search(client, catalog, {"question": question})
+        assert ids(out["entities"])[0] == question, (question, out["entities"])
+
+
+def test_memories_of_one_explicit_event_time_lend_their_words(client, tenant):
+    """Without a run id, memories saved with the same explicit ``occurred_at`` (the turns of one session imported
+    with its date) are one episode: each is indexed with its neighbours' text. A memory whose event time
+    defaulted to its save time, or differs, is in no episode."""
+    at = {"occurred_at": "2023-05-08T13:56:00Z"}
+    asked = save(client, tenant, {"content": "Did you visit the aquarium?", **at})
+    answer = save(client, tenant, {"content": "Yes, last Friday with my kids!", **at})
+    other = save(client, tenant, {"content": "Yes, we went on Sunday", "occurred_at": "2023-05-09T10:00:00Z"})
+    alone = save(client, tenant, {"content": "Yes, the museum, with no kids"})
+    found = ids(search(client, tenant, {"question": "aquarium", "max_memories": 10})["memories"])
+    assert set(found[:2]) == {asked, answer}
+    assert other not in found and alone not in found

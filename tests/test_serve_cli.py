@@ -76,6 +76,8 @@ def test_serve_prints_urls_and_answers_health(served):
     assert served["startup_seconds"] < 30
     assert f"http://127.0.0.1:{served['port']}" in served["output"]
     assert "/dashboard" in served["output"] and served["key"].startswith("egk_")
+    # One line says which datasources this single-machine server accepts.
+    assert "datasources (local mode): loopback and private hosts" in served["output"]
     assert httpx.get(f"http://127.0.0.1:{served['port']}/healthz").json() == {"status": "ok"}
     assert httpx.get(f"http://127.0.0.1:{served['port']}/readyz").status_code == 200
 
@@ -140,4 +142,5 @@ def test_sigterm_stops_everything(served):
     alive = [p for p in tree if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
     assert alive == [], [p.cmdline() for p in alive]
     assert not (served["home"] / "runtime.json").exists()
-    assert runtime["database_url"].startswith("postgresql+psycopg://")
+    assert runtime["database_url"].startswith("postgresql+psycopg://postgres:")  # the embedded one needs a password
+    assert runtime["datasource_policy"] == "local"

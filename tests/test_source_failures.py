@@ -33,7 +33,7 @@ def _catalog(client, tenant, memory_id: str) -> dict[str, Any]:  # type: ignore[
 def _ingest_once(client, tenant) -> dict[str, Any]:  # type: ignore[no-untyped-def]
     """Queue an ingest and run it once (one attempt, as the last of its retries would)."""
     from core.db import system_session
-    from core.jobs.service import run_job
+    from core.jobs.runner import run_job
 
     response = client.post("/v1/datasources/shop/ingest", headers=tenant.headers())
     assert response.status_code == 202, response.text
@@ -146,4 +146,51 @@ def test_a_refused_source_fails_at_once_and_keeps_the_catalog(client, tenant, pg
         monkeypatch.undo()  # back to the suite's local mode
         reset_settings_cache()
     assert job["state"] == "failed" and "not allowed on this server" in job["error"], job
+    assert _catalog(client, tenant, memory_id) == before
+
+
+@pytest.fixture
+def own_postgres() -> Iterator[Any]:
+    """A PostgreSQL server of the test's own (embedded, throwaway), to stop and to change passwords on."""
+    import shutil
+    import tempfile
+    from pathlib import Path
+
+    from core.embedded import EmbeddedPostgres
+
+    base = Path(tempfile.mkdtemp(prefix="engram-source-pg-", dir="/tmp"))
+    base.chmod(0o755)
+    server = EmbeddedPostgres(data_dir=base / "pg", durable=False)
+    try:
+        admin_url = make_url(server.start())
+        admin = sa.create_engine(admin_url, isolation_level="AUTOCOMMIT")
+        with admin.connect() as connection:
+            connection.execute(sa.text("CREATE DATABASE shop"))
+        admin.dispose()
+        source = sa.create_engine(admin_url.set(database="shop"))
+        fill_source(source, schema=None)
+        source.dispose()
+        yield server
+    finally:
+        server.stop()
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def test_a_changed_password_and_a_stopped_server_fail_the_ingest_and_keep_the_catalog(client, tenant, own_postgres):
+    source_url = make_url(own_postgres.url).set(database="shop")
+    create_and_ingest(client, tenant, url=source_url.render_as_string(hide_password=False), schema=None)
+    memory_id = _save_linked(client, tenant)
+    before = _catalog(client, tenant, memory_id)
+    assert before["models"] == ["customers", "orders", "orders_archive", "regions"]
+    admin = sa.create_engine(source_url, isolation_level="AUTOCOMMIT")
+    with admin.connect() as connection:
+        connection.execute(sa.text("ALTER ROLE postgres PASSWORD 'changed-elsewhere'"))
+    admin.dispose()
+    failures = [_ingest_once(client, tenant)]
+    own_postgres.stop()
+    failures.append(_ingest_once(client, tenant))
+    for job in failures:
+        assert job["state"] == "failed" and "cannot reach the source" in job["error"], job
+    # Bad credentials and a stopped server read the same to the tenant; the catalog is untouched.
+    assert failures[0]["error"] == failures[1]["error"]
     assert _catalog(client, tenant, memory_id) == before

@@ -83,6 +83,7 @@ def _own_spellings(port: int, redis_port: int, password: str) -> list[str]:
         f"postgresql://{user}@/engram?port={port}",
         f"mysql+pymysql://root@127.0.0.1:{port}/engram",
         f"mysql+pymysql://root@localhost:{port}/engram",
+        f"mysql+pymysql://root@/engram?unix_socket=/tmp/.s.PGSQL.{port}",
         f"postgresql://{user}@127.0.0.1:{redis_port}/0",
         # The database name on any server of this machine (a proxy in front of engram's, say).
         "postgresql://postgres@127.0.0.1:5432/engram",
@@ -120,7 +121,11 @@ def test_engrams_own_database_is_never_a_datasource(client, tenant, engram_db, m
     for url in spellings:
         response = _create(client, tenant, url)
         answers[url] = (response.status_code, response.json().get("error", {}).get("message", ""))
-    wrong = {url: answer for url, answer in answers.items() if answer[0] != 422 or "own database" not in answer[1]}
+    # Hosted mode refuses MySQL's unix_socket parameter before it looks where the socket leads.
+    expected = ("own database",) if policy == "local" else ("own database", "'unix_socket' is not accepted")
+    wrong = {
+        url: answer for url, answer in answers.items() if answer[0] != 422 or not any(e in answer[1] for e in expected)
+    }
     assert not wrong, wrong
     assert client.get("/v1/datasources", headers=tenant.headers()).json()["datasources"] == []
 
@@ -134,6 +139,7 @@ def test_engrams_own_database_is_never_a_datasource(client, tenant, engram_db, m
         ("passfile=/root/.pgpass", "passfile"),
         ("host=127.0.0.1,10.0.0.1", "one host"),
         ("host=a.example&host=b.example", "one host"),
+        ("port=5432,5433", "one host"),
     ],
 )
 def test_parameters_that_redirect_a_postgresql_url_are_refused(client, tenant, query, param):
@@ -334,3 +340,62 @@ def test_the_startup_line_says_what_is_allowed(mode, tmp_path):
     mode("hosted", allow="10.0.0.0/8", roots=str(tmp_path))
     line = describe_policy()
     assert "hosted mode" in line and "10.0.0.0/8" in line and str(tmp_path) in line and "\n" not in line
+
+
+def test_the_datasource_drivers_are_dependencies():
+    """PostgreSQL and MariaDB sources work out of the box: their drivers install with engram."""
+    import tomllib
+    from pathlib import Path
+
+    from core.entities.sources import parse_source_url
+
+    project = tomllib.loads((Path(__file__).resolve().parents[1] / "pyproject.toml").read_text())["project"]
+    names = {spec.split("==")[0].split("[")[0].lower() for spec in project["dependencies"]}
+    assert {"psycopg", "pymysql"} <= names
+    assert parse_source_url("mysql://u:p@db.example.com/x").drivername == "mysql+pymysql"
+    assert parse_source_url("mariadb://u:p@db.example.com/x").drivername == "mariadb+pymysql"
+
+
+def test_a_host_list_in_the_authority_is_refused(client, tenant):
+    response = _create(client, tenant, "postgresql://u@db.example.com,127.0.0.1:5432/x")
+    assert response.status_code == 422 and "one host" in response.json()["error"]["message"]
+
+
+def test_the_mode_is_the_setting_else_a_running_serves_else_hosted(monkeypatch, tmp_path):
+    """`engram api` and `engram worker` default to hosted; a CLI or `engram mcp` process on the home of a
+    running `engram serve` follows serve's local mode through runtime.json; the setting wins over both."""
+    from core.config import reset_settings_cache
+    from core.entities.source_guard import policy
+    from core.runtime import write_runtime
+
+    monkeypatch.setenv("ENGRAM_HOME", str(tmp_path))
+    monkeypatch.delenv("ENGRAM_DATASOURCE_POLICY", raising=False)
+    reset_settings_cache()
+    try:
+        assert policy() == "hosted"
+        write_runtime({"pid": os.getpid(), "datasource_policy": "local"}, tmp_path)
+        assert policy() == "local"
+        write_runtime({"pid": 2**22 + 7, "datasource_policy": "local"}, tmp_path)  # a serve that is gone
+        assert policy() == "hosted"
+        write_runtime({"pid": os.getpid(), "datasource_policy": "local"}, tmp_path)
+        monkeypatch.setenv("ENGRAM_DATASOURCE_POLICY", "HOSTED")
+        reset_settings_cache()
+        assert policy() == "hosted"
+    finally:
+        monkeypatch.undo()
+        reset_settings_cache()
+
+
+def test_hosted_mode_refuses_driver_parameters_that_read_server_files(client, tenant, mode):
+    mode("hosted")
+    for url in (
+        "postgresql://u@db.example.com/x?sslrootcert=/etc/engram/ca.pem",
+        "postgresql://u@db.example.com/x?sslkey=/root/.ssh/id_rsa",
+        "mysql+pymysql://u@db.example.com/x?ssl_ca=/etc/ssl/private/key.pem",
+    ):
+        response = _create(client, tenant, url)
+        assert response.status_code == 422 and "not accepted by this server" in response.json()["error"]["message"]
+    from core.entities.source_guard import parse_target
+
+    target = parse_target(make_url("postgresql://u@db.example.com/x?sslrootcert=system&sslmode=verify-full"))
+    assert target.host == "db.example.com" and target.port == 5432

@@ -27,6 +27,7 @@ from tests.test_search_entities import catalog  # noqa: F401 - fixture
         ("post", "/v1/hydrate", {"budget_bytes": 10, "budget": 5}, "budget"),
         ("post", "/v1/keys", {"user": "a@example.com", "roles": "admin"}, "roles"),
         ("post", "/v1/datasources", {"name": "d", "url": "sqlite://", "descripton": "x"}, "descripton"),
+        ("post", "/v1/memories:import", {"markdown": "---\nkey: a\n---\nx\n", "format": "md"}, "format"),
     ],
 )
 def test_unknown_body_field_is_422_naming_it(client, tenant, method, path, body, field):

@@ -84,11 +84,14 @@ def _run_job(task: Any, job_id: str) -> str:
     outcome = run_job(
         job_id,
         session_factory=system_session,
-        max_attempts=settings.embedding_max_attempts,
+        max_attempts=settings.job_max_attempts,
         running_lease=timedelta(seconds=settings.job_running_lease_seconds),
-        retry_base_seconds=settings.embedding_retry_base_seconds,
+        retry_base_seconds=settings.job_retry_base_seconds,
+        retry_max_seconds=settings.job_retry_max_seconds,
     )
-    if outcome.state == "retry":
+    # A short wait rides on a delayed message; a long one (hours) is left to reconcile, which dispatches the
+    # job when its retry is due (dispatched_at): the broker would redeliver a message held that long anyway.
+    if outcome.state == "retry" and outcome.retry_in < settings.broker_visibility_timeout_seconds / 2:
         raise task.retry(countdown=outcome.retry_in)
     return outcome.state
 

@@ -4,6 +4,7 @@ commands start fast."""
 from __future__ import annotations
 
 import json
+import logging
 import os
 import sys
 from pathlib import Path
@@ -60,6 +61,9 @@ def api(host: str | None, port: int | None, workers: int | None, migrate: bool, 
 
     settings = get_settings()
     configure_logging(process="api")
+    from core.entities.source_guard import describe_policy
+
+    logging.getLogger("engram.api").info("%s", describe_policy())  # what tenants may connect to
     if migrate:
         from core.migrate import upgrade
 
@@ -193,8 +197,29 @@ def tenant_create(name: str, as_json: bool, admin_user: str, home: str | None) -
         click.echo(f"tenant {issued.tenant} created\nadmin key (shown once): {issued.api_key}")
 
 
+@tenant.command("list")
+@click.option("--format", "fmt", type=click.Choice(["json", "table"]), default="table", show_default=True)
+@home_option
+def tenant_list(fmt: str, home: str | None) -> None:
+    """Every tenant with its live keys and memories (reads the database, as `tenant create` writes it)."""
+    _set_home(home)
+    from core.runtime import database_session_for_cli
+
+    with database_session_for_cli():
+        from core.db import system_session
+        from core.tenancy.overview import tenant_overview
+
+        with system_session() as session:
+            rows = tenant_overview(session)
+    from api.cli.memory import emit
+
+    emit({"tenants": rows}, fmt=fmt, rows=rows, columns=("name", "keys", "memories", "created_at"))
+
+
+from api.cli.admin import datasource, key  # noqa: E402
 from api.cli.bench import bench, eval_  # noqa: E402 - registered after the group exists
 from api.cli.catalog import ingest  # noqa: E402
+from api.cli.demo import demo  # noqa: E402
 from api.cli.memory import memory  # noqa: E402
 from api.cli.ops import jobs, search  # noqa: E402
 
@@ -204,4 +229,7 @@ main.add_command(jobs)
 main.add_command(ingest)
 main.add_command(bench)
 main.add_command(eval_)
+main.add_command(datasource)
+main.add_command(key)
+main.add_command(demo)
 

@@ -20,15 +20,17 @@ def emit_figures(figures: list[dict[str, Any]], *, as_json: bool) -> None:
         for f in figures:
             click.echo(json.dumps(f))
         return
-    click.echo(f"{'bench':<8} {'metric':<16} {'value':>12} {'unit':<8} params")
+    click.echo(f"{'bench':<8} {'metric':<20} {'value':>12} {'unit':<8} params")
     for f in figures:
         params = " ".join(f"{k}={v}" for k, v in f["params"].items())
-        click.echo(f"{f['bench']:<8} {f['metric']:<16} {f['value']:>12.3f} {f['unit']:<8} {params}")
+        click.echo(f"{f['bench']:<8} {f['metric']:<20} {f['value']:>12.3f} {f['unit']:<8} {params}")
 
 
 @click.group()
 def bench() -> None:
     """Benchmarks that print figures."""
+    # Benchmarks build their sources on this machine (SQLite in /tmp, the local PostgreSQL), as serve does.
+    os.environ.setdefault("ENGRAM_DATASOURCE_POLICY", "local")
 
 
 @click.group(name="eval")
@@ -61,6 +63,25 @@ def bench_search(memories: int, entities: int, queries: int, as_json: bool) -> N
     from core.bench.search import run
 
     figures = run(memories=memories, entities=entities, queries=queries, log=lambda m: click.echo(m, err=True))
+    emit_figures(figures, as_json=as_json)
+
+
+@bench.command("load")
+@click.option("--clients", default=50, show_default=True, help="concurrent clients (at most 1,000)")
+@click.option("--seconds", default=60.0, show_default=True, help="length of the run (at most 600)")
+@click.option(
+    "--url", default=None, help="a running API, http://127.0.0.1:<port> only (default: start a throwaway serve)"
+)
+@click.option("--key", envvar="ENGRAM_API_KEY", default=None, help="tenant API key for --url (or ENGRAM_API_KEY)")
+@json_option
+def bench_load(clients: int, seconds: float, url: str | None, key: str | None, as_json: bool) -> None:
+    """Mixed load (60% search, 30% save, 10% get): statuses, latencies, lost writes, /healthz latency."""
+    from core.bench.load import run
+
+    try:
+        figures = run(url=url, key=key, clients=clients, seconds=seconds, log=lambda m: click.echo(m, err=True))
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from exc
     emit_figures(figures, as_json=as_json)
 
 

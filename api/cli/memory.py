@@ -48,8 +48,27 @@ def _client(ctx: click.Context) -> Iterator[EngramClient]:
         client.close()
 
 
+# Columns shown whole in a table: an error cut at 60 characters usually loses the part that explains it.
+UNCUT_COLUMNS = frozenset({"error"})
+
+
+def cell(value: Any) -> str:
+    """A value as a person reads it in a table: lists as "a, b", numbers rounded, nothing for null."""
+    if value is None:
+        return ""
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, float):
+        return f"{round(value, 3):g}"
+    if isinstance(value, list | tuple):
+        return ", ".join(cell(item) for item in value)
+    if isinstance(value, dict):
+        return json.dumps(value, ensure_ascii=False, separators=(", ", ": "))
+    return str(value)
+
+
 def _short(value: Any, width: int = 60) -> str:
-    text = "" if value is None else str(value).replace("\n", " ")
+    text = " ".join(cell(value).split())  # one line: newlines and runs of spaces become one space
     return text if len(text) <= width else text[: width - 1] + "…"
 
 
@@ -60,10 +79,15 @@ def emit(
         click.echo(json.dumps(data, indent=2, ensure_ascii=False))
         return
     rows = rows if rows is not None else [data]
-    widths = {c: max([len(c)] + [len(_short(r.get(c))) for r in rows]) for c in columns}
-    click.echo("  ".join(c.upper().ljust(widths[c]) for c in columns))
+
+    def shown(row: dict[str, Any], column: str) -> str:
+        return " ".join(cell(row.get(column)).split()) if column in UNCUT_COLUMNS else _short(row.get(column))
+
+    widths = {c: max([len(c)] + [len(shown(r, c)) for r in rows]) for c in columns}
+    # The last column is not padded, so an uncut error at the end of a row adds no trailing spaces.
+    click.echo("  ".join(c.upper().ljust(widths[c]) for c in columns).rstrip())
     for row in rows:
-        click.echo("  ".join(_short(row.get(c)).ljust(widths[c]) for c in columns))
+        click.echo("  ".join(shown(row, c).ljust(widths[c]) for c in columns).rstrip())
 
 
 format_option = click.option(

@@ -18,7 +18,7 @@ from urllib.parse import quote
 from pydantic import BaseModel, TypeAdapter
 from sqlalchemy.exc import OperationalError
 
-from api.client.models import (
+from api.schemas import (
     BatchResult,
     CoverageRow,
     Datasource,

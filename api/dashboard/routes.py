@@ -187,7 +187,7 @@ def forget_cached_coverage() -> None:
         _coverage_cache = None
 
 
-@router.get("/api/summary")
+@router.get("/api/summary", include_in_schema=False)
 def api_summary(request: Request) -> dict[str, Any]:
     require_operator(request)
     with system_session() as session:
@@ -196,7 +196,7 @@ def api_summary(request: Request) -> dict[str, Any]:
     return body
 
 
-@router.get("/api/jobs/{job_id}")
+@router.get("/api/jobs/{job_id}", include_in_schema=False)
 def api_job(job_id: str, request: Request) -> dict[str, Any]:
     require_operator(request)
     with system_session() as session:
@@ -205,7 +205,7 @@ def api_job(job_id: str, request: Request) -> dict[str, Any]:
         return queries.job_view(job, tenant_name=names.get(job.tenant_id) if job.tenant_id else None)
 
 
-@router.post("/api/jobs/{job_id}/retry")
+@router.post("/api/jobs/{job_id}/retry", include_in_schema=False)
 def api_retry(job_id: str, request: Request) -> JSONResponse:
     require_operator(request, changes_state=True)
     return retry_as(job_id=job_id, scope=None)

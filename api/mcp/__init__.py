@@ -8,8 +8,6 @@ directly or, with ``--url``, through a remote engram's REST API; over HTTP each 
 
 from __future__ import annotations
 
-import functools
-from importlib import metadata
 from typing import Any
 
 from mcp.server.fastmcp import FastMCP
@@ -19,23 +17,13 @@ from pydantic import ValidationError
 
 from api.mcp.schema import compact_schema
 from api.mcp.tools import ClientFor, register_tools, validation_error_result
+from core import __version__
 
 INSTRUCTIONS = (
     "engram is your long-term memory. At the start of a run call hydrate; before planning a query or "
     "answering from memory call search; when you learn something a later run needs, call save_memory; "
     "correct with update_memory, remove with forget_memory."
 )
-
-
-@functools.cache
-def engram_version() -> str:
-    """The installed engram distribution's version (whatever the distribution is named)."""
-    for name in metadata.packages_distributions().get("api", []):
-        try:
-            return metadata.version(name)
-        except metadata.PackageNotFoundError:
-            continue
-    return "0.0.0+unknown"
 
 
 class EngramMCP(FastMCP):
@@ -60,6 +48,6 @@ class EngramMCP(FastMCP):
 def build_server(client_for: ClientFor) -> FastMCP:
     server = EngramMCP(name="engram", instructions=INSTRUCTIONS, log_level="WARNING")
     # serverInfo names engram's own version, not the MCP SDK's.
-    server._mcp_server.version = engram_version()
+    server._mcp_server.version = __version__
     register_tools(server, client_for)
     return server

@@ -25,17 +25,22 @@ from api.errors import error_response
 from core.errors import EngramError
 
 MCP_PATH = "/mcp"
-_CALLER = "engram_caller"
 # Optional defaults for the agent identity, so an MCP client configured once need not repeat it per tool.
 AGENT_HEADER, PERSONA_HEADER = "x-engram-agent-id", "x-engram-persona"
 
 
 async def _client_for(ctx: Context) -> LocalEngramClient:
+    """The tool call's client: the routes of this process, with the key the MCP request was sent with."""
+    from api.auth import bearer_token
+
     request: Any = ctx.request_context.request
-    return LocalEngramClient.for_caller(
-        request.scope["state"][_CALLER],
-        agent_id=request.headers.get(AGENT_HEADER) or None,
-        persona=request.headers.get(PERSONA_HEADER) or None,
+    return await run_in_threadpool(
+        lambda: LocalEngramClient(
+            api_key=bearer_token(request) or "",
+            agent_id=request.headers.get(AGENT_HEADER) or None,
+            persona=request.headers.get(PERSONA_HEADER) or None,
+            install_queue=False,
+        )
     )
 
 
@@ -69,7 +74,7 @@ class McpEndpoint:
 
         request = Request(scope, receive)
         try:
-            caller = await run_in_threadpool(caller_from_request, request)
+            await run_in_threadpool(caller_from_request, request)
         except EngramError as exc:
             headers = {"WWW-Authenticate": "Bearer"} if exc.status == 401 else None
             await error_response(exc.status, exc.message, code=exc.code, headers=headers)(scope, receive, send)
@@ -77,7 +82,6 @@ class McpEndpoint:
         if self._manager is None:
             await error_response(503, "the MCP endpoint is starting or stopping; retry shortly")(scope, receive, send)
             return
-        scope.setdefault("state", {})[_CALLER] = caller
         await self._manager.handle_request(scope, receive, send)
 
 

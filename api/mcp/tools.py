@@ -1,11 +1,11 @@
 """The MCP tools: one per agent-facing memory and catalog call, each a thin adapter to an engram client.
 
 A tool gathers the arguments the agent gave and hands them, in a worker thread, to either
-:class:`api.client.local.LocalEngramClient` (the same validation and core services as the REST
-routes, in-process) or :class:`api.client.sync.EngramClient` (a remote engram's REST API); both have the
-same methods and results. The result is answered as structured content plus its JSON text. A refused call answers
-``isError`` with the REST error object ``{"error": {"code", "message", "field"?}}``, so an agent reads the
-same message it would over HTTP.
+:class:`api.client.local.LocalEngramClient` (the REST routes themselves, run in-process) or
+:class:`api.client.sync.EngramClient` (a remote engram's REST API); both have the same methods and results.
+The result is answered as structured content plus its JSON text. A refused call answers ``isError`` with
+the REST error object ``{"error": {"code", "message", "field"?}}``, so an agent reads the same message it
+would over HTTP.
 """
 
 from __future__ import annotations
@@ -200,12 +200,14 @@ def register_tools(server: FastMCP, client_for: ClientFor) -> None:
         ] = None,
         kind: Kind = None,
         category: Category = None,
+        tags: Annotated[list[str] | None, Field(description="Memories carrying any of these.")] = None,
         max_memories: Cap = None,
         max_example_queries: Cap = None,
         max_entities: Cap = None,
         occurred_after: When = None,
         occurred_before: When = None,
         include_stale: Annotated[bool | None, Field(description="Also stale memories.")] = None,
+        min_score: Annotated[float | None, Field(ge=0.0, le=1.0, description="Drop hits scoring less.")] = None,
         agent_id: AgentId = None,
         persona: Persona = None,
     ) -> CallToolResult:

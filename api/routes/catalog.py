@@ -12,6 +12,8 @@ from fastapi import APIRouter, Body, Depends, Request
 from fastapi.responses import JSONResponse
 
 from api.auth import require_admin, require_caller
+from api.openapi import BEARER, IDENTITY, operation
+from api.schemas import Datasource, DatasourceList, Deleted, JobAccepted, ModelInspection
 from core.db import tenant_session
 from core.entities import editing, service
 from core.entities.schemas import DatasourceIn, ModelPatchIn, ModelPutIn, RefreshSamplesIn
@@ -19,13 +21,33 @@ from core.jobs.service import enqueue
 from core.memories.schemas import parse_model
 from core.tenancy.context import Caller
 
-router = APIRouter(prefix="/v1")
+router = APIRouter(prefix="/v1", tags=["catalog"], dependencies=[Depends(BEARER)])
+
+_ADMIN = (403, 404, 415)
+_MODEL_EXAMPLE = {
+    "description": "Customer orders",
+    "columns": [{"name": "amount", "type": "INTEGER", "description": "order amount in cents"}],
+    "measures": [{"name": "aov", "formula": "amount:avg", "description": "average order value"}],
+}
 
 
-@router.post("/datasources", status_code=201)
+@router.post(
+    "/datasources",
+    status_code=201,
+    **operation(
+        summary="Register a datasource",
+        body=DatasourceIn,
+        example={"name": "shop", "url": "sqlite:////data/shop.db", "description": "the web shop"},
+        response=Datasource,
+        status=201,
+        errors=(400, 403, 409, 415),
+    ),
+)
 def create_datasource(
     body: Any = Body(default=None), caller: Caller = Depends(require_admin)
 ) -> JSONResponse:
+    """`url` is an SQLAlchemy URL of a real database; credentials in it are stored encrypted, never returned.
+    Then `POST /v1/datasources/{name}/ingest` reflects its tables."""
     parsed: DatasourceIn = parse_model(DatasourceIn, body)
     with tenant_session(caller.tenant_id) as session:
         datasource = service.create_datasource(session, tenant_id=caller.tenant_id, body=parsed)
@@ -33,20 +55,25 @@ def create_datasource(
     return JSONResponse(out, status_code=201)
 
 
-@router.get("/datasources")
+@router.get("/datasources", **operation(summary="List datasources", response=DatasourceList))
 def list_datasources(caller: Caller = Depends(require_caller)) -> dict[str, Any]:
+    """Every datasource of the caller's tenant (credentials never shown)."""
     with tenant_session(caller.tenant_id) as session:
         return {"datasources": service.list_datasources(session)}
 
 
-@router.get("/datasources/{name}")
+@router.get("/datasources/{name}", **operation(summary="Read a datasource", response=Datasource, errors=(404,)))
 def read_datasource(name: str, caller: Caller = Depends(require_caller)) -> dict[str, Any]:
+    """One datasource and the names of its models."""
     with tenant_session(caller.tenant_id) as session:
         return service.read_datasource(session, name=name)
 
 
-@router.delete("/datasources/{name}")
+@router.delete(
+    "/datasources/{name}", **operation(summary="Delete a datasource", response=Deleted, errors=(403, 404))
+)
 def delete_datasource(name: str, caller: Caller = Depends(require_admin)) -> dict[str, Any]:
+    """Cascades to its models, columns, embeddings and memory references (counted in the answer)."""
     with tenant_session(caller.tenant_id) as session:
         result = service.delete_datasource(session, tenant_id=caller.tenant_id, name=name)
     return {"datasource": name, "status": "deleted", **result.as_dict()}
@@ -59,15 +86,34 @@ def _queue(caller: Caller, *, name: str, kind: str, payload: dict[str, Any]) -> 
     return JSONResponse({"job_id": job.id}, status_code=202)
 
 
-@router.post("/datasources/{name}/ingest", status_code=202)
-def ingest(name: str, caller: Caller = Depends(require_admin)) -> JSONResponse:
+@router.post(
+    "/datasources/{name}/ingest",
+    status_code=202,
+    **operation(summary="Ingest a datasource", response=JobAccepted, status=202, errors=(403, 404)),
+)
+def ingest_datasource(name: str, caller: Caller = Depends(require_admin)) -> JSONResponse:
+    """Queue a job that reflects the tables into models and columns, then refreshes samples and embeddings.
+    Idempotent; an unreachable source fails the job and changes nothing."""
     return _queue(caller, name=name, kind="ingest", payload={"datasource": name})
 
 
-@router.post("/datasources/{name}/refresh-samples", status_code=202)
+@router.post(
+    "/datasources/{name}/refresh-samples",
+    status_code=202,
+    **operation(
+        summary="Refresh sample values",
+        body=RefreshSamplesIn,
+        body_required=False,
+        example={"models": ["orders"]},
+        response=JobAccepted,
+        status=202,
+        errors=_ADMIN,
+    ),
+)
 def refresh_samples(
     name: str, body: Any = Body(default=None), caller: Caller = Depends(require_admin)
 ) -> JSONResponse:
+    """Queue a job re-sampling the columns of every model of the datasource, or of `models` only."""
     parsed: RefreshSamplesIn = parse_model(RefreshSamplesIn, {} if body is None else body)
     payload: dict[str, Any] = {"datasource": name}
     if parsed.models is not None:
@@ -78,10 +124,15 @@ def refresh_samples(
     return _queue(caller, name=name, kind="refresh_samples", payload=payload)
 
 
-@router.get("/models/{datasource}/{name}")
+@router.get(
+    "/models/{datasource}/{name}",
+    **operation(summary="Inspect a model", response=ModelInspection, errors=(404,), query=IDENTITY),
+)
 def inspect_model(
     datasource: str, name: str, request: Request, caller: Caller = Depends(require_caller)
 ) -> dict[str, Any]:
+    """Columns with types, descriptions and samples, measures, aggregations, and the `learnings`: query-less
+    memories visible to the caller whose entities overlap the model."""
     from api.routes.memories import acting_identity
 
     # Learnings follow the memory visibility rules, so the agent and persona of the call matter.
@@ -90,20 +141,37 @@ def inspect_model(
         return service.inspect_model(session, caller=caller, datasource=datasource, name=name)
 
 
-@router.put("/models/{datasource}/{name}")
+@router.put(
+    "/models/{datasource}/{name}",
+    **operation(
+        summary="Create or replace a model", body=ModelPutIn, example=_MODEL_EXAMPLE, response=ModelInspection,
+        errors=_ADMIN,
+    ),
+)
 def put_model(
     datasource: str, name: str, body: Any = Body(default=None), caller: Caller = Depends(require_admin)
 ) -> dict[str, Any]:
+    """The model as given: description, label, hidden flag, columns, measures, aggregations."""
     parsed: ModelPutIn = parse_model(ModelPutIn, body)
     with tenant_session(caller.tenant_id) as session:
         editing.put_model(session, tenant_id=caller.tenant_id, datasource=datasource, name=name, body=parsed)
         return service.inspect_model(session, caller=caller, datasource=datasource, name=name)
 
 
-@router.patch("/models/{datasource}/{name}")
+@router.patch(
+    "/models/{datasource}/{name}",
+    **operation(
+        summary="Edit a model",
+        body=ModelPatchIn,
+        example={"columns": [{"name": "amount", "description": "order amount in cents"}], "remove_columns": ["legacy"]},
+        response=ModelInspection,
+        errors=(409, *_ADMIN),
+    ),
+)
 def patch_model(
     datasource: str, name: str, body: Any = Body(default=None), caller: Caller = Depends(require_admin)
 ) -> dict[str, Any]:
+    """Change descriptions, labels and hidden flags; add or remove columns, measures and aggregations."""
     parsed: ModelPatchIn = parse_model(ModelPatchIn, body)
     with tenant_session(caller.tenant_id) as session:
         editing.patch_model(
@@ -112,8 +180,11 @@ def patch_model(
         return service.inspect_model(session, caller=caller, datasource=datasource, name=name)
 
 
-@router.delete("/models/{datasource}/{name}")
+@router.delete(
+    "/models/{datasource}/{name}", **operation(summary="Delete a model", response=Deleted, errors=(403, 404))
+)
 def delete_model(datasource: str, name: str, caller: Caller = Depends(require_admin)) -> dict[str, Any]:
+    """Removes the model, its columns and embeddings, and strips references to them from memories."""
     with tenant_session(caller.tenant_id) as session:
         result = service.delete_model(session, tenant_id=caller.tenant_id, datasource=datasource, name=name)
     return {"model": f"{datasource}.{name}", "status": "deleted", **result.as_dict()}

@@ -17,7 +17,10 @@ from sqlalchemy import create_engine, text
 from sqlalchemy.engine import Engine
 from sqlalchemy.pool import NullPool
 
-router = APIRouter()
+from api.openapi import operation
+from api.schemas import Health, Readiness
+
+router = APIRouter(tags=["health"])
 
 PROBE_TIMEOUT_SECONDS = 2
 # Probe checks run in their own threads: the default thread limiter may be full of request work.
@@ -26,8 +29,10 @@ _probe_engine: Engine | None = None
 _probe_lock = threading.Lock()
 
 
-@router.api_route("/healthz", methods=["GET", "HEAD"])
+@router.head("/healthz", include_in_schema=False)
+@router.get("/healthz", **operation(summary="Liveness", response=Health, keyed=False))
 async def healthz() -> dict[str, Any]:
+    """200 while the process serves requests."""
     return {"status": "ok"}
 
 
@@ -68,8 +73,10 @@ def _checks() -> dict[str, str]:
     return checks
 
 
-@router.api_route("/readyz", methods=["GET", "HEAD"])
+@router.head("/readyz", include_in_schema=False)
+@router.get("/readyz", **operation(summary="Readiness", response=Readiness, keyed=False, errors=(503,)))
 async def readyz() -> JSONResponse:
+    """200 when the database and Redis answer; 503 (with `Retry-After` and the contract's `error`) when not."""
     checks = await anyio.to_thread.run_sync(_checks, limiter=_probe_threads)
     ready = all(v == "ok" for v in checks.values())
     status = 200 if ready else 503

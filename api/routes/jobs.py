@@ -6,17 +6,28 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Any
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse
 
 from api.auth import bearer_token, caller_from_request, is_operator_key
+from api.openapi import BEARER, Query, operation
+from api.schemas import Job, JobPage
 from core.config import get_settings
 from core.db import system_session
 from core.errors import Forbidden
 from core.jobs import queries
+from core.jobs.models import JOB_KINDS, JOB_STATES
 from core.jobs.service import get_job
 
-router = APIRouter(prefix="/v1")
+router = APIRouter(prefix="/v1", tags=["jobs"], dependencies=[Depends(BEARER)])
+
+_JOB_QUERY: Query = {
+    "kind": ({"type": "string", "enum": list(JOB_KINDS)}, "only jobs of this kind"),
+    "state": ({"type": "string", "enum": list(JOB_STATES)}, "only jobs in this state"),
+    "tenant": ({"type": "string"}, "only this tenant's jobs (operator key only)"),
+    "limit": ({"type": "integer", "minimum": 1, "maximum": queries.MAX_PAGE, "default": 50}, "page size"),
+    "cursor": ({"type": "string"}, "the `next_cursor` of the previous page"),
+}
 
 
 def tenant_scope(request: Request) -> int | None:
@@ -26,8 +37,11 @@ def tenant_scope(request: Request) -> int | None:
     return caller_from_request(request).tenant_id
 
 
-@router.get("/jobs")
+@router.get(
+    "/jobs", **operation(summary="List jobs", response=JobPage, errors=(400, 403, 404), query=_JOB_QUERY)
+)
 def list_jobs(request: Request) -> dict[str, Any]:
+    """Newest first: the caller's tenant's jobs, or every tenant's (and system jobs) for the operator key."""
     scope = tenant_scope(request)
     params = dict(request.query_params)
     tenant_name = params.get("tenant")
@@ -40,8 +54,9 @@ def list_jobs(request: Request) -> dict[str, Any]:
     return {"jobs": jobs, "next_cursor": next_cursor}
 
 
-@router.get("/jobs/{job_id}")
+@router.get("/jobs/{job_id}", **operation(summary="Read a job", response=Job, errors=(404,)))
 def read_job(job_id: str, request: Request) -> dict[str, Any]:
+    """A job's kind, state, attempts and last error (a tenant key sees its tenant's jobs only)."""
     scope = tenant_scope(request)
     with system_session() as session:
         job = get_job(session, job_id=job_id, tenant_id=scope)
@@ -65,8 +80,13 @@ def retry_as(*, job_id: str, scope: int | None) -> JSONResponse:
     return JSONResponse(body, status_code=202)
 
 
-@router.post("/jobs/{job_id}/retry")
-def retry(job_id: str, request: Request) -> JSONResponse:
+@router.post(
+    "/jobs/{job_id}/retry",
+    status_code=202,
+    **operation(summary="Retry a job", response=Job, status=202, errors=(403, 404, 409)),
+)
+def retry_job(job_id: str, request: Request) -> JSONResponse:
+    """Queue a failed or stuck job again (tenant admin key, or the operator key); 409 if it is not stuck."""
     scope = tenant_scope(request)
     if scope is not None and not caller_from_request(request).is_admin:
         raise Forbidden("retrying a job needs an admin key")

@@ -8,6 +8,8 @@ from fastapi import APIRouter, Body, Depends
 from pydantic import BaseModel, ConfigDict, Field
 
 from api.auth import forget_cached_keys, require_admin
+from api.openapi import BEARER, operation
+from api.schemas import IssuedKeyOut, KeyList, KeyRevoked
 from core.db import tenant_session
 from core.errors import Invalid
 from core.memories.schemas import unknown_fields
@@ -15,7 +17,7 @@ from core.tenancy.context import Caller
 from core.tenancy.models import ApiKey, Tenant
 from core.tenancy.service import KeyBinding, issue_key, list_keys, revoke_key
 
-router = APIRouter(prefix="/v1")
+router = APIRouter(prefix="/v1", tags=["keys"], dependencies=[Depends(BEARER)])
 
 
 class CreateKeyIn(BaseModel):
@@ -52,8 +54,20 @@ def _key_out(key: ApiKey) -> dict[str, Any]:
     }
 
 
-@router.post("/keys", status_code=201)
+@router.post(
+    "/keys",
+    status_code=201,
+    **operation(
+        summary="Issue an API key",
+        body=CreateKeyIn,
+        example={"user": "ana@example.com", "role": "member", "agent_id": "planner", "read_only": False},
+        response=IssuedKeyOut,
+        status=201,
+        errors=(403, 415),
+    ),
+)
 def create_key(body: Any = Body(default=None), caller: Caller = Depends(require_admin)) -> dict[str, Any]:
+    """A new key of the caller's tenant for `user`; the secret `api_key` is shown only in this answer."""
     if not isinstance(body, dict):
         raise Invalid('body must be {"user": "...", "role": "member"}', field="user")
     unknown_fields(CreateKeyIn, body)
@@ -79,15 +93,16 @@ def create_key(body: Any = Body(default=None), caller: Caller = Depends(require_
     }
 
 
-@router.get("/keys")
+@router.get("/keys", **operation(summary="List API keys", response=KeyList, errors=(403,)))
 def get_keys(caller: Caller = Depends(require_admin)) -> dict[str, Any]:
     """The tenant's live keys with their bindings (never the secret)."""
     with tenant_session(caller.tenant_id) as session:
         return {"keys": [_key_out(key) for key in list_keys(session, caller=caller)]}
 
 
-@router.delete("/keys/{key_id}")
+@router.delete("/keys/{key_id}", **operation(summary="Revoke an API key", response=KeyRevoked, errors=(403, 404)))
 def delete_key(key_id: str, caller: Caller = Depends(require_admin)) -> dict[str, Any]:
+    """The key stops working at once on every API process."""
     with tenant_session(caller.tenant_id) as session:
         revoke_key(session, caller=caller, key_id=key_id)
     forget_cached_keys()

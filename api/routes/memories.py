@@ -10,6 +10,8 @@ from fastapi.responses import JSONResponse
 
 from api.auth import require_caller
 from api.embedding_hooks import after_save, embed_now
+from api.openapi import BEARER, IDENTITY, operation, query_from
+from api.schemas import BatchResult, ForgetResult, HydrateResult, Memory, MemoryHistory, MemoryPage
 from core.db import tenant_session
 from core.embeddings.providers import EmbeddingProviderError
 from core.errors import EngramError, Invalid
@@ -21,12 +23,21 @@ from core.memories.schemas import (
     PatchMemoryIn,
     SaveBatchIn,
     SaveMemoryIn,
+    SaveResult,
     parse_model,
     unknown_fields,
 )
 from core.tenancy.context import Caller
 
-router = APIRouter(prefix="/v1")
+router = APIRouter(prefix="/v1", tags=["memories"], dependencies=[Depends(BEARER)])
+
+_SAVE_EXAMPLE = {
+    "content": "orders.amount is in cents",
+    "linked_entities": ["shop.orders.amount"],
+    "kind": "fact",
+    "tags": ["units"],
+    "agent_id": "planner",
+}
 
 
 def acting_identity(caller: Caller, body: dict[str, Any] | None, request: Request) -> Caller:
@@ -48,10 +59,26 @@ def _error_item(exc: EngramError) -> dict[str, Any]:
     return {"error": error}
 
 
-@router.post("/memories", status_code=201)
+@router.post(
+    "/memories",
+    status_code=201,
+    **operation(
+        summary="Save a memory",
+        query=IDENTITY,
+        body=SaveMemoryIn,
+        example=_SAVE_EXAMPLE,
+        response=SaveResult,
+        status=201,
+        errors=(400, 403, 413, 415),
+    ),
+)
 def save_memory(
     request: Request, body: Any = Body(default=None), caller: Caller = Depends(require_caller)
 ) -> JSONResponse:
+    """Save (or, with an existing `id`, upsert) one memory. `content` may also be sent as `learning`;
+    `linked_entities` is a list of entity ids (resolved strictly) or an inline query dict (resolved
+    leniently and stored as the memory's example query). Durable and found by entity and full-text search
+    when this returns; embedding happens in the background unless `sync_embed` is true."""
     item: SaveMemoryIn = parse_model(SaveMemoryIn, body)
     caller = acting_identity(caller, body, request)
     with tenant_session(caller.tenant_id) as session:
@@ -61,10 +88,22 @@ def save_memory(
     return JSONResponse(result.model_dump(), status_code=201)
 
 
-@router.post("/memories:batch")
+@router.post(
+    "/memories:batch",
+    **operation(
+        summary="Save up to 1,000 memories",
+        query=IDENTITY,
+        body=SaveBatchIn,
+        example={"items": [_SAVE_EXAMPLE, {"content": "the fiscal year starts in April", "kind": "fact"}]},
+        response=BatchResult,
+        errors=(403, 413, 415),
+    ),
+)
 def save_batch(
     request: Request, body: Any = Body(default=None), caller: Caller = Depends(require_caller)
 ) -> dict[str, Any]:
+    """Save many memories in one transaction. Results come in input order; an invalid item is an
+    `{"error": {...}}` in its slot (its `field` prefixed `items.N.`) while the valid ones are saved."""
     if not isinstance(body, dict) or not isinstance(body.get("items"), list):
         raise Invalid('body must be {"items": [save bodies]}', field="items")
     unknown_fields(SaveBatchIn, body)
@@ -87,12 +126,20 @@ def save_batch(
     return {"results": out}
 
 
-@router.get("/memories")
+_LIST_QUERY = {name: doc for name, doc in query_from(ListFilters).items() if name != "tags"} | IDENTITY
+
+
+@router.get(
+    "/memories", **operation(summary="List memories", response=MemoryPage, errors=(400, 403), query=_LIST_QUERY)
+)
 def list_memories(
     request: Request,
     caller: Caller = Depends(require_caller),
     tags: list[str] = Query(default=[]),
 ) -> dict[str, Any]:
+    """Memories visible to the caller, filtered by `kind`, `category`, `tags`, `run_id`, `status`, `since`,
+    `entity` (the entity and its dotted descendants), sorted by `sort`, `limit` per page; pass the
+    returned `next_cursor` as `cursor` for the next page (null on the last)."""
     params: dict[str, Any] = {k: v for k, v in request.query_params.items() if k not in ("tags", "agent_id", "persona")}
     params["tags"] = tags
     filters: ListFilters = parse_model(ListFilters, params)
@@ -103,26 +150,34 @@ def list_memories(
     return {"memories": memories, "next_cursor": next_cursor}
 
 
-@router.get("/memories/{memory_id}")
+@router.get(
+    "/memories/{memory_id}",
+    **operation(summary="Recall a memory by id", response=Memory, errors=(404,), query=IDENTITY),
+)
 def get_memory(
     memory_id: str,
     request: Request,
     include_forgotten: bool = False,
     caller: Caller = Depends(require_caller),
 ) -> dict[str, Any]:
+    """Exact recall by id (counts an access). `include_forgotten=true` (admins) also shows a forgotten one."""
     caller = acting_identity(caller, None, request)
     with tenant_session(caller.tenant_id) as session:
         memory = service.get_memory(session, caller=caller, memory_id=memory_id, include_forgotten=include_forgotten)
         return service.memories_to_dicts(session, [memory])[0]
 
 
-@router.get("/memories/{memory_id}/history")
+@router.get(
+    "/memories/{memory_id}/history",
+    **operation(summary="A memory's versions", response=MemoryHistory, errors=(403, 404), query=IDENTITY),
+)
 def memory_history(
     memory_id: str,
     request: Request,
     include_forgotten: bool = False,
     caller: Caller = Depends(require_caller),
 ) -> dict[str, Any]:
+    """Every revision, newest first (the current one first); visible as for GET, no access counted."""
     caller = acting_identity(caller, None, request)
     with tenant_session(caller.tenant_id) as session:
         versions = service.memory_history(
@@ -131,10 +186,21 @@ def memory_history(
     return {"versions": versions}
 
 
-@router.patch("/memories/{memory_id}")
+@router.patch(
+    "/memories/{memory_id}",
+    **operation(
+        summary="Revise a memory",
+        query=IDENTITY,
+        body=PatchMemoryIn,
+        example={"content": "orders.amount is in cents (USD)", "tags": ["units", "currency"]},
+        response=Memory,
+        errors=(403, 404, 413, 415),
+    ),
+)
 def patch_memory(
     memory_id: str, request: Request, body: Any = Body(default=None), caller: Caller = Depends(require_caller)
 ) -> dict[str, Any]:
+    """Change the given fields only; `created_at` stays and the previous version is kept."""
     patch: PatchMemoryIn = parse_model(PatchMemoryIn, body)
     caller = acting_identity(caller, body, request)
     with tenant_session(caller.tenant_id) as session:
@@ -147,7 +213,10 @@ def patch_memory(
     return out
 
 
-@router.delete("/memories/{memory_id}")
+@router.delete(
+    "/memories/{memory_id}",
+    **operation(summary="Forget a memory", response=ForgetResult, errors=(403, 404), query=IDENTITY),
+)
 def forget_memory(
     memory_id: str,
     request: Request,
@@ -155,15 +224,29 @@ def forget_memory(
     purge: bool = False,
     caller: Caller = Depends(require_caller),
 ) -> dict[str, Any]:
+    """Soft delete with a `reason` for the audit trail; references to it are stripped from other memories.
+    `purge=true` (owner or admin) deletes the row, its embeddings and links for good."""
     caller = acting_identity(caller, None, request)
     with tenant_session(caller.tenant_id) as session:
         return service.forget_memory(session, caller=caller, memory_id=memory_id, reason=reason, purge=purge)
 
 
-@router.post("/hydrate")
+@router.post(
+    "/hydrate",
+    **operation(
+        summary="Load memories for a run's start",
+        query=IDENTITY,
+        body=HydrateIn,
+        example={"agent_id": "planner", "budget_bytes": 4000},
+        response=HydrateResult,
+        errors=(415,),
+    ),
+)
 def hydrate(
     request: Request, body: Any = Body(default=None), caller: Caller = Depends(require_caller)
 ) -> dict[str, Any]:
+    """Visible active `core` memories newest first, then the others, each taken while its content still
+    fits `budget_bytes` of UTF-8. Same inputs, same answer."""
     if not isinstance(body, dict):
         raise Invalid("body must be a JSON object with budget_bytes", field="budget_bytes")
     unknown_fields(HydrateIn, body)

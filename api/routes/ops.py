@@ -4,17 +4,19 @@ from __future__ import annotations
 
 from typing import Any
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Depends, Request
 from sqlalchemy import select
 
+from api.openapi import BEARER, operation
 from api.routes.jobs import tenant_scope
+from api.schemas import CoverageReport
 from core.config import get_settings
 from core.db import scope_to_tenant, system_session
 from core.embeddings.providers import get_embedder
 from core.embeddings.store import coverage
 from core.tenancy.models import Tenant
 
-router = APIRouter(prefix="/v1/ops")
+router = APIRouter(prefix="/v1/ops", tags=["operations"], dependencies=[Depends(BEARER)])
 
 
 def coverage_rows(tenant_id: int | None) -> list[dict[str, Any]]:
@@ -43,6 +45,8 @@ def coverage_rows(tenant_id: int | None) -> list[dict[str, Any]]:
     return rows
 
 
-@router.get("/coverage")
+@router.get("/coverage", **operation(summary="Embedding coverage", response=CoverageReport))
 def read_coverage(request: Request) -> dict[str, Any]:
+    """One row per doc kind and embedding model of the caller's tenant (every tenant's for the operator
+    key); `ratio` is indexed / expected, 1.0 when nothing is expected."""
     return {"coverage": coverage_rows(tenant_scope(request))}

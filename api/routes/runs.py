@@ -7,13 +7,15 @@ from typing import Any
 from fastapi import APIRouter, Depends, Request
 
 from api.auth import require_caller
+from api.openapi import BEARER, operation
 from api.routes.memories import acting_identity
+from api.schemas import RunEnded
 from core.db import tenant_session
 from core.errors import Invalid
 from core.lifecycle.expiry import end_run
 from core.tenancy.context import Caller
 
-router = APIRouter(prefix="/v1")
+router = APIRouter(prefix="/v1", tags=["runs"], dependencies=[Depends(BEARER)])
 
 
 def _flag(request: Request, name: str) -> bool:
@@ -23,7 +25,18 @@ def _flag(request: Request, name: str) -> bool:
     return raw in ("true", "1")
 
 
-@router.delete("/runs/{run_id}")
+@router.delete(
+    "/runs/{run_id}",
+    **operation(
+        summary="End a run",
+        response=RunEnded,
+        errors=(403,),
+        query={
+            "all": ({"type": "boolean", "default": False}, "every category of the run, not only `conversation`"),
+            "purge": ({"type": "boolean", "default": False}, "hard delete instead of forgetting"),
+        },
+    ),
+)
 def delete_run(run_id: str, request: Request, caller: Caller = Depends(require_caller)) -> dict[str, Any]:
     """Forget the caller-visible `conversation` memories of the run (`?all=true`: every category of it;
     `?purge=true`: hard delete). 200 `{"run_id", "status", "count", "skipped"}`, also when nothing matched,

@@ -7,20 +7,34 @@ from typing import Any
 from fastapi import APIRouter, Body, Depends, Request
 
 from api.auth import require_caller
+from api.openapi import BEARER, IDENTITY, operation
 from api.routes.memories import acting_identity
 from core.db import tenant_session
 from core.memories.schemas import parse_model
 from core.search import service
-from core.search.schemas import SearchRequest
+from core.search.schemas import SearchRequest, SearchResponse
 from core.tenancy.context import Caller
 
-router = APIRouter(prefix="/v1")
+router = APIRouter(prefix="/v1", tags=["search"], dependencies=[Depends(BEARER)])
 
 
-@router.post("/search")
+@router.post(
+    "/search",
+    **operation(
+        summary="Search memories, example queries and entities",
+        body=SearchRequest,
+        example={"question": "what unit is the order amount in?", "entities": ["shop.orders"], "max_memories": 5},
+        response=SearchResponse,
+        errors=(400, 403, 415),
+        query=IDENTITY,
+    ),
+)
 def search(
     request: Request, body: Any = Body(default=None), caller: Caller = Depends(require_caller)
 ) -> dict[str, Any]:
+    """Give a `question`, `entities` (or an inline `query`), or both. Channels (entity overlap, full-text,
+    dense, graph) are fused per bucket; `degraded` is true when the dense channel could not run. Nothing
+    given: the most recent memories, with a warning."""
     search_request: SearchRequest = parse_model(SearchRequest, body)
     caller = acting_identity(caller, body, request)
     with tenant_session(caller.tenant_id) as session:

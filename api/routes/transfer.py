@@ -7,16 +7,20 @@ from typing import Any
 
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import Response
+from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 
 from api.auth import require_caller
+from api.openapi import BEARER, IDENTITY, operation
 from api.routes.memories import acting_identity
+from api.schemas import ImportResult
 from core.db import tenant_session
 from core.errors import BadRequest, EngramError, Invalid
 from core.memories import transfer
+from core.memories.schemas import unknown_fields
 from core.tenancy.context import Caller
 
-router = APIRouter(prefix="/v1")
+router = APIRouter(prefix="/v1", tags=["memories"], dependencies=[Depends(BEARER)])
 
 EXPORT_FORMATS = ("markdown",)
 _MARKDOWN_MEDIA = ("text/markdown", "text/x-markdown", "text/plain")
@@ -26,8 +30,39 @@ class UnsupportedMedia(EngramError):
     status, code = 415, "unsupported_media_type"
 
 
-@router.get("/memories:export")
+class ImportIn(BaseModel):
+    """`POST /v1/memories:import` as JSON (the markdown may also be the body itself, as text/markdown)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    markdown: str = Field(description="an export of `GET /v1/memories:export`")
+
+
+_IMPORT = operation(
+    summary="Import memories from markdown",
+    body=ImportIn,
+    example={"markdown": "---\nkey: '1'\nkind: fact\n---\norders.amount is in cents\n"},
+    response=ImportResult,
+    errors=(400, 403, 413, 415),
+    query=IDENTITY,
+)
+_IMPORT["openapi_extra"]["requestBody"]["content"]["text/markdown"] = {"schema": {"type": "string"}}
+
+
+@router.get(
+    "/memories:export",
+    response_class=Response,
+    **operation(
+        summary="Export memories as markdown",
+        response=None,
+        response_media=transfer.MEDIA_TYPE,
+        errors=(403,),
+        query=IDENTITY,
+    ),
+)
 def export_memories(request: Request, format: str = "markdown", caller: Caller = Depends(require_caller)) -> Response:
+    """The caller's visible memories, one block of YAML front matter and content each; importing the export
+    restores the same memories."""
     if format not in EXPORT_FORMATS:
         raise Invalid(f"format must be one of {', '.join(EXPORT_FORMATS)}", field="format")
     caller = acting_identity(caller, None, request)
@@ -51,6 +86,7 @@ async def _markdown_body(request: Request) -> str:
             raise BadRequest("the request body is not valid JSON") from None
         if not isinstance(body, dict) or not isinstance(body.get("markdown"), str):
             raise Invalid('send {"markdown": "..."} or the markdown itself as text/markdown', field="markdown")
+        unknown_fields(ImportIn, body)
         return str(body["markdown"])
     if media not in _MARKDOWN_MEDIA:
         raise UnsupportedMedia("send the export as 'Content-Type: text/markdown' or JSON {\"markdown\": ...}")
@@ -60,8 +96,9 @@ async def _markdown_body(request: Request) -> str:
         raise BadRequest("the markdown is not valid UTF-8") from None
 
 
-@router.post("/memories:import")
+@router.post("/memories:import", **_IMPORT)
 async def import_memories(request: Request, caller: Caller = Depends(require_caller)) -> dict[str, Any]:
+    """Saves every block of an export (upserting by `key`); a bad block fails the whole import, naming it."""
     text = await _markdown_body(request)
     if not text.strip():
         raise Invalid("the markdown holds no memory blocks", field="markdown")

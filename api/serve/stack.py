@@ -135,9 +135,9 @@ def serve(*, host: str, port: int, home: Path) -> None:
     try:
         database_url, redis_url = settings.database_url, settings.redis_url
         if not database_url:
-            from core.embedded import EmbeddedPostgres, pg_data_dir_for
+            from core.embedded import EmbeddedPostgres
 
-            pg = EmbeddedPostgres(data_dir=pg_data_dir_for(home))
+            pg = EmbeddedPostgres.for_home(home)
             embedded.append(pg)
             database_url = pg.start()
         if not redis_url:
@@ -147,11 +147,14 @@ def serve(*, host: str, port: int, home: Path) -> None:
             embedded.append(redis_server)
             redis_url = redis_server.start()
         operator_key, new_operator_key = _operator_key(settings)
+        from core.entities.source_guard import describe_policy, serve_policy
+
         os.environ.update(
             ENGRAM_DATABASE_URL=database_url,
             ENGRAM_REDIS_URL=redis_url,
             ENGRAM_OPERATOR_KEY=operator_key,
             ENGRAM_SECRET_KEY=_secret_key(settings),
+            ENGRAM_DATASOURCE_POLICY=serve_policy(),
         )
         reset_settings_cache()
         from core.migrate import upgrade
@@ -160,7 +163,15 @@ def serve(*, host: str, port: int, home: Path) -> None:
         admin_key = _bootstrap_default_tenant(home)
         api_url = f"http://{host}:{port}"
         write_runtime(
-            {"pid": os.getpid(), "database_url": database_url, "redis_url": redis_url, "api_url": api_url},
+            {
+                "pid": os.getpid(),
+                "database_url": database_url,
+                "redis_url": redis_url,
+                "api_url": api_url,
+                # One machine, its owner's data: local sources (loopback, SQLite files) are allowed unless
+                # ENGRAM_DATASOURCE_POLICY says otherwise (core.entities.source_guard.policy reads this).
+                "datasource_policy": get_settings().datasource_policy or "local",
+            },
             home,
         )
         env = dict(os.environ)
@@ -177,6 +188,7 @@ def serve(*, host: str, port: int, home: Path) -> None:
         if not _wait_http(f"{api_url}/healthz", timeout=60, children=children):
             raise click.ClickException(f"the API did not start; see {log_dir / 'api.log'}")
         click.echo(f"engram is running\n  API:       {api_url}\n  dashboard: {api_url}/dashboard\n  home:      {home}")
+        click.echo(f"  {describe_policy()}")
         if admin_key:
             click.echo(f"  default tenant admin key (shown once): {admin_key}")
         if new_operator_key:

@@ -20,6 +20,8 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
+from core.refs import memory_ref
+
 KS = (5, 10, 20)
 BATCH = 500
 
@@ -125,7 +127,7 @@ def load_conversation(
         embed_docs(
             session,
             tenant_id=tenant_id,
-            doc_ids=[f"memory:{memory_id}" for memory_id in ids.values()],
+            doc_ids=[memory_ref(memory_id) for memory_id in ids.values()],
             embedder=embedder,
             batch_size=256,
         )

@@ -19,6 +19,7 @@ from typing import Any
 
 from core.bench.corpus import Corpus, analyze, build_catalog, load_embeddings, load_memories
 from core.config import reset_settings_cache
+from core.refs import memory_ref
 
 MODES: dict[str, Callable[[Corpus, random.Random], dict[str, Any]]] = {
     "hybrid": lambda c, r: {"entities": c.entities(r), "question": c.question(r)},
@@ -57,7 +58,7 @@ def build(*, memories: int, entities: int, log: Callable[[str], None]) -> Corpus
     started = time.perf_counter()
     with tenant_session(tenant_id) as session:
         catalog = [(d.canonical_id, d.doc_kind, d.text) for d in catalog_docs.all_docs(session)]
-    load_embeddings(tenant_id=tenant_id, docs=[(f"memory:{i}", "memory", t) for i, t in docs] + catalog)
+    load_embeddings(tenant_id=tenant_id, docs=[(memory_ref(i), "memory", t) for i, t in docs] + catalog)
     log(f"embeddings: {len(docs) + len(catalog)} in {time.perf_counter() - started:.1f}s")
     analyze()
     return Corpus(tenant_id=tenant_id, entity_ids=entity_ids)

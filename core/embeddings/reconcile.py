@@ -1,4 +1,6 @@
-"""Find embedding gaps (missing rows, changed content, another model) and queue embed jobs for them.
+"""Find embedding gaps (missing rows, changed content, another model) and queue embed jobs for them; once a
+tenant has none, delete its vectors of retired models (a model swap ends with coverage back at 1.0 and no
+rows of the old model left behind).
 
 A tenant with embed jobs still queued or running is skipped: those jobs will converge it, and the outbox
 re-dispatch covers their lost messages. So a converged corpus costs two indexed queries per tenant and
@@ -10,7 +12,7 @@ from __future__ import annotations
 from sqlalchemy import select, update
 
 from core.db import scope_to_tenant, system_session
-from core.embeddings.store import catalog_gaps, memory_gaps
+from core.embeddings.store import catalog_gaps, drop_other_models, memory_gaps
 from core.jobs.models import Job
 from core.jobs.service import enqueue
 from core.tenancy.models import Tenant
@@ -53,6 +55,7 @@ def reconcile_embeddings(*, model: str) -> dict[int, int]:
                     payload={"doc_ids": gaps[start : start + GAP_JOB_SIZE], "model": model, "reason": "reconcile"},
                 )
             if not gaps:
+                drop_other_models(session, tenant_id=tenant_id, keep_model=model)
                 # change_seq was read before the check: a write committed meanwhile is checked next time.
                 session.execute(
                     update(Tenant)

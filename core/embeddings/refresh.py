@@ -25,12 +25,12 @@ from core.embeddings.store_models import Embedding
 from core.embeddings.wire import VectorArray, driver_connection, vector_cursor
 from core.memories.models import Memory
 from core.metrics import EMBEDDED_TEXTS, EMBEDDING_CALLS, EMBEDDING_FAILURES
+from core.refs import MEMORY_PREFIX
 from core.search.render import content_hash, render_memory
 
 if TYPE_CHECKING:
     from core.embeddings.similarity import LinkPlan
 
-MEMORY_PREFIX = "memory:"
 
 # The vectors go as one binary vector[] (core.embeddings.wire); the text arrays go binary too (no quoting).
 _UPSERT = """

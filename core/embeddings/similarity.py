@@ -29,8 +29,8 @@ from sqlalchemy.orm import Session
 
 from core.embeddings.supersede import may_supersede
 from core.embeddings.wire import decode_vectors, driver_connection
+from core.refs import MEMORY_PREFIX
 
-MEMORY_PREFIX = "memory:"
 _CANDIDATES = 8
 _SUGGESTED_CHARS = 200
 

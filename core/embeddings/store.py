@@ -15,9 +15,8 @@ from sqlalchemy.orm import Session
 
 from core.embeddings.store_models import Embedding
 from core.memories.models import Memory
+from core.refs import MEMORY_PREFIX
 from core.search.render import content_hash
-
-MEMORY_DOC_PREFIX = "memory:"
 
 
 def _memory_hash_sql() -> Any:
@@ -44,7 +43,7 @@ def memory_gaps(session: Session, *, model: str, limit: int) -> list[str]:
     """Doc ids of memories whose embedding for `model` is missing or was made from other content."""
     joined = and_(
         Embedding.tenant_id == Memory.tenant_id,
-        Embedding.canonical_id == literal(MEMORY_DOC_PREFIX) + Memory.id,
+        Embedding.canonical_id == literal(MEMORY_PREFIX) + Memory.id,
         Embedding.model == model,
     )
     rows = session.scalars(
@@ -55,7 +54,7 @@ def memory_gaps(session: Session, *, model: str, limit: int) -> list[str]:
         .order_by(Memory.id)
         .limit(limit)
     ).all()
-    return [MEMORY_DOC_PREFIX + r for r in rows]
+    return [MEMORY_PREFIX + r for r in rows]
 
 
 def catalog_gaps(session: Session, *, model: str) -> list[str]:
@@ -76,7 +75,10 @@ def catalog_gaps(session: Session, *, model: str) -> list[str]:
 
 
 def coverage(session: Session, *, configured_model: str) -> list[CoverageRow]:
-    """One row per doc kind and model: rows up to date with the docs' current text, over docs expected."""
+    """One row per doc kind for the configured model: rows up to date with the docs' current text, over docs
+    expected. A retired model's vectors may still serve search while the configured one converges
+    (:func:`serving_model`), but they are not what coverage measures; reconcile deletes them once the
+    configured model covers the tenant."""
     expected: dict[str, int] = defaultdict(int)
     expected["memory"] = int(
         session.scalar(select(func.count()).select_from(Memory).where(_embeddable_memories())) or 0
@@ -87,7 +89,7 @@ def coverage(session: Session, *, configured_model: str) -> list[CoverageRow]:
     catalog_hashes = {d.canonical_id: content_hash(d.text) for d in catalog}
     for doc in catalog:
         expected[doc.doc_kind] += 1
-    models = set(session.scalars(select(Embedding.model).distinct()).all()) | {configured_model}
+    models = {configured_model}
     indexed: dict[tuple[str, str], int] = defaultdict(int)
     memory_rows = session.execute(
         select(Embedding.model, func.count())
@@ -95,10 +97,12 @@ def coverage(session: Session, *, configured_model: str) -> list[CoverageRow]:
             Memory,
             and_(
                 Memory.tenant_id == Embedding.tenant_id,
-                Embedding.canonical_id == literal(MEMORY_DOC_PREFIX) + Memory.id,
+                Embedding.canonical_id == literal(MEMORY_PREFIX) + Memory.id,
             ),
         )
-        .where(_embeddable_memories(), Embedding.content_hash == _memory_hash_sql())
+        .where(
+            _embeddable_memories(), Embedding.content_hash == _memory_hash_sql(), Embedding.model == configured_model
+        )
         .group_by(Embedding.model)
     ).all()
     for model, count in memory_rows:
@@ -106,7 +110,7 @@ def coverage(session: Session, *, configured_model: str) -> list[CoverageRow]:
     if catalog_hashes:
         rows = session.execute(
             select(Embedding.model, Embedding.doc_kind, Embedding.canonical_id, Embedding.content_hash).where(
-                Embedding.doc_kind != "memory"
+                Embedding.doc_kind != "memory", Embedding.model == configured_model
             )
         ).all()
         for model, kind, canonical_id, digest in rows:
@@ -138,7 +142,8 @@ def serving_model(session: Session, *, configured_model: str) -> str | None:
     return max(counts.items(), key=lambda item: (item[1], item[0] == configured_model))[0]
 
 
-def drop_other_models(session: Session, *, keep_model: str) -> int:
-    """Delete the rows of every model but `keep_model` (the explicit clean-up after a model change)."""
-    result = session.execute(delete(Embedding).where(Embedding.model != keep_model))
+def drop_other_models(session: Session, *, tenant_id: int, keep_model: str) -> int:
+    """Delete the tenant's rows of every model but `keep_model`: the clean-up after a model change, which
+    reconcile runs once `keep_model` covers the tenant (so search never loses its vectors meanwhile)."""
+    result = session.execute(delete(Embedding).where(Embedding.tenant_id == tenant_id, Embedding.model != keep_model))
     return int(result.rowcount or 0)  # type: ignore[attr-defined]

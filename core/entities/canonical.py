@@ -14,7 +14,12 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any, NamedTuple
 
-MEMORY_PREFIX = "memory:"
+# Memory refs are defined in core.refs (below every domain); canonical forms re-export them.
+from core.refs import MEMORY_PREFIX as MEMORY_PREFIX
+from core.refs import is_memory_ref as is_memory_ref
+from core.refs import memory_id_of as memory_id_of
+from core.refs import memory_ref as memory_ref
+
 MODEL_WILDCARD = "*"
 """What :func:`strip_aggregation` leaves of ``*:count``: "every row of the model", i.e. the model."""
 
@@ -49,28 +54,11 @@ class ModelKey(NamedTuple):
         return f"{self.datasource}.{self.model}.{name}"
 
 
-def is_memory_ref(s: str) -> bool:
-    """True for ``memory:<id>`` strings (whether or not the id is well-formed)."""
-    return s.startswith(MEMORY_PREFIX)
-
-
 def is_valid_memory_id(memory_id: str) -> bool:
     """Ids are 1..200 chars without ``: / ? #``, whitespace or control characters."""
     if not memory_id or len(memory_id) > MAX_MEMORY_ID_LENGTH:
         return False
     return not any(ch in _FORBIDDEN_ID_CHARS or ch.isspace() or ord(ch) < 32 or ord(ch) == 127 for ch in memory_id)
-
-
-def memory_ref(memory_id: str) -> str:
-    """The canonical entity naming memory ``memory_id``."""
-    return f"{MEMORY_PREFIX}{memory_id}"
-
-
-def memory_id_of(ref: str) -> str:
-    """The id inside a ``memory:<id>`` ref; ValueError for anything else."""
-    if not is_memory_ref(ref):
-        raise ValueError(f"{ref!r} is not a memory reference")
-    return ref[len(MEMORY_PREFIX) :]
 
 
 def make_canonical(*, datasource: str, model: str | None = None, leaf: str | None = None) -> str:

@@ -14,7 +14,6 @@ PyMySQL), so a DNS answer that changes between check and connect (rebinding) can
 from __future__ import annotations
 
 import ipaddress
-import os
 import socket
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -185,9 +184,11 @@ def parse_target(url: URL) -> Target:
     for name in sorted(_ALWAYS_REFUSED_PARAMS.get(dialect, set()) & set(query)):
         raise SourceRefused(f"the URL parameter {name!r} is not accepted in a datasource URL")
     if policy() == HOSTED:
-        for name in sorted(_HOSTED_REFUSED_PARAMS.get(dialect, set()) & set(query)):
+        # sslrootcert=system names the machine's trust store, not a file the tenant chose.
+        files = {k for k in _HOSTED_REFUSED_PARAMS.get(dialect, set()) & set(query) if query[k] != "system"}
+        for name in sorted(files):
             raise SourceRefused(f"the URL parameter {name!r} is not accepted by this server")
-    hosts = ([url.host] if url.host else []) + _values(query.get("host"))
+    hosts = _values(url.host) + _values(query.get("host"))
     ports = ([str(url.port)] if url.port is not None else []) + _values(query.get("port"))
     hosts = [unquote(h).strip() for h in hosts if h.strip()]
     if len(set(hosts)) > 1 or len(set(ports)) > 1:
@@ -230,8 +231,11 @@ def _own_endpoints(resolve: Resolver) -> list[_Own]:
     """Engram's database and broker as this process reaches them (settings, else `engram serve`'s record)."""
     from core.runtime import ServiceNotRunning, resolve_database_url, resolve_redis_url
 
+    def app_database_url() -> str:  # the service's own role may reach the database another way (a pooler)
+        return get_settings().app_database_url or resolve_database_url()
+
     owns = []
-    for find in (resolve_database_url, resolve_redis_url):
+    for find in (resolve_database_url, app_database_url, resolve_redis_url):
         try:
             url = make_url(find())
         except (ServiceNotRunning, ArgumentError, ValueError):
@@ -249,7 +253,8 @@ def _own_endpoints(resolve: Resolver) -> list[_Own]:
                 continue
         local = not hosts or bool(sockets) or any(this_machine(a) for a in addresses)
         for port in ports or [DEFAULT_PORTS.get(backend, 0)]:
-            owns.append(_Own(port, tuple(addresses), sockets, local, _database_of(url, query)))
+            database = _database_of(url, query) if backend == "postgresql" else None
+            owns.append(_Own(port, tuple(addresses), sockets, local, database))
     return owns
 
 
@@ -306,7 +311,8 @@ def _is_own(target: Target, owns: list[_Own]) -> bool:
         if path.startswith("/") and (Path(path).resolve() in dirs or Path(path).resolve().parent in dirs):
             return True
         # A socket's file name carries the port (.s.PGSQL.<port>), so any directory may hold ours.
-        return any(own.local and own.port == target.port for own in owns)
+        named = Path(path).name if path.startswith("/") else ""
+        return any(own.local and (target.port == own.port or named == f".s.PGSQL.{own.port}") for own in owns)
     for own in owns:
         machine = own.local and any(this_machine(a) for a in target.addresses)
         if own.port == target.port and (machine or set(target.addresses) & set(own.addresses)):
@@ -368,6 +374,7 @@ def check_sqlite_path(database: str) -> Path:
     return path
 
 
-def environment_policy() -> dict[str, str]:
-    """The settings `engram serve` hands its children: local mode unless the operator chose one."""
-    return {"ENGRAM_DATASOURCE_POLICY": os.environ.get("ENGRAM_DATASOURCE_POLICY") or LOCAL}
+def serve_policy() -> str:
+    """The mode `engram serve` runs its children in: local (one machine, its own sources), unless the
+    operator chose one with ENGRAM_DATASOURCE_POLICY."""
+    return get_settings().datasource_policy or LOCAL

@@ -1,8 +1,7 @@
 """Reading the catalog: the resolver's snapshot (cached per tenant and catalog version), the change feed
 for search, and rendered catalog docs for embeddings.
 
-Importing this module installs :func:`load_snapshot` as the memories' snapshot loader, so saves resolve
-their entities against the tenant's real catalog.
+Memory saves (core.memories.links) and search (core.search.catalog) call :func:`load_snapshot` directly.
 """
 
 from __future__ import annotations
@@ -16,7 +15,7 @@ from sqlalchemy import select, tuple_
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.orm import Session
 
-from core.entities.canonical import CatalogSnapshot, is_memory_ref, split_canonical
+from core.entities.canonical import MEMORY_PREFIX, CatalogSnapshot, is_memory_ref, split_canonical
 from core.entities.models import (
     CatalogAggregation,
     CatalogColumn,
@@ -26,7 +25,6 @@ from core.entities.models import (
     CatalogState,
     Datasource,
 )
-from core.memories.links import set_snapshot_loader
 from core.memories.models import Tombstone
 from core.search import render
 
@@ -104,9 +102,6 @@ def _read_snapshot(session: Session) -> CatalogSnapshot:
     )
 
 
-set_snapshot_loader(load_snapshot)
-
-
 # --- rendered docs ---
 
 
@@ -167,7 +162,7 @@ def catalog_changes(session: Session, *, since: int) -> list[CatalogChange]:
     live = {c[0] for c in changes}
     tombstones = session.execute(
         select(Tombstone.doc_id, Tombstone.change_seq).where(
-            Tombstone.change_seq > since, Tombstone.doc_id.not_like("memory:%")
+            Tombstone.change_seq > since, Tombstone.doc_id.not_like(MEMORY_PREFIX + "%")
         )
     )
     for doc_id, seq in tombstones:

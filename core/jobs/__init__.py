@@ -1,0 +1,22 @@
+"""Jobs: the transactional outbox, its dispatch to the workers, and running a job.
+
+How a committed job reaches a worker. There are three paths; exactly one is the design:
+
+1. **The outbox relay (core.jobs.relay) is THE dispatch path.** A write commits its job rows; an AFTER
+   INSERT trigger on ``jobs`` sends ``NOTIFY engram_jobs``; a relay thread in every worker process claims
+   rows that are ``queued`` with no ``dispatched_at`` (``FOR UPDATE SKIP LOCKED``, so two relays never
+   publish one row) and publishes them to Celery. Writers never touch the broker, and a job committed
+   while Redis is down is published when it returns. Anything that wants a job (re)run sets it
+   ``queued`` with ``dispatched_at`` NULL and lets the relay take it.
+2. The after-commit hook (core.jobs.service.dispatch_outbox) is only a shortcut: a process that installed
+   a :class:`~core.jobs.service.JobQueue` (workers for the jobs they enqueue, the API and the in-process
+   client) also publishes its own committed job ids at once. It may be absent or fail; nothing relies on
+   it, and a job it and the relay both publish runs once (core.jobs.runner skips a running job).
+3. Reconcile (core.jobs.service.jobs_to_redispatch, on beat) is the safety net, not a dispatcher: it
+   re-queues jobs whose message was lost after the relay claimed them, jobs whose worker died past the
+   running lease, and jobs whose retry (``dispatched_at`` in the future) has come due.
+
+Modules: ``models`` (the row), ``service`` (enqueue, outbox hook, retry, reconcile query), ``relay``,
+``runner`` (claim, run, backoff), ``handlers`` (the table of what each kind does), ``queries`` (reads
+for the API and dashboard).
+"""

@@ -14,7 +14,7 @@ from core.config import get_settings
 from core.db import scope_to_tenant
 from core.entities import jobs as catalog_jobs
 from core.jobs.models import Job
-from core.jobs.service import PermanentJobError
+from core.jobs.service import PermanentJobError, enqueue
 
 Handler = Callable[[Session, Job], dict[str, Any] | None]
 
@@ -29,16 +29,39 @@ def run_embed(session: Session, job: Job) -> dict[str, Any]:
     if not isinstance(doc_ids, list):
         raise PermanentJobError("embed job payload has no doc_ids list")
     settings = get_settings()
+    doc_ids = _split_embed_job(session, job, [str(d) for d in doc_ids], size=max(1, settings.embed_job_max_docs))
     scope_to_tenant(session, job.tenant_id)
     return embed_docs(
         session,
         tenant_id=job.tenant_id,
-        doc_ids=[str(d) for d in doc_ids],
+        doc_ids=doc_ids,
         embedder=embedder_for_settings(job.payload.get("model")),
         batch_size=settings.embedding_batch_size,
         # Suggestions (similar_existing) are for a sync_embed save's response: a job's result never shows them.
         suggestions=False,
     )
+
+
+def _split_embed_job(session: Session, job: Job, doc_ids: list[str], *, size: int) -> list[str]:
+    """Keep the first ``size`` docs for this job and queue the rest as jobs of ``size``; returns this job's docs.
+
+    The split commits before anything is embedded, so a worker killed afterwards loses one chunk's work,
+    and a retry of this job redoes only its own chunk.
+    """
+    if len(doc_ids) <= size:
+        return doc_ids
+    rest = doc_ids[size:]
+    chunks = [rest[start : start + size] for start in range(0, len(rest), size)]
+    for chunk in chunks:
+        enqueue(
+            session,
+            tenant_id=job.tenant_id,
+            kind="embed",
+            payload={**job.payload, "doc_ids": chunk, "split_from": job.id},
+        )
+    job.payload = {**job.payload, "doc_ids": doc_ids[:size], "split_into": len(chunks) + 1}
+    session.commit()
+    return doc_ids[:size]
 
 
 def run_prune(session: Session, job: Job) -> dict[str, Any]:

@@ -106,6 +106,14 @@ def get_job(session: Session, *, job_id: str, tenant_id: int | None) -> Job:
     return job
 
 
+def next_attempt_at(job: Job) -> str | None:
+    """When a job waiting out its retry backoff runs again (its dispatched_at, set into the future by the
+    runner); None for jobs not waiting on a retry."""
+    if job.state == "queued" and job.attempts > 0 and job.dispatched_at is not None:
+        return job.dispatched_at.isoformat()
+    return None
+
+
 def job_to_dict(job: Job) -> dict[str, Any]:
     return {
         "id": job.id,
@@ -115,6 +123,8 @@ def job_to_dict(job: Job) -> dict[str, Any]:
         "error": job.error,
         "created_at": job.created_at.isoformat() if job.created_at else None,
         "updated_at": job.updated_at.isoformat() if job.updated_at else None,
+        "attempt_errors": list(job.attempt_errors or []),
+        "next_attempt_at": next_attempt_at(job),
         "tenant_id": job.tenant_id,
         "payload": job.payload,
         "result": job.result,

@@ -7,7 +7,7 @@ of the tenant (or one saved in the same batch).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -16,24 +16,9 @@ from sqlalchemy.orm import Session
 
 from core.entities.canonical import CatalogSnapshot, is_memory_ref, memory_id_of
 from core.entities.resolver import extract_query_entities, resolve_entities
+from core.entities.store import load_snapshot
 from core.errors import Invalid
 from core.memories.models import Memory
-
-SnapshotLoader = Callable[[Session, int], CatalogSnapshot]
-
-
-def _empty_catalog(session: Session, tenant_id: int) -> CatalogSnapshot:
-    return CatalogSnapshot()
-
-
-# The catalog module installs its loader here on import (core.entities.store), so memories do not
-# depend on how the catalog is stored.
-_snapshot_loader: SnapshotLoader = _empty_catalog
-
-
-def set_snapshot_loader(loader: SnapshotLoader) -> None:
-    global _snapshot_loader
-    _snapshot_loader = loader
 
 
 @dataclass
@@ -58,7 +43,7 @@ class LinkResolver:
     @property
     def snapshot(self) -> CatalogSnapshot:
         if self._snapshot is None:
-            self._snapshot = _snapshot_loader(self._session, self._tenant_id)
+            self._snapshot = load_snapshot(self._session, self._tenant_id)
         return self._snapshot
 
     def also_existing(self, memory_ids: Iterable[str]) -> None:

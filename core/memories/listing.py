@@ -16,12 +16,13 @@ from core.errors import BadRequest, Forbidden, Invalid
 from core.memories.models import Memory
 from core.memories.schemas import ListFilters
 from core.memories.visibility import visible_clause
+from core.refs import is_memory_ref
 from core.tenancy.context import Caller
 
 
 def entity_filter(entity: str) -> ColumnElement[bool]:
     """Memories linked to `entity`: exactly, or (catalog refs only) through a strict dotted descendant."""
-    if entity.startswith("memory:"):
+    if is_memory_ref(entity):
         return Memory.entities.contains([entity])
     pattern = entity.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + ".%"
     linked = func.unnest(Memory.entities).column_valued("linked")

@@ -314,7 +314,9 @@ def patch_memory(session: Session, *, caller: Caller, memory_id: str, patch: Pat
     memory = _load_visible(session, caller=caller, memory_id=memory_id, lock=True)
     if not may_modify(memory, caller):
         raise Forbidden(f"only the owner or an admin may change memory {memory_id!r}")
-    changes = patch.model_dump(exclude_unset=True, exclude={"sync_embed", "linked_entities", "associations"})
+    # agent_id / persona in a patch say who acts (acting_identity), never a revised field.
+    handled = {"sync_embed", "linked_entities", "associations", "agent_id", "persona"}
+    changes = patch.model_dump(exclude_unset=True, exclude=handled)
     content_changed = "content" in changes and changes["content"] != memory.content
     for name, value in changes.items():
         if value is None and name in ("content", "kind", "category", "tags"):

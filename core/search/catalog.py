@@ -1,10 +1,8 @@
 """The catalog as search sees it: snapshot, change feed and entity docs, behind one seam.
 
-The catalog lives in ``core.entities``. Search needs three things from it and imports them lazily, so
-search works (over memories only) on a tenant or a build without catalog:
+The catalog lives in ``core.entities``. Search needs three things from it:
 
-* the tenant's :class:`CatalogSnapshot` (resolution, rooting, hidden flags), through the loader the
-  catalog installs in ``core.memories.links``;
+* the tenant's :class:`CatalogSnapshot` (resolution, rooting, hidden flags), ``core.entities.store.load_snapshot``;
 * ``catalog_changes(session, *, since) -> [(doc_id, doc_kind, text | None, hidden, change_seq)]``,
   the change feed the full-text index catches up from;
 * the rendered text of entity docs, through ``core.embeddings.catalog_docs.load`` (the one renderer).
@@ -12,43 +10,24 @@ search works (over memories only) on a tenant or a build without catalog:
 
 from __future__ import annotations
 
-import importlib
 import logging
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import Any, Literal
 
 from sqlalchemy import text
 from sqlalchemy.orm import Session
 
+from core.entities import store
 from core.entities.canonical import CatalogSnapshot
 from core.search.fulltext import DocChange
 
 logger = logging.getLogger(__name__)
 
-# Modules that may define the catalog; importing them also installs the snapshot loader.
-_CATALOG_MODULES = ("core.entities.store", "core.entities.catalog", "core.entities.service")
-_feed: Callable[..., Iterable[tuple[str, str, str | None, bool, int]]] | None = None
-_probed = False
-
-
-def _probe() -> None:
-    global _feed, _probed
-    if _probed:
-        return
-    for name in _CATALOG_MODULES:
-        try:
-            module: Any = importlib.import_module(name)
-        except ImportError:
-            continue
-        if _feed is None and callable(getattr(module, "catalog_changes", None)):
-            _feed = module.catalog_changes
-    _probed = True
-
 
 def load_snapshot(session: Session, *, tenant_id: int, version: int | None = None) -> CatalogSnapshot:
-    """The tenant's catalog (empty when no catalog is installed).
+    """The tenant's catalog.
 
     ``version``: the tenant's catalog version (``catalog_state.version``, 0 without a row) read in the
     session's current REPEATABLE READ transaction, with another query of the search. The loader would
@@ -57,10 +36,7 @@ def load_snapshot(session: Session, *, tenant_id: int, version: int | None = Non
     as is, without the loader's round trip; it is the loader's own object, so what is memoised on it
     (:func:`snapshot_memo`) stays shared.
     """
-    _probe()
-    from core.memories import links
-
-    loader = links._snapshot_loader
+    loader = store.load_snapshot
     if version is None:
         return loader(session, tenant_id)
     with _docs_lock:
@@ -82,12 +58,9 @@ def last_snapshot(tenant_id: int) -> tuple[int, CatalogSnapshot] | None:
 
     A guess at the current catalog, to be confirmed by reading the version (see core.search.service).
     """
-    _probe()
-    from core.memories import links
-
     with _docs_lock:
         hit = _snapshots.get(tenant_id)
-    if hit is None or hit[2] is not links._snapshot_loader:
+    if hit is None or hit[2] is not store.load_snapshot:
         return None
     return hit[0], hit[1]
 
@@ -100,12 +73,9 @@ def clear_cache() -> None:
 
 def catalog_changes(session: Session, *, since: int) -> list[DocChange]:
     """Catalog docs changed after ``since`` as full-text changes; hidden docs come out as deletions."""
-    _probe()
-    if _feed is None:
-        return []
     return [
         DocChange(doc_id=doc_id, doc_kind=kind, text=text, deleted=text is None or hidden, seq=seq)
-        for doc_id, kind, text, hidden, seq in _feed(session, since=since)
+        for doc_id, kind, text, hidden, seq in store.catalog_changes(session, since=since)
     ]
 
 

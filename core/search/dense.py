@@ -16,7 +16,8 @@ takes the other's depth. Any reason the channel cannot run raises :class:`DenseU
 On the exact path, two query-side refinements (stored vectors stay the embedding of a memory's content
 alone, so content hashes and convergence are untouched):
 
-* run context: a memory's cosine is blended with the mean cosine of its neighbours in the same run (the
+* run context: a memory's cosine is blended with the mean cosine of its neighbours in the same episode (its
+  run, or the memories given the same explicit event time, see core.search.index.episode_of; the
   window full-text lends it, ``CONTEXT_TURNS``), as a conversation turn often makes sense only with the
   turns around it (``with_context``);
 * feedback: the question's vector is moved towards the mean vector of the bucket's first eligible
@@ -46,12 +47,12 @@ from core.embeddings.providers import EmbeddingProviderError, get_embedder
 from core.embeddings.store_models import Embedding
 from core.memories.models import Memory
 from core.native import single_threaded_blas
+from core.refs import MEMORY_PREFIX
 from core.search.filters import EXAMPLE_QUERIES, HAS_QUERY_SQL, MEMORIES, has_query
-from core.search.index import CONTEXT_TURNS
+from core.search.index import CONTEXT_TURNS, episode_of
 
 MEMORY_KIND = "memory"
 ENTITIES = "entities"
-MEMORY_PREFIX = "memory:"
 HNSW_DIMS = frozenset({256, 384, 512, 768, 1024, 1536})
 CACHE_ENTRIES = 16
 # Depth of the single approximate query above dense_exact_max_docs (see DenseSearch._hnsw_sql).
@@ -260,17 +261,19 @@ class _Layout:
     rows: dict[str, np.ndarray]
     neighbours: dict[str, np.ndarray]
     has_context: bool
-    # The memories it was made from (those carrying a query or a run id, not forgotten).
+    # The memories it was made from (those carrying a query, a run id or an explicit event time, not forgotten).
     members: frozenset[str] = frozenset()
 
 
 _layouts: OrderedDict[tuple[int, str], _Layout] = OrderedDict()
 # Memories changed since a layout whose ids a search reads to know whether the layout still holds.
 _LAYOUT_CHANGES = text(
-    f"SELECT memories.id, memories.status <> 'forgotten' AND ({HAS_QUERY_SQL} OR memories.run_id IS NOT NULL) "
+    f"SELECT memories.id, memories.status <> 'forgotten' AND ({HAS_QUERY_SQL} OR memories.run_id IS NOT NULL "
+    "OR memories.occurred_at <> memories.created_at) "
     "FROM memories WHERE memories.tenant_id = :tenant AND memories.change_seq > :since "
-    "UNION ALL SELECT substr(tombstones.doc_id, 8), false FROM tombstones WHERE tombstones.tenant_id = :tenant "
-    "AND tombstones.change_seq > :since AND starts_with(tombstones.doc_id, 'memory:')"
+    f"UNION ALL SELECT substr(tombstones.doc_id, {len(MEMORY_PREFIX) + 1}), false FROM tombstones "
+    "WHERE tombstones.tenant_id = :tenant AND tombstones.change_seq > :since "
+    f"AND starts_with(tombstones.doc_id, '{MEMORY_PREFIX}')"
 )
 
 
@@ -296,20 +299,24 @@ def _layout(session: Session, *, tenant_id: int, model: str, matrix: _Matrix, ch
                 _layouts[key] = kept
             return kept
     found = session.execute(
-        select(Memory.id, Memory.run_id, has_query())
-        .where(Memory.status != "forgotten", or_(has_query(), Memory.run_id.is_not(None)))
+        select(Memory.id, Memory.run_id, has_query(), Memory.occurred_at, Memory.created_at)
+        .where(
+            Memory.status != "forgotten",
+            or_(has_query(), Memory.run_id.is_not(None), Memory.occurred_at != Memory.created_at),
+        )
         .order_by(Memory.run_id, Memory.occurred_at, Memory.created_at, Memory.id)
     ).all()
     row_of = matrix.memories.row_of
     mask = np.zeros(len(row_of), dtype=bool)
     neighbours = np.full((len(row_of), 2 * CONTEXT_TURNS), -1, dtype=np.int64)
     runs: dict[str, list[int]] = {}
-    for memory_id, run_id, carries_query in found:
+    for memory_id, run_id, carries_query, occurred_at, created_at in found:
         row = row_of.get(MEMORY_PREFIX + memory_id, -1)
         if carries_query and row >= 0:
             mask[row] = True
-        if run_id is not None:
-            runs.setdefault(run_id, []).append(row)
+        episode = episode_of(run_id, occurred_at, created_at)
+        if episode is not None:
+            runs.setdefault(episode, []).append(row)
     for run in runs.values():
         for n, row in enumerate(run):
             if row < 0:
@@ -325,7 +332,7 @@ def _layout(session: Session, *, tenant_id: int, model: str, matrix: _Matrix, ch
         rows=rows,
         neighbours={bucket: neighbours[bucket_rows] for bucket, bucket_rows in rows.items()},
         has_context=bool((neighbours >= 0).any()),
-        members=frozenset(memory_id for memory_id, _, _ in found),
+        members=frozenset(row[0] for row in found),
     )
     with _cache_lock:
         _layouts[key] = layout

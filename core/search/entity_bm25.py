@@ -30,6 +30,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from core.refs import memory_ref
+
 K1 = 1.5
 B = 0.75
 DELTA = 1.0
@@ -37,7 +39,7 @@ DELTA = 1.0
 
 def memory_tokens(memory_id: str, entities: Iterable[str]) -> list[str]:
     """The BM25 tokens of a memory: its canonical entity tags plus its self reference."""
-    return [*entities, f"memory:{memory_id}"]
+    return [*entities, memory_ref(memory_id)]
 
 
 class CorpusStats(Protocol):

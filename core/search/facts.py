@@ -31,10 +31,10 @@ from sqlalchemy.orm import Session
 
 from core.config import get_settings
 from core.entities.canonical import is_memory_ref
+from core.refs import MEMORY_PREFIX
 from core.search import sql
 from core.search.filters import HAS_QUERY_SQL
 
-MEMORY_REF = "memory:"
 # Filters (caller, statuses, kind, ...) whose verdicts a tenant's facts remember, least recent out first.
 MEMOS = 64
 
@@ -58,7 +58,7 @@ _FACT_SQL = (
 )
 _GONE_SQL = (
     "SELECT tombstones.doc_id FROM tombstones WHERE tombstones.tenant_id = :tenant "
-    "AND tombstones.change_seq > :since AND starts_with(tombstones.doc_id, 'memory:')"
+    "AND tombstones.change_seq > :since AND starts_with(tombstones.doc_id, '" + MEMORY_PREFIX + "')"
 )
 
 
@@ -118,7 +118,7 @@ class TenantFacts:
     def _apply(self, changed: Sequence[Any], gone: Sequence[Any]) -> None:
         rows, share = self.rows, self._share
         for (doc_id,) in gone:
-            rows.pop(doc_id[len(MEMORY_REF) :], None)
+            rows.pop(doc_id[len(MEMORY_PREFIX) :], None)
         for memory_id, status, persona, agent_id, category, kind, occurred_at, carries_query, entities, tags in changed:
             if status == "forgotten":
                 rows.pop(memory_id, None)

@@ -30,6 +30,7 @@ from sqlalchemy.orm import Session
 
 from core.memories.models import Memory
 from core.memories.visibility import AGENT_SCOPED, visible_clause
+from core.refs import MEMORY_PREFIX
 from core.search import sql
 from core.tenancy.context import Caller
 
@@ -58,7 +59,7 @@ def scope_clause(datasource: str) -> ColumnElement[bool]:
     """The memory has an entity equal to ``datasource`` or a strict dotted descendant of it."""
     return text(  # type: ignore[return-value]
         "EXISTS (SELECT 1 FROM unnest(memories.entities) AS scope_e "
-        "WHERE split_part(scope_e, '.', 1) = :scope_ds AND NOT starts_with(scope_e, 'memory:'))"
+        "WHERE split_part(scope_e, '.', 1) = :scope_ds AND NOT starts_with(scope_e, '" + MEMORY_PREFIX + "'))"
     ).bindparams(scope_ds=datasource)
 
 

@@ -93,23 +93,33 @@ def relevance(
     on the order the channels are given in.
     """
     names = sorted(rankings)
-    votes = {name: channel_votes(rankings[name], lexical=name in LEXICAL, k=k) for name in names}
+    totals: dict[str, float] = {}
     best: dict[str, int] = {}
+    ranked_by: dict[str, set[str]] = {}
     for name in names:
-        for rank, (doc_id, _) in enumerate(rankings[name], start=1):
+        ranking = rankings[name]
+        top = ranking[0][1] if ranking else 0.0
+        scaled = name in LEXICAL and top > 0
+        seen = ranked_by[name] = set()
+        for rank, (doc_id, score) in enumerate(ranking, start=1):
+            if doc_id in seen:
+                continue
+            seen.add(doc_id)
+            vote = (k + 1) / (k + rank)
+            if scaled:
+                vote *= max(float(score), 0.0) / top
+            totals[doc_id] = totals.get(doc_id, 0.0) + vote
             if rank < best.get(doc_id, rank + 1):
                 best[doc_id] = rank
-    blind = blind or {}
+    blinds = [(ranked_by[name], sees_not) for name, sees_not in (blind or {}).items() if name in ranked_by]
+    channels = len(names)
     fused: list[tuple[float, int, str]] = []
-    for doc_id, rank in best.items():
-        total, seen_by = 0.0, 0
-        for name in names:
-            vote = votes[name].get(doc_id)
-            if vote is None and name in blind and blind[name](doc_id):
-                continue
-            seen_by += 1
-            total += vote or 0.0
-        fused.append((-(total / seen_by if seen_by else 0.0), rank, doc_id))
+    for doc_id, total in totals.items():
+        seen_by = channels
+        for ranked, sees_not in blinds:
+            if doc_id not in ranked and sees_not(doc_id):
+                seen_by -= 1
+        fused.append((-(total / seen_by if seen_by else 0.0), best[doc_id], doc_id))
     fused.sort()
     return [(doc_id, -negated) for negated, _, doc_id in fused]
 

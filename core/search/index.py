@@ -24,10 +24,11 @@ commit while it runs may be missed by full-text, as they would be by a search st
 from __future__ import annotations
 
 from collections.abc import Sequence
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import ColumnElement, and_, or_, select
 from sqlalchemy.orm import Session
 
 from core.caches import BoundedCache
@@ -35,13 +36,13 @@ from core.config import get_settings
 from core.db import tenant_session
 from core.entities.canonical import is_memory_ref
 from core.memories.models import Memory, Tombstone
+from core.refs import MEMORY_PREFIX
 from core.search.catalog import catalog_changes
 from core.search.filters import any_of, has_query
 from core.search.fulltext import DocChange, FulltextIndex
 from core.search.render import render_memory
 from core.tenancy.models import Tenant
 
-MEMORY_DOC_PREFIX = "memory:"
 # How many memories before and after a memory of the same run lend it their text.
 CONTEXT_TURNS = 2
 # An evicted handle is dropped; a search still holding it finishes on it, and the next one reopens the
@@ -122,28 +123,61 @@ _COLUMNS = (
 )
 
 
+def episode_of(run_id: str | None, occurred_at: datetime | None, created_at: datetime | None) -> str | None:
+    """The group whose neighbouring memories lend a memory their text: its run; else, for a memory given an
+    explicit event time (``occurred_at`` differs from the save time it defaults to), the memories recorded
+    at that same instant (the turns of one session imported with its date, an event noted in parts);
+    None for a memory in no group."""
+    if run_id is not None:
+        return "run:" + run_id
+    if occurred_at is not None and created_at is not None and occurred_at != created_at:
+        return "at:" + occurred_at.isoformat()
+    return None
+
+
 def _memory_changes(session: Session, *, since: int) -> list[DocChange]:
-    """Memories changed after ``since``, plus the other memories of their runs (their context changed)."""
+    """Memories changed after ``since``, plus the other memories of their episodes (their context changed)."""
     rows = {r.id: r for r in session.execute(select(*_COLUMNS, has_query()).where(Memory.change_seq > since))}
-    run_seq: dict[str, int] = {}
+    episode_seq: dict[str, int] = {}
+    runs: set[str] = set()
+    instants: set[datetime] = set()
     for row in rows.values():
-        if row.run_id is not None:
-            run_seq[row.run_id] = max(run_seq.get(row.run_id, 0), row.change_seq)
+        episode = episode_of(row.run_id, row.occurred_at, row.created_at)
+        if episode is not None:
+            episode_seq[episode] = max(episode_seq.get(episode, 0), row.change_seq)
+            if row.run_id is not None:
+                runs.add(row.run_id)
+            else:
+                instants.add(row.occurred_at)
     context: dict[str, list[str]] = {}
     seq_of = {memory_id: row.change_seq for memory_id, row in rows.items()}
-    if run_seq:
+    if episode_seq:
+        grouped: list[ColumnElement[bool]] = []
+        if runs:
+            grouped.append(any_of(Memory.run_id, sorted(runs)))
+        if instants:
+            grouped.append(
+                and_(
+                    Memory.run_id.is_(None),
+                    Memory.occurred_at.in_(sorted(instants)),
+                    Memory.occurred_at != Memory.created_at,
+                )
+            )
         members = session.execute(
             select(*_COLUMNS, has_query())
-            .where(any_of(Memory.run_id, list(run_seq)), Memory.status != "forgotten")
+            .where(or_(*grouped), Memory.status != "forgotten")
             .order_by(Memory.run_id, Memory.occurred_at, Memory.created_at, Memory.id)
         ).all()
-        by_run: dict[str, list[Any]] = {}
+        by_episode: dict[str, list[Any]] = {}
         for row in members:
-            by_run.setdefault(row.run_id, []).append(row)
+            episode = episode_of(row.run_id, row.occurred_at, row.created_at)
+            if episode is None or episode not in episode_seq:
+                continue
+            by_episode.setdefault(episode, []).append(row)
             rows.setdefault(row.id, row)
-            # A neighbour's doc changes with the run: stamp it with the run's newest change.
-            seq_of[row.id] = max(row.change_seq, run_seq[row.run_id])
-        for run in by_run.values():
+            # A neighbour's doc changes with the episode: stamp it with the episode's newest change.
+            seq_of[row.id] = max(row.change_seq, episode_seq[episode])
+        for run in by_episode.values():
             for n, row in enumerate(run):
                 window = [*range(n - CONTEXT_TURNS, n), *range(n + 1, n + 1 + CONTEXT_TURNS)]
                 context[row.id] = [_rendered(run[k].content) for k in window if 0 <= k < len(run)]
@@ -158,7 +192,7 @@ def _memory_changes(session: Session, *, since: int) -> list[DocChange]:
         kind = memory_doc_kind(row[-1])
         changes.append(
             DocChange(
-                doc_id=MEMORY_DOC_PREFIX + memory_id, doc_kind=kind, text=text, deleted=deleted, seq=seq_of[memory_id]
+                doc_id=MEMORY_PREFIX + memory_id, doc_kind=kind, text=text, deleted=deleted, seq=seq_of[memory_id]
             )
         )
     return changes

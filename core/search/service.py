@@ -27,6 +27,7 @@ runs in PostgreSQL while full-text ranks in this process (``DenseSearch.overlapp
 from __future__ import annotations
 
 import contextlib
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -41,13 +42,15 @@ from core.entities.resolver import extract_query_entities, resolve_entities
 from core.errors import BadRequest
 from core.memories.models import Memory
 from core.memories.visibility import visible_clause
+from core.refs import MEMORY_PREFIX
 from core.search import entity_channel, facts, graph, hits, sql
 from core.search.catalog import last_snapshot, load_snapshot, snapshot_memo
+from core.search.clock import ChannelClock
 from core.search.dense import ENTITIES, DenseSearch, DenseUnavailable, EmbeddingStats, dense_model
 from core.search.filters import EXAMPLE_QUERIES, MEMORIES, Eligibility, MemoryFilter, any_of
 from core.search.fulltext import ENTITY_KINDS, FulltextIndex
 from core.search.fusion import relevance, with_hops
-from core.search.index import MEMORY_DOC_PREFIX, catch_up, catch_up_before_search, memory_doc_kind
+from core.search.index import catch_up, catch_up_before_search, memory_doc_kind
 from core.search.modes import ordered_buckets
 from core.search.schemas import SearchRequest, SearchResponse
 from core.tenancy.context import Caller
@@ -67,20 +70,29 @@ Fetch = Callable[[int], Ranking]
 BucketFetch = Callable[[str, int], Ranking]
 
 
-# Function words of questions: they match nearly every note, so full-text ignores them when the question
-# has other words (a question made only of them is kept as is).
+# Function words of questions (and the pieces contractions leave: "what's" -> "what", "s"): they match
+# nearly every note, so full-text ignores them when the question has other words.
 QUESTION_STOPWORDS = frozenset(
     "a an and are as at be been but by can could did do does for from had has have he her hers him his how i "
     "if in into is it its me my of on or our she so that the their them they this to was we were what when "
-    "where which who whom whose why will with would you your".split()
+    "where which who whom whose why will with would you your s t d ll re ve m".split()
 )
+_WORD = re.compile(r"[^\W_]+")
 
 
 def fulltext_query(question: str) -> str:
-    """The question without its function words, for full-text."""
-    words = question.split()
-    kept = [w for w in words if w.strip("?!.,;:'\"()").lower() not in QUESTION_STOPWORDS]
-    return " ".join(kept) if kept and QUESTION_STOPWORDS else question
+    """The question's words without its function words, for full-text.
+
+    Words are split as the index's analyzer splits them (on every non-alphanumeric character), so the
+    "in" of "in-process" goes like any other "in". A question of one token (a pasted canonical id such
+    as ``shop.orders.country``) is kept as it is: the index also matches it against doc ids. A question
+    made only of function words is kept too.
+    """
+    literal = question.strip()
+    if not any(ch.isspace() for ch in literal):
+        return literal
+    kept = [w for w in _WORD.findall(literal) if w.lower() not in QUESTION_STOPWORDS]
+    return " ".join(kept) if kept else question
 
 
 def bucket_depth(cap: int) -> int:
@@ -203,7 +215,7 @@ class _FulltextRankings:
     def bucket(self, bucket: str, limit: int) -> Ranking:
         if (bucket, limit) not in self._buckets:
             hits = self.kinds(frozenset({memory_doc_kind(bucket == EXAMPLE_QUERIES)}), limit)
-            self._buckets[bucket, limit] = [(doc_id[len(MEMORY_DOC_PREFIX) :], s) for doc_id, s in hits]
+            self._buckets[bucket, limit] = [(doc_id[len(MEMORY_PREFIX) :], s) for doc_id, s in hits]
         return self._buckets[bucket, limit]
 
     def first_looks(self, caps: dict[str, int], entity_depth: int) -> None:
@@ -259,6 +271,7 @@ class _Search:
         self.guessed_version: int | None = None
         self._ft: _FulltextRankings | None = None
         self._dense: DenseSearch | None = None
+        self.clock = ChannelClock()
 
     @cached_property
     def head(self) -> _Head:
@@ -312,6 +325,7 @@ class _Search:
             self._hybrid(inputs)
         except _CatalogMoved as moved:
             return _Search(self.session, caller=self.caller, request=request, head=moved.head).run()
+        self.clock.record()
         return self.response
 
     # -- inputs ---------------------------------------------------------------------------
@@ -374,7 +388,7 @@ class _Search:
     # -- hybrid ---------------------------------------------------------------------------
 
     def _hybrid(self, inputs: _Inputs) -> None:
-        request, channels = self.request, self.response.channels
+        request, channels, clock = self.request, self.response.channels, self.clock
         question = request.question_text
         memory_fetch: dict[str, BucketFetch] = {}
         entity_rankings: dict[str, Ranking] = {}
@@ -385,10 +399,13 @@ class _Search:
             if question and "head" not in self.__dict__:
                 early = self._early_fulltext(question)
                 if early is not None:
-                    meanwhile = lambda: early.first_looks(self.caps, entity_depth)  # noqa: E731
-            bm25, _ = self._entity_bm25(inputs.bm25_tokens, meanwhile=meanwhile)
+                    meanwhile = clock.wrap("fulltext", lambda: early.first_looks(self.caps, entity_depth))
+            with clock.timing("entity_bm25"):
+                bm25, _ = self._entity_bm25(inputs.bm25_tokens, meanwhile=meanwhile)
             # BM25 saw every candidate with its verdict, so its bucket rankings need no deeper look.
-            memory_fetch["entity_bm25"] = lambda bucket, limit: self.eligibility.pick(bm25, bucket, limit)
+            memory_fetch["entity_bm25"] = clock.wrap(
+                "entity_bm25", lambda bucket, limit: self.eligibility.pick(bm25, bucket, limit)
+            )
             # The named refs in the order given, each fully named (score 1: no share of a top score to lose).
             entity_rankings["entity_bm25"] = [(e, 1.0) for e in inputs.entity_refs][:entity_depth]
         dense: DenseSearch | None = None
@@ -397,28 +414,32 @@ class _Search:
             # The tenant's change seq and the embedding statistics come with the search's first query.
             head = self.head
             try:
-                dense = DenseSearch(
-                    self.session,
-                    tenant_id=self.caller.tenant_id,
-                    question=question,
-                    change_seq=head.change_seq,
-                    feedback=self.feedback,
-                    stats=head.embeddings,
-                )
+                with clock.timing("dense"):
+                    dense = DenseSearch(
+                        self.session,
+                        tenant_id=self.caller.tenant_id,
+                        question=question,
+                        change_seq=head.change_seq,
+                        feedback=self.feedback,
+                        stats=head.embeddings,
+                    )
             except DenseUnavailable as exc:
                 self.warn(str(exc))
                 self.response.degraded = True
             ft = self._fulltext(question)
-            ft.follow(head.change_seq)
+            with clock.timing("fulltext"):
+                ft.follow(head.change_seq)
             # While PostgreSQL runs the approximate dense query, full-text runs the first look of every
             # ranking the buckets will ask it for (the same calls they would make, answered from its memo).
             with dense.overlapped() if dense is not None and OVERLAP_DENSE else contextlib.nullcontext():
-                ft.first_looks(self.caps, entity_depth)
-            fulltext, search_kinds = ft.bucket, ft.kinds
+                with clock.timing("fulltext"):
+                    ft.first_looks(self.caps, entity_depth)
+            fulltext, search_kinds = clock.wrap("fulltext", ft.bucket), clock.wrap("fulltext", ft.kinds)
             memory_fetch["fulltext"] = fulltext
             if dense is not None:
                 channels.dense = True
-                memory_fetch["dense"] = dense.rank
+                dense_rank = clock.wrap("dense", dense.rank)
+                memory_fetch["dense"] = dense_rank
             if entity_depth:
                 keep = self._entity_keep
                 entity_rankings["fulltext"] = filtered_ranking(
@@ -426,7 +447,7 @@ class _Search:
                 )
                 if dense is not None:
                     entity_rankings["dense"] = filtered_ranking(
-                        _Memo(lambda limit: dense.rank(ENTITIES, limit)), keep=keep, depth=entity_depth
+                        _Memo(lambda limit: dense_rank(ENTITIES, limit)), keep=keep, depth=entity_depth
                     )
         self._dense = dense
         buckets = self._memory_buckets(memory_fetch)
@@ -545,14 +566,15 @@ class _Search:
             # among its top hits without the graph and the graph's hops: the former are loaded with the
             # graph's query, in the same round trip (the latter, rarely needed, when hydrating).
             likely = [d for bucket in live for d, _ in fused[bucket][: self.caps[bucket]]]
-            edges, rows = sql.run_many(
-                self.session,
-                [
-                    graph.query(seeds=seeds, eligibility=self.eligibility),
-                    hits.memories_query(tenant_id=self.caller.tenant_id, memory_ids=likely),
-                ],
-            )
-            hops = graph.from_rows(edges, seeds=seeds, eligibility=self.eligibility, seed_scores=seed_scores)
+            with self.clock.timing("graph"):
+                edges, rows = sql.run_many(
+                    self.session,
+                    [
+                        graph.query(seeds=seeds, eligibility=self.eligibility),
+                        hits.memories_query(tenant_id=self.caller.tenant_id, memory_ids=likely),
+                    ],
+                )
+                hops = graph.from_rows(edges, seeds=seeds, eligibility=self.eligibility, seed_scores=seed_scores)
             self.loaded.update(hits.memories_from_rows(rows))
             self.eligibility.check(d for ranking in hops.values() for d, _ in ranking)
             for bucket in live:
@@ -612,7 +634,7 @@ class _Search:
         missing = [memory_id for memory_id in ids if memory_id not in memories]
         memories.update(hits.load_memories(self.session, tenant_id=self.caller.tenant_id, memory_ids=missing))
         matched = {
-            memory_id: [t for t in tokens if t in (memory.entities or []) or t == MEMORY_DOC_PREFIX + memory_id]
+            memory_id: [t for t in tokens if t in (memory.entities or []) or t == MEMORY_PREFIX + memory_id]
             for memory_id, memory in memories.items()
         }
         self.response.memories = hits.memory_hits(  # type: ignore[assignment]

@@ -1,4 +1,5 @@
-"""Response models of the REST API, for the Python clients (remote and local) and the MCP server.
+"""Response models of the REST API: the OpenAPI description's success bodies, and what the Python clients
+(remote and local) and the MCP server parse.
 
 Request models are the core ones (``SaveMemoryIn``, ``PatchMemoryIn``, ``ListFilters``, ``SearchRequest``,
 ``DatasourceIn``, ``ModelPutIn``, ``ModelPatchIn``); ``SaveResult`` and ``SearchResponse`` are core
@@ -50,15 +51,38 @@ class Memory(_Out):
     last_accessed_at: datetime | None = None
 
 
+class MemoryVersion(_Out):
+    content: str
+    kind: str
+    category: str
+    tags: list[str] = Field(default_factory=list)
+    importance: float
+    entities: list[str] = Field(default_factory=list)
+    changed_by: str
+    changed_at: datetime
+
+
+class MemoryHistory(_Out):
+    versions: list[MemoryVersion]
+
+
 class MemoryPage(_Out):
     memories: list[Memory]
     next_cursor: str | None = None
 
 
 class ErrorBody(_Out):
-    code: str
-    message: str
-    field: str | None = None
+    """The contract's error object; more keys may follow (e.g. `status` in MCP answers)."""
+
+    code: str = Field(description="machine-readable kind of error", examples=["validation_error"])
+    message: str = Field(description="what went wrong, for a human", examples=["kind: Input should be 'fact', ..."])
+    field: str | None = Field(default=None, description="on 422: the offending field's path", examples=["kind"])
+
+
+class ErrorResponse(_Out):
+    """Every error of every route: ``{"error": {"code", "message", "field"?}}``."""
+
+    error: ErrorBody
 
 
 class BatchItemError(_Out):
@@ -91,6 +115,23 @@ class IssuedKeyOut(_Out):
     user: str
     role: str
     tenant: str
+    agent_id: str | None = None
+    persona: str | None = None
+    read_only: bool = False
+
+
+class KeyOut(_Out):
+    id: str
+    user: str
+    role: str
+    agent_id: str | None = None
+    persona: str | None = None
+    read_only: bool = False
+    created_at: datetime | None = None
+
+
+class KeyList(_Out):
+    keys: list[KeyOut]
 
 
 class KeyRevoked(_Out):
@@ -109,6 +150,10 @@ class Datasource(_Out):
     last_ingested_at: datetime | None = None
     models: list[str] | None = None
     model_count: int | None = None
+
+
+class DatasourceList(_Out):
+    datasources: list[Datasource]
 
 
 class Deleted(_Out):
@@ -171,3 +216,16 @@ class ModelInspection(_Out):
     measures: list[dict[str, Any]] = Field(default_factory=list)
     aggregations: list[dict[str, Any]] = Field(default_factory=list)
     learnings: list[Memory] = Field(default_factory=list)
+
+
+class CoverageReport(_Out):
+    coverage: list[CoverageRow]
+
+
+class Health(_Out):
+    status: str = Field(examples=["ok"])
+
+
+class Readiness(_Out):
+    status: str = Field(description="`ready`, or `unavailable` (with a 503)", examples=["ready"])
+    checks: dict[str, str] = Field(description="per dependency: `ok` or why not", examples=[{"database": "ok"}])

@@ -1,0 +1,222 @@
+"""The synchronous client.
+
+from engram_client import EngramClient
+
+with EngramClient() as engram:          # ENGRAM_URL and ENGRAM_API_KEY from the environment
+    saved = engram.save_memory("orders.amount is in cents", tags=["units"])
+    hits = engram.search("what unit is the order amount in?")
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from datetime import datetime
+from typing import Any
+
+import httpx
+
+from engram_client import _operations as op
+from engram_client._calls import Call, Settings, T, connection_error, read, should_retry
+from engram_client.models import (
+    Association,
+    BatchResult,
+    ForgetResult,
+    HydrateResult,
+    Job,
+    ListSort,
+    Memory,
+    MemoryCategory,
+    MemoryKind,
+    MemoryPage,
+    MemoryStatus,
+    SaveResult,
+    SearchMode,
+    SearchResponse,
+)
+
+Entities = list[str] | dict[str, Any]
+
+
+class EngramClient:
+    """engram over its REST API. ``agent_id`` / ``persona`` are sent when a call names none.
+
+    429 and 503 answers are retried ``max_retries`` times, waiting what ``Retry-After`` says (else an
+    exponential backoff from ``backoff`` seconds); then the typed error is raised.
+    """
+
+    def __init__(
+        self,
+        base_url: str | None = None,
+        *,
+        api_key: str | None = None,
+        agent_id: str | None = None,
+        persona: str | None = None,
+        timeout: float = 30.0,
+        max_retries: int = 3,
+        backoff: float = 0.5,
+        max_backoff: float = 30.0,
+        transport: httpx.BaseTransport | None = None,
+    ):
+        self.settings = Settings.resolve(
+            base_url=base_url,
+            api_key=api_key,
+            agent_id=agent_id,
+            persona=persona,
+            max_retries=max_retries,
+            backoff=backoff,
+            max_backoff=max_backoff,
+        )
+        self._http = httpx.Client(
+            base_url=self.settings.base_url, headers=self.settings.headers, timeout=timeout, transport=transport
+        )
+
+    def __enter__(self) -> EngramClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._http.close()
+
+    def _send(self, call: Call[T]) -> T:
+        attempt = 0
+        while True:
+            try:
+                response = self._http.request(call.method, call.path, **call.request_kwargs())
+            except httpx.HTTPError as exc:
+                raise connection_error(exc, self.settings) from exc
+            if not should_retry(response, attempt, self.settings):
+                return read(call, response)
+            time.sleep(self.settings.retry_delay(attempt, response))
+            attempt += 1
+
+    # Memories
+
+    def save_memory(
+        self,
+        content: str,
+        *,
+        id: str | None = None,
+        kind: MemoryKind | None = None,
+        category: MemoryCategory | None = None,
+        importance: float | None = None,
+        tags: list[str] | None = None,
+        linked_entities: Entities | None = None,
+        query: dict[str, Any] | None = None,
+        occurred_at: datetime | None = None,
+        source: str | None = None,
+        run_id: str | None = None,
+        associations: list[Association] | None = None,
+        sync_embed: bool | None = None,
+        agent_id: str | None = None,
+        persona: str | None = None,
+    ) -> SaveResult:
+        """Save (or, with an existing ``id``, replace) a memory."""
+        return self._send(op.save_memory(self.settings, locals()))
+
+    def save_memories(
+        self, items: Sequence[Mapping[str, Any]], *, agent_id: str | None = None, persona: str | None = None
+    ) -> BatchResult:
+        """Save up to 1,000 memories in one transaction; each result is a save result or its error."""
+        return self._send(op.save_memories(self.settings, items, locals()))
+
+    def get_memory(
+        self,
+        memory_id: str,
+        *,
+        include_forgotten: bool = False,
+        agent_id: str | None = None,
+        persona: str | None = None,
+    ) -> Memory:
+        """Recall one memory by id (:class:`NotFoundError` when absent or not visible)."""
+        return self._send(op.get_memory(self.settings, memory_id, locals()))
+
+    def update_memory(
+        self,
+        memory_id: str,
+        *,
+        content: str | None = None,
+        kind: MemoryKind | None = None,
+        category: MemoryCategory | None = None,
+        importance: float | None = None,
+        tags: list[str] | None = None,
+        linked_entities: Entities | None = None,
+        occurred_at: datetime | None = None,
+        source: str | None = None,
+        associations: list[Association] | None = None,
+        sync_embed: bool | None = None,
+        agent_id: str | None = None,
+        persona: str | None = None,
+    ) -> Memory:
+        """Revise the given fields of a memory; every revision is kept."""
+        return self._send(op.update_memory(self.settings, memory_id, locals()))
+
+    def forget_memory(
+        self,
+        memory_id: str,
+        *,
+        reason: str | None = None,
+        purge: bool = False,
+        agent_id: str | None = None,
+        persona: str | None = None,
+    ) -> ForgetResult:
+        """Forget a memory (soft delete); ``purge=True`` deletes it for good."""
+        return self._send(op.forget_memory(self.settings, memory_id, locals()))
+
+    def list_memories(
+        self,
+        *,
+        kind: MemoryKind | None = None,
+        category: MemoryCategory | None = None,
+        tags: list[str] | None = None,
+        run_id: str | None = None,
+        status: MemoryStatus | None = None,
+        since: datetime | None = None,
+        occurred_after: datetime | None = None,
+        occurred_before: datetime | None = None,
+        entity: str | None = None,
+        sort: ListSort | None = None,
+        limit: int | None = None,
+        cursor: str | None = None,
+        agent_id: str | None = None,
+        persona: str | None = None,
+    ) -> MemoryPage:
+        """One page of memories; pass ``next_cursor`` back as ``cursor`` for the next."""
+        return self._send(op.list_memories(self.settings, locals()))
+
+    def hydrate(self, *, budget_bytes: int, agent_id: str | None = None, persona: str | None = None) -> HydrateResult:
+        """The standing context of an agent that fits ``budget_bytes`` (core memories first)."""
+        return self._send(op.hydrate(self.settings, locals()))
+
+    # Search
+
+    def search(
+        self,
+        question: str | None = None,
+        *,
+        entities: list[str] | None = None,
+        query: dict[str, Any] | None = None,
+        datasource: str | None = None,
+        mode: SearchMode | None = None,
+        kind: MemoryKind | None = None,
+        category: MemoryCategory | None = None,
+        tags: list[str] | None = None,
+        max_memories: int | None = None,
+        max_example_queries: int | None = None,
+        max_entities: int | None = None,
+        occurred_after: datetime | None = None,
+        occurred_before: datetime | None = None,
+        include_stale: bool | None = None,
+        min_score: float | None = None,
+        agent_id: str | None = None,
+        persona: str | None = None,
+    ) -> SearchResponse:
+        """Memories, example queries and catalog entities relevant to a question and/or entities."""
+        return self._send(op.search(self.settings, locals()))
+
+    # Jobs
+
+    def get_job(self, job_id: str) -> Job:
+        return self._send(op.get_job(self.settings, job_id))

@@ -1,0 +1,278 @@
+"""`engram bench load`: many clients against one running API, the way agents would hit it.
+
+Each client loops for the run's length: 60% searches, 30% saves, 10% gets of a memory saved earlier. A 503
+is answered as a well-behaved client would: it waits the ``Retry-After`` it was given (at most
+``MAX_BACKOFF`` seconds) before its next request. Requests time out after ``UNANSWERED_AFTER`` seconds and
+are counted as unanswered. A separate sampler reads ``/healthz`` every half second during the run.
+Afterwards every save that was acknowledged (201) is read back: one that is missing is a lost write.
+
+Only loopback is ever contacted: the target must be ``http://127.0.0.1:<port>``, so a mistyped URL cannot
+turn this into a load test of someone else's server. Counts and time are bounded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import re
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import httpx
+
+from core.bench import figure, machine_speed_ms
+
+MAX_CLIENTS = 1000
+MAX_SECONDS = 600
+UNANSWERED_AFTER = 30.0
+MAX_BACKOFF = 5.0
+HEALTH_EVERY = 0.5
+SEED_MEMORIES = 200
+MIX = (("search", 0.6), ("save", 0.3), ("get", 0.1))
+_WORDS = (
+    "orders revenue refunds cents customer region churn weekly monthly fiscal quarter net gross margin "
+    "warehouse shipment delay status paid pending cancelled timezone utc dashboard metric filter join"
+).split()
+
+
+class NotLoopback(ValueError):
+    """The target is not http://127.0.0.1:<port>."""
+
+
+def check_loopback(url: str) -> str:
+    """The base URL when it names 127.0.0.1 over plain HTTP, else NotLoopback."""
+    parts = urlsplit(url)
+    if parts.scheme != "http" or parts.hostname != "127.0.0.1" or parts.port is None:
+        raise NotLoopback(f"bench load only targets http://127.0.0.1:<port>, not {url!r}")
+    if parts.username or parts.password or parts.path not in ("", "/") or parts.query or parts.fragment:
+        raise NotLoopback(f"give the bare base URL http://127.0.0.1:<port>, not {url!r}")
+    return f"http://127.0.0.1:{parts.port}"
+
+
+@dataclass
+class Tally:
+    statuses: Counter[str] = field(default_factory=Counter)
+    latency: dict[str, list[float]] = field(default_factory=lambda: {op: [] for op, _ in MIX})
+    saved: list[str] = field(default_factory=list)
+    unanswered: int = 0
+    errors: int = 0
+    health_ms: list[float] = field(default_factory=list)
+    health_failures: int = 0
+
+    @property
+    def requests(self) -> int:
+        return sum(self.statuses.values())
+
+
+def _note(rng: random.Random) -> str:
+    return " ".join(rng.choice(_WORDS) for _ in range(rng.randint(8, 24)))
+
+
+def _pick(rng: random.Random) -> str:
+    roll, total = rng.random(), 0.0
+    for op, share in MIX:
+        total += share
+        if roll < total:
+            return op
+    return MIX[-1][0]
+
+
+async def _one(http: httpx.AsyncClient, op: str, rng: random.Random, tally: Tally, seeded: list[str]) -> float:
+    """One request; returns how long to back off before the next."""
+    started = time.perf_counter()
+    try:
+        if op == "search":
+            words = " ".join(rng.choice(_WORDS) for _ in range(rng.randint(2, 5)))
+            response = await http.post("/v1/search", json={"question": f"what about {words}?"})
+        elif op == "save":
+            response = await http.post("/v1/memories", json={"content": _note(rng)})
+        else:
+            pool = tally.saved or seeded
+            response = await http.get(f"/v1/memories/{rng.choice(pool)}")
+    except httpx.TimeoutException:
+        tally.unanswered += 1
+        return 0.0
+    except httpx.HTTPError:
+        tally.errors += 1
+        return 0.5
+    tally.latency[op].append((time.perf_counter() - started) * 1000)
+    tally.statuses[str(response.status_code)] += 1
+    if op == "save" and response.status_code == 201:
+        tally.saved.append(response.json()["memory_id"])
+    if response.status_code in (429, 503):
+        try:
+            return min(float(response.headers.get("retry-after", "1")), MAX_BACKOFF)
+        except ValueError:
+            return 1.0
+    return 0.0
+
+
+async def _client(http: httpx.AsyncClient, seed: int, deadline: float, tally: Tally, seeded: list[str]) -> None:
+    rng = random.Random(seed)
+    while time.monotonic() < deadline:
+        backoff = await _one(http, _pick(rng), rng, tally, seeded)
+        if backoff:
+            await asyncio.sleep(min(backoff * (0.5 + rng.random()), max(0.0, deadline - time.monotonic())))
+
+
+async def _health(url: str, deadline: float, tally: Tally) -> None:
+    # Its own client and connection: a probe must not queue behind the load's connections.
+    async with httpx.AsyncClient(base_url=url, timeout=UNANSWERED_AFTER) as http:
+        while time.monotonic() < deadline:
+            started = time.perf_counter()
+            try:
+                ok = (await http.get("/healthz")).status_code == 200
+            except httpx.HTTPError:
+                ok = False
+            tally.health_ms.append((time.perf_counter() - started) * 1000)
+            tally.health_failures += 0 if ok else 1
+            await asyncio.sleep(HEALTH_EVERY)
+
+
+async def _verify(http: httpx.AsyncClient, ids: list[str]) -> int:
+    """How many acknowledged saves cannot be read back (each is retried on 503 until it answers)."""
+    gate = asyncio.Semaphore(8)
+
+    async def missing(memory_id: str) -> bool:
+        async with gate:
+            for _ in range(20):
+                try:
+                    response = await http.get(f"/v1/memories/{memory_id}")
+                except httpx.HTTPError:
+                    await asyncio.sleep(1)
+                    continue
+                if response.status_code != 503:
+                    return response.status_code != 200
+                await asyncio.sleep(1)
+            return True
+
+    return sum(await asyncio.gather(*(missing(i) for i in ids)))
+
+
+async def _seed(http: httpx.AsyncClient, count: int) -> list[str]:
+    rng = random.Random(0)
+    items = [{"content": _note(rng)} for _ in range(count)]
+    response = await http.post("/v1/memories:batch", json={"items": items})
+    response.raise_for_status()
+    return [r["memory_id"] for r in response.json()["results"] if "memory_id" in r]
+
+
+async def _run(url: str, key: str, *, clients: int, seconds: float) -> tuple[Tally, int]:
+    limits = httpx.Limits(max_connections=clients + 8, max_keepalive_connections=clients + 8)
+    headers = {"Authorization": f"Bearer {key}"}
+    async with httpx.AsyncClient(base_url=url, headers=headers, timeout=UNANSWERED_AFTER, limits=limits) as http:
+        seeded = await _seed(http, SEED_MEMORIES)
+        tally = Tally()
+        deadline = time.monotonic() + seconds
+        await asyncio.gather(
+            _health(url, deadline, tally), *(_client(http, n, deadline, tally, seeded) for n in range(clients))
+        )
+        lost = await _verify(http, list(tally.saved))
+    return tally, lost
+
+
+def _p(values: list[float], q: float) -> float:
+    if not values:
+        return 0.0
+    if len(values) == 1:
+        return values[0]
+    return statistics.quantiles(values, n=100, method="inclusive")[int(q * 100) - 1]
+
+
+def run(*, url: str | None, key: str | None, clients: int, seconds: float, log: Callable[[str], None]) -> list[dict]:
+    """Figures of one load run against ``url`` (or a throwaway `engram serve` started for it)."""
+    if not 1 <= clients <= MAX_CLIENTS:
+        raise ValueError(f"clients must be 1..{MAX_CLIENTS}")
+    if not 0 < seconds <= MAX_SECONDS:
+        raise ValueError(f"seconds must be in (0, {MAX_SECONDS}]")
+    if url is not None:
+        url = check_loopback(url)
+        if not key:
+            raise ValueError("give the tenant API key (--key or ENGRAM_API_KEY) with --url")
+        return _figures(url, key, clients=clients, seconds=seconds, log=log)
+    with throwaway_serve(log=log) as (started_url, admin_key):
+        return _figures(started_url, admin_key, clients=clients, seconds=seconds, log=log)
+
+
+def _figures(url: str, key: str, *, clients: int, seconds: float, log: Callable[[str], None]) -> list[dict]:
+    speed = machine_speed_ms()
+    log(f"load: {clients} clients for {seconds:g} s against {url}")
+    started = time.monotonic()
+    tally, lost = asyncio.run(_run(url, key, clients=clients, seconds=seconds))
+    elapsed = time.monotonic() - started
+    params: dict[str, Any] = {"clients": clients, "seconds": seconds}
+    out = [
+        figure("load", "requests", tally.requests, "count", **params),
+        figure("load", "requests_per_s", tally.requests / max(seconds, 1e-9), "1/s", **params),
+    ]
+    out += [figure("load", f"status_{code}", n, "count", **params) for code, n in sorted(tally.statuses.items())]
+    for op, _ in MIX:
+        values = tally.latency[op]
+        out.append(figure("load", f"{op}_p50_ms", _p(values, 0.5), "ms", **params))
+        out.append(figure("load", f"{op}_p95_ms", _p(values, 0.95), "ms", **params))
+    out += [
+        figure("load", "saves_acknowledged", len(tally.saved), "count", **params),
+        figure("load", "lost_writes", lost, "count", **params),
+        figure("load", "healthz_max_ms", max(tally.health_ms, default=0.0), "ms", **params),
+        figure("load", "healthz_failures", tally.health_failures, "count", **params),
+        figure("load", "unanswered_30s", tally.unanswered, "count", **params),
+        figure("load", "connection_errors", tally.errors, "count", **params),
+        figure("load", "wall_seconds", elapsed, "s", **params),
+        figure("load", "machine_speed_ms", speed, "ms", **params),
+    ]
+    return out
+
+
+@contextmanager
+def throwaway_serve(*, log: Callable[[str], None]) -> Iterator[tuple[str, str]]:
+    """`engram serve` on a temporary home and a free port; yields (URL, the default tenant's admin key)."""
+    from core.embedded import free_port
+
+    base = Path(tempfile.mkdtemp(prefix="engram-load-", dir="/tmp"))
+    base.chmod(0o755)
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ENGRAM_")}
+    out_path = base / "serve.out"
+    with open(out_path, "w") as out:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "api.cli", "serve", "--port", str(port), "--home", str(base / "home")],
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+        try:
+            deadline = time.monotonic() + 120
+            text = ""
+            while time.monotonic() < deadline and process.poll() is None:
+                text = out_path.read_text()
+                if "Press Ctrl-C" in text:
+                    break
+                time.sleep(0.2)
+            found = re.search(r"admin key \(shown once\): (\S+)", text)
+            if found is None:
+                raise RuntimeError(f"engram serve did not start:\n{text[-2000:]}")
+            log(f"started engram serve on port {port} (home {base / 'home'})")
+            yield f"http://127.0.0.1:{port}", found.group(1)
+        finally:
+            if process.poll() is None:
+                process.send_signal(signal.SIGTERM)
+                try:
+                    process.wait(timeout=90)
+                except subprocess.TimeoutExpired:
+                    process.kill()
+                    process.wait()
+            import shutil
+
+            shutil.rmtree(base, ignore_errors=True)
