@@ -136,6 +136,8 @@ class Settings(BaseSettings):
     dense_similarity_floor: float = Field(default=0.3, ge=-1.0, le=1.0)
     # Tenants' full-text index handles one process keeps open (least recently used evicted; core.caches).
     fulltext_max_open_indexes: int = 1_000
+    # Tenants whose catalog snapshot (and what search derives from it) one process keeps.
+    catalog_cache_tenants: int = 64
     # Memories whose eligibility facts one process keeps in memory, over all tenants (~450 bytes each,
     # so ~90 MB at most; core.search.facts). A larger tenant is judged in SQL; 0 turns the cache off.
     search_facts_max_memories: int = 200_000
