@@ -9,9 +9,9 @@ the components next to the response models FastAPI already collects.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
-from fastapi import FastAPI
+from fastapi import FastAPI, Path
 from fastapi.openapi.utils import get_openapi
 from fastapi.routing import APIRoute
 from fastapi.security import HTTPBearer
@@ -50,6 +50,14 @@ ERROR_TEXT: dict[int, str] = {
 KEYED_ERRORS = (401, 422, 429, 503)
 
 
+# Path parameters, described once for every route that takes them.
+MemoryIdPath = Annotated[str, Path(description="the memory's id, e.g. '42'")]
+KeyIdPath = Annotated[str, Path(description="the key's id (from POST or GET /v1/keys)")]
+JobIdPath = Annotated[str, Path(description="the job's id (e.g. from a 202's job_id)")]
+DatasourcePath = Annotated[str, Path(description="the datasource's name")]
+ModelPath = Annotated[str, Path(description="the model's name within the datasource")]
+RunIdPath = Annotated[str, Path(description="the run_id its memories were saved with")]
+
 _BODY_MODELS: dict[str, type[BaseModel]] = {}
 
 Query = dict[str, tuple[dict[str, Any], str]]
@@ -81,6 +89,7 @@ def operation(
     body: type[BaseModel] | None = None,
     body_required: bool = True,
     example: dict[str, Any] | None = None,
+    response_example: dict[str, Any] | None = None,
     errors: tuple[int, ...] = (),
     keyed: bool = True,
     response_media: str | None = None,
@@ -97,6 +106,8 @@ def operation(
     responses: dict[int | str, dict[str, Any]] = {}
     if response is not None:
         responses[status] = {"model": response, "description": summary}
+        if response_example is not None:
+            responses[status]["content"] = {"application/json": {"example": response_example}}
     elif response_media is not None:
         responses[status] = {"description": summary, "content": {response_media: {"schema": {"type": "string"}}}}
     body_errors = (400, 413, 415) if body is not None else ()  # malformed JSON, too large, not JSON

@@ -24,6 +24,29 @@ REPO = Path(__file__).resolve().parents[1]
 OPERATOR_KEY = "egop_test-operator-key"
 
 
+# Every directory a test makes under /tmp (for servers whose files the postgres user must reach) is made
+# here, so the session can check at its end that each one was removed by the test that made it.
+_TEMP_DIRS: list[Path] = []
+
+
+def make_temp_dir(prefix: str) -> Path:
+    """A world-traversable directory under /tmp; its test removes it (checked when the session ends)."""
+    path = Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))
+    path.chmod(0o755)
+    _TEMP_DIRS.append(path)
+    return path
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _temp_dirs_removed() -> Iterator[None]:
+    """The suite leaves nothing under /tmp: a directory a test made and left is removed and reported."""
+    yield
+    left = [path for path in _TEMP_DIRS if path.exists()]
+    for path in left:
+        shutil.rmtree(path, ignore_errors=True)
+    assert not left, f"tests left these behind (now removed): {left}"
+
+
 @dataclass
 class Stack:
     database_url: str
@@ -37,8 +60,7 @@ def stack() -> Iterator[Stack]:
     from core.db import dispose_engine
     from core.embedded import embedded_services
 
-    base = Path(tempfile.mkdtemp(prefix="engram-test-", dir="/tmp"))
-    base.chmod(0o755)
+    base = make_temp_dir("engram-test-")
     try:
         # durable=False: no fsync for a throwaway cluster (the suite does not measure speed).
         with embedded_services(
@@ -134,7 +156,11 @@ class WorkerProcess:
     """A real `engram worker` subprocess on the test stack."""
 
     def __init__(self, stack: Stack, *, extra_env: dict[str, str] | None = None, concurrency: int = 2):
-        self.log_path = Path(tempfile.mkstemp(prefix="engram-worker-", suffix=".log", dir="/tmp")[1])
+        # Under the session's directory, so the log outlives the worker (tests read it after stop) but not the
+        # session.
+        log_dir = stack.home.parent / "logs"
+        log_dir.mkdir(exist_ok=True)
+        self.log_path = Path(tempfile.mkstemp(prefix="engram-worker-", suffix=".log", dir=log_dir)[1])
         env = {**os.environ, **stack.env, **(extra_env or {})}
         self._log = open(self.log_path, "wb")  # noqa: SIM115
         self.process = subprocess.Popen(

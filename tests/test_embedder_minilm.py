@@ -88,7 +88,7 @@ def test_a_tenant_on_minilm_finds_a_paraphrase_by_meaning(client, tenant):
 def test_a_missing_extra_is_a_provider_error_that_says_how_to_install_it(monkeypatch, missing):
     monkeypatch.setitem(sys.modules, missing, None)  # makes the import raise ImportError
     embedder = LocalTransformerEmbedder()
-    with pytest.raises(EmbeddingProviderError, match=r"engram\[minilm\]") as raised:
+    with pytest.raises(EmbeddingProviderError, match=r"engram-memory-server\[minilm\]") as raised:
         embedder.embed_documents(["text"])
     assert raised.value.retryable is False
 

@@ -7,21 +7,23 @@ ends only when every embedding has landed (ARCHITECTURE principle 2: a committed
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
 from sqlalchemy import text
 
 from core.embedded import EmbeddedRedis, free_port
-from tests.conftest import REPO, WorkerProcess, wait_for
+from tests.conftest import REPO, WorkerProcess, make_temp_dir, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -98,23 +100,29 @@ class Drill:
         self.redis.stop()
 
 
+@contextmanager
+def _running_drill(stack, **options: Any) -> Iterator[Drill]:  # type: ignore[no-untyped-def]
+    """A drill in its own directory under /tmp, stopped and removed afterwards."""
+    base = make_temp_dir("engram-drill-")
+    d = Drill(stack, base, **options)
+    try:
+        yield d
+    finally:
+        d.stop()
+        shutil.rmtree(base, ignore_errors=True)
+
+
 @pytest.fixture
 def drill(stack) -> Iterator[Drill]:  # type: ignore[no-untyped-def]
-    base = Path(tempfile.mkdtemp(prefix="engram-drill-", dir="/tmp"))
-    base.chmod(0o755)
-    d = Drill(stack, base)
-    yield d
-    d.stop()
+    with _running_drill(stack) as d:
+        yield d
 
 
 @pytest.fixture
 def default_drill(stack) -> Iterator[Drill]:  # type: ignore[no-untyped-def]
     """A drill whose lease, re-dispatch and reconcile timings are the shipped defaults."""
-    base = Path(tempfile.mkdtemp(prefix="engram-drill-", dir="/tmp"))
-    base.chmod(0o755)
-    d = Drill(stack, base, drill_env=DEFAULT_RECOVERY_ENV)
-    yield d
-    d.stop()
+    with _running_drill(stack, drill_env=DEFAULT_RECOVERY_ENV) as d:
+        yield d
 
 
 def _new_tenant() -> tuple[int, dict[str, str]]:

@@ -47,3 +47,35 @@ def test_serve_on_a_taken_port_fails_at_once_naming_the_port(tmp_path):
     assert str(port) in lines[0] and "--port" in lines[0]
     assert "key" not in lines[0]
     assert not (home / "home").exists()  # nothing was started or created
+
+
+def test_tables_print_lists_and_numbers_for_people(capsys):
+    from api.cli.memory import cell, emit
+
+    assert cell(["shop.orders.amount", "shop.orders"]) == "shop.orders.amount, shop.orders"
+    assert cell(0.04918032786885246) == "0.049" and cell(1.0) == "1" and cell(0.5) == "0.5"
+    assert cell(None) == "" and cell(True) == "yes"
+    error = "OperationalError: " + "the source is unreachable because " * 5 + "of the END"
+    emit(
+        {},
+        fmt="table",
+        rows=[{"id": "j1", "error": error, "entities": ["a", "b"]}],
+        columns=("id", "entities", "error"),
+    )
+    out = capsys.readouterr().out
+    assert "the END" in out and "a, b" in out and "[" not in out
+
+
+def test_serve_names_the_cause_a_child_logged(tmp_path):
+    """When the API does not start or keeps dying, serve's one-line error carries the child's last error."""
+    from api.serve.stack import _cause
+
+    log = tmp_path / "api.log"
+    assert _cause(log) == ""
+    log.write_text(
+        '{"level": "INFO", "message": "Started server process"}\n'
+        "a line that is not JSON\n"
+        '{"level": "ERROR", "message": "[Errno 98] address already in use\\nmore"}\n'
+        '{"level": "INFO", "message": "Waiting"}\n'
+    )
+    assert _cause(log) == ": [Errno 98] address already in use"

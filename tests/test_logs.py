@@ -69,12 +69,15 @@ def test_readable_lines_on_a_terminal():
             return True
 
     stream = Tty()
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
     configure_logging(process="test", stream=stream, level="INFO")
     try:
         with request_id_scope("req-tty"):
             logging.getLogger("engram.test.tty").info("hello %s", "there")
-    finally:
-        configure_logging(process="test", level="WARNING")  # back on stderr for the rest of the suite
+    finally:  # the rest of the suite logs as before
+        root.handlers[:] = handlers
+        root.setLevel(level)
     line = stream.getvalue().strip()
     assert not line.startswith("{") and "INFO" in line and "hello there" in line and "request_id=req-tty" in line
 

@@ -43,6 +43,8 @@ def test_every_operation_is_tagged_summarised_and_described(spec):
         assert op.get("tags") and set(op["tags"]) <= tags, (path, method)
         assert op.get("summary") and op.get("description"), (path, method)
         assert re.fullmatch(r"[a-z_]+", op["operationId"]), op["operationId"]
+        for parameter in op.get("parameters", []):
+            assert parameter.get("description"), (path, method, parameter["name"])
     ids = [op["operationId"] for _, _, op in operations(spec)]
     assert len(ids) == len(set(ids))
 
@@ -93,6 +95,21 @@ def test_errors_are_the_contracts_shape_and_keys_are_bearer(spec):
         if path.startswith("/v1/"):
             assert op["security"] == [{"HTTPBearer": []}], (path, method)
             assert {"401", "422", "503"} <= set(errors), (path, method)
+
+
+def test_examples_are_valid_for_their_schemas(spec):
+    """An example a reader copies from /docs is a body the schema accepts (and so the route)."""
+    checked = 0
+    for _, _, op in operations(spec):
+        contents = [op["requestBody"]["content"]] if "requestBody" in op else []
+        contents += [r.get("content", {}) for r in op["responses"].values()]
+        for content in contents:
+            media = content.get("application/json", {})
+            if "example" in media and "$ref" in media.get("schema", {}):
+                schema = {**media["schema"], "components": spec["components"]}
+                OAS31Validator(schema).validate(media["example"])
+                checked += 1
+    assert checked >= 13  # every body's example and the documented answers'
 
 
 def _check(spec: dict[str, Any], path: str, method: str, response: Any) -> None:

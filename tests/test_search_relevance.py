@@ -166,3 +166,16 @@ def test_memories_of_one_explicit_event_time_lend_their_words(client, tenant):
     found = ids(search(client, tenant, {"question": "aquarium", "max_memories": 10})["memories"])
     assert set(found[:2]) == {asked, answer}
     assert other not in found and alone not in found
+
+
+def test_dense_similarity_floor_is_a_setting(client, tenant, monkeypatch):
+    """Dense ranks only docs at least ``dense_similarity_floor`` like the question: with no floor an unrelated
+    question gets nearest neighbours, with an unreachable one nothing (the channel still ran)."""
+    from core.config import get_settings
+
+    _similar_notes(client, tenant, 6)
+    monkeypatch.setattr(get_settings(), "dense_similarity_floor", -1.0)
+    assert len(search(client, tenant, {"question": "zebra"})["memories"]) == 5
+    monkeypatch.setattr(get_settings(), "dense_similarity_floor", 1.0)
+    out = search(client, tenant, {"question": "zebra"})
+    assert out["channels"]["dense"] is True and out["memories"] == []

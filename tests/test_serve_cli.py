@@ -5,10 +5,10 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -17,6 +17,7 @@ import psutil
 import pytest
 
 from core.embedded import free_port
+from tests.conftest import make_temp_dir
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -33,8 +34,7 @@ def _engram(*args: str, env: dict[str, str], check: bool = True) -> subprocess.C
 @pytest.fixture(scope="module")
 def served():  # type: ignore[no-untyped-def]
     """A real `engram serve` with embedded PostgreSQL and Redis under a fresh home."""
-    home = Path(tempfile.mkdtemp(prefix="engram-serve-", dir="/tmp"))
-    home.chmod(0o755)
+    home = make_temp_dir("engram-serve-")
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("ENGRAM_")}
     env["ENGRAM_HOME"] = str(home / "home")
@@ -69,6 +69,7 @@ def served():  # type: ignore[no-untyped-def]
         process.send_signal(signal.SIGTERM)
         process.wait(timeout=60)
     log.close()
+    shutil.rmtree(home, ignore_errors=True)
 
 
 def test_serve_prints_urls_and_answers_health(served):

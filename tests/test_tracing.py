@@ -99,3 +99,33 @@ def test_a_save_is_one_trace_spanning_api_and_worker(client, tenant, exporter):
         s.kind == SpanKind.CLIENT and s.context.trace_id == trace_id and s.attributes.get("db.operation.name") == "WITH"
         for s in spans
     )
+
+
+def test_an_engram_endpoint_exports_over_otlp_http(monkeypatch):
+    from core.tracing import _otlp_exporter
+
+    monkeypatch.delenv("OTEL_EXPORTER_OTLP_ENDPOINT", raising=False)
+    monkeypatch.delenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", raising=False)
+    assert _otlp_exporter("") is None
+    exporter = _otlp_exporter("http://collector:4318/")
+    assert exporter._endpoint == "http://collector:4318/v1/traces"
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "http://otel:4318")
+    assert _otlp_exporter("")._endpoint == "http://otel:4318/v1/traces"
+    monkeypatch.setenv("OTEL_SDK_DISABLED", "true")
+    assert _otlp_exporter("http://collector:4318") is None
+
+
+def test_each_job_kind_has_its_own_task_name_and_the_old_name_still_runs(stack):
+    from core.jobs.models import JOB_KINDS
+    from core.jobs.service import get_job_queue, set_job_queue
+
+    previous = get_job_queue()
+    try:
+        import workers.tasks  # noqa: F401 - registers the tasks
+        from workers.celery_app import app
+        from workers.queue import job_task_name
+    finally:
+        set_job_queue(previous)
+    for kind in JOB_KINDS:
+        assert job_task_name(kind) == f"engram.job.{kind}" and job_task_name(kind) in app.tasks
+    assert "engram.run_job" in app.tasks

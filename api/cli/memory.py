@@ -48,8 +48,9 @@ def _client(ctx: click.Context) -> Iterator[EngramClient]:
         client.close()
 
 
-# Columns shown whole in a table: an error cut at 60 characters usually loses the part that explains it.
-UNCUT_COLUMNS = frozenset({"error"})
+# Columns shown whole in a table: an error cut at 60 characters usually loses the part that explains it, and
+# a cut URL or key is of no use.
+UNCUT_COLUMNS = frozenset({"error", "url", "api_key"})
 
 
 def cell(value: Any) -> str:

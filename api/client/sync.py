@@ -2,8 +2,8 @@
 
 * :class:`EngramClient` — synchronous, over the REST API (the CLI uses it).
 * :class:`api.client.aio.AsyncEngramClient` — the same methods, awaitable.
-* ``EngramClient.local(api_key=...)`` — :class:`api.client.local.LocalEngramClient`: the same methods and
-  results, calling the core services in-process against the configured database (no HTTP server).
+* ``EngramClient.local(api_key=...)`` — :class:`api.client.local.LocalEngramClient`: this client with its
+  requests answered by engram's own routes in-process, against the configured database (no HTTP server).
 
 Every method takes and returns the API's models (``SaveMemoryIn``, ``SearchRequest``, ... in;
 ``SaveResult``, ``Memory``, ``SearchResponse``, ... out) and raises :class:`EngramAPIError` carrying the
@@ -81,8 +81,8 @@ class EngramClient(RestCalls):
         persona: str | None = None,
         install_queue: bool = True,
     ) -> LocalEngramClient:
-        """A client that runs the core services in this process (database from the settings, or the
-        running `engram serve` of ENGRAM_HOME); same methods and results as over HTTP."""
+        """A client whose requests the REST routes answer in this process (database from the settings, or
+        the running `engram serve` of ENGRAM_HOME); same methods and results as over HTTP."""
         from api.client.local import LocalEngramClient
 
         return LocalEngramClient(api_key=api_key, agent_id=agent_id, persona=persona, install_queue=install_queue)

@@ -12,7 +12,7 @@ from fastapi import APIRouter, Body, Depends, Request
 from fastapi.responses import JSONResponse
 
 from api.auth import require_admin, require_caller
-from api.openapi import BEARER, IDENTITY, operation
+from api.openapi import BEARER, IDENTITY, DatasourcePath, ModelPath, operation
 from api.schemas import Datasource, DatasourceList, Deleted, JobAccepted, ModelInspection
 from core.db import tenant_session
 from core.entities import editing, service
@@ -63,7 +63,7 @@ def list_datasources(caller: Caller = Depends(require_caller)) -> dict[str, Any]
 
 
 @router.get("/datasources/{name}", **operation(summary="Read a datasource", response=Datasource, errors=(404,)))
-def read_datasource(name: str, caller: Caller = Depends(require_caller)) -> dict[str, Any]:
+def read_datasource(name: DatasourcePath, caller: Caller = Depends(require_caller)) -> dict[str, Any]:
     """One datasource and the names of its models."""
     with tenant_session(caller.tenant_id) as session:
         return service.read_datasource(session, name=name)
@@ -72,7 +72,7 @@ def read_datasource(name: str, caller: Caller = Depends(require_caller)) -> dict
 @router.delete(
     "/datasources/{name}", **operation(summary="Delete a datasource", response=Deleted, errors=(403, 404))
 )
-def delete_datasource(name: str, caller: Caller = Depends(require_admin)) -> dict[str, Any]:
+def delete_datasource(name: DatasourcePath, caller: Caller = Depends(require_admin)) -> dict[str, Any]:
     """Cascades to its models, columns, embeddings and memory references (counted in the answer)."""
     with tenant_session(caller.tenant_id) as session:
         result = service.delete_datasource(session, tenant_id=caller.tenant_id, name=name)
@@ -91,7 +91,7 @@ def _queue(caller: Caller, *, name: str, kind: str, payload: dict[str, Any]) -> 
     status_code=202,
     **operation(summary="Ingest a datasource", response=JobAccepted, status=202, errors=(403, 404)),
 )
-def ingest_datasource(name: str, caller: Caller = Depends(require_admin)) -> JSONResponse:
+def ingest_datasource(name: DatasourcePath, caller: Caller = Depends(require_admin)) -> JSONResponse:
     """Queue a job that reflects the tables into models and columns, then refreshes samples and embeddings.
     Idempotent; an unreachable source fails the job and changes nothing."""
     return _queue(caller, name=name, kind="ingest", payload={"datasource": name})
@@ -111,7 +111,7 @@ def ingest_datasource(name: str, caller: Caller = Depends(require_admin)) -> JSO
     ),
 )
 def refresh_samples(
-    name: str, body: Any = Body(default=None), caller: Caller = Depends(require_admin)
+    name: DatasourcePath, body: Any = Body(default=None), caller: Caller = Depends(require_admin)
 ) -> JSONResponse:
     """Queue a job re-sampling the columns of every model of the datasource, or of `models` only."""
     parsed: RefreshSamplesIn = parse_model(RefreshSamplesIn, {} if body is None else body)
@@ -129,7 +129,7 @@ def refresh_samples(
     **operation(summary="Inspect a model", response=ModelInspection, errors=(404,), query=IDENTITY),
 )
 def inspect_model(
-    datasource: str, name: str, request: Request, caller: Caller = Depends(require_caller)
+    datasource: DatasourcePath, name: ModelPath, request: Request, caller: Caller = Depends(require_caller)
 ) -> dict[str, Any]:
     """Columns with types, descriptions and samples, measures, aggregations, and the `learnings`: query-less
     memories visible to the caller whose entities overlap the model."""
@@ -149,7 +149,7 @@ def inspect_model(
     ),
 )
 def put_model(
-    datasource: str, name: str, body: Any = Body(default=None), caller: Caller = Depends(require_admin)
+    datasource: DatasourcePath, name: ModelPath, body: Any = Body(default=None), caller: Caller = Depends(require_admin)
 ) -> dict[str, Any]:
     """The model as given: description, label, hidden flag, columns, measures, aggregations."""
     parsed: ModelPutIn = parse_model(ModelPutIn, body)
@@ -169,7 +169,7 @@ def put_model(
     ),
 )
 def patch_model(
-    datasource: str, name: str, body: Any = Body(default=None), caller: Caller = Depends(require_admin)
+    datasource: DatasourcePath, name: ModelPath, body: Any = Body(default=None), caller: Caller = Depends(require_admin)
 ) -> dict[str, Any]:
     """Change descriptions, labels and hidden flags; add or remove columns, measures and aggregations."""
     parsed: ModelPatchIn = parse_model(ModelPatchIn, body)
@@ -183,7 +183,9 @@ def patch_model(
 @router.delete(
     "/models/{datasource}/{name}", **operation(summary="Delete a model", response=Deleted, errors=(403, 404))
 )
-def delete_model(datasource: str, name: str, caller: Caller = Depends(require_admin)) -> dict[str, Any]:
+def delete_model(
+    datasource: DatasourcePath, name: ModelPath, caller: Caller = Depends(require_admin)
+) -> dict[str, Any]:
     """Removes the model, its columns and embeddings, and strips references to them from memories."""
     with tenant_session(caller.tenant_id) as session:
         result = service.delete_model(session, tenant_id=caller.tenant_id, datasource=datasource, name=name)

@@ -10,7 +10,7 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse
 
 from api.auth import bearer_token, caller_from_request, is_operator_key
-from api.openapi import BEARER, Query, operation
+from api.openapi import BEARER, JobIdPath, Query, operation
 from api.schemas import Job, JobPage
 from core.config import get_settings
 from core.db import system_session
@@ -55,7 +55,7 @@ def list_jobs(request: Request) -> dict[str, Any]:
 
 
 @router.get("/jobs/{job_id}", **operation(summary="Read a job", response=Job, errors=(404,)))
-def read_job(job_id: str, request: Request) -> dict[str, Any]:
+def read_job(job_id: JobIdPath, request: Request) -> dict[str, Any]:
     """A job's kind, state, attempts and last error (a tenant key sees its tenant's jobs only)."""
     scope = tenant_scope(request)
     with system_session() as session:
@@ -85,7 +85,7 @@ def retry_as(*, job_id: str, scope: int | None) -> JSONResponse:
     status_code=202,
     **operation(summary="Retry a job", response=Job, status=202, errors=(403, 404, 409)),
 )
-def retry_job(job_id: str, request: Request) -> JSONResponse:
+def retry_job(job_id: JobIdPath, request: Request) -> JSONResponse:
     """Queue a failed or stuck job again (tenant admin key, or the operator key); 409 if it is not stuck."""
     scope = tenant_scope(request)
     if scope is not None and not caller_from_request(request).is_admin:

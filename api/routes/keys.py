@@ -8,7 +8,7 @@ from fastapi import APIRouter, Body, Depends
 from pydantic import BaseModel, ConfigDict, Field
 
 from api.auth import forget_cached_keys, require_admin
-from api.openapi import BEARER, operation
+from api.openapi import BEARER, KeyIdPath, operation
 from api.schemas import IssuedKeyOut, KeyList, KeyRevoked
 from core.db import tenant_session
 from core.errors import Invalid
@@ -101,7 +101,7 @@ def get_keys(caller: Caller = Depends(require_admin)) -> dict[str, Any]:
 
 
 @router.delete("/keys/{key_id}", **operation(summary="Revoke an API key", response=KeyRevoked, errors=(403, 404)))
-def delete_key(key_id: str, caller: Caller = Depends(require_admin)) -> dict[str, Any]:
+def delete_key(key_id: KeyIdPath, caller: Caller = Depends(require_admin)) -> dict[str, Any]:
     """The key stops working at once on every API process."""
     with tenant_session(caller.tenant_id) as session:
         revoke_key(session, caller=caller, key_id=key_id)

@@ -10,7 +10,7 @@ from fastapi.responses import JSONResponse
 
 from api.auth import require_caller
 from api.embedding_hooks import after_save, embed_now
-from api.openapi import BEARER, IDENTITY, operation, query_from
+from api.openapi import BEARER, IDENTITY, MemoryIdPath, operation, query_from
 from api.schemas import BatchResult, ForgetResult, HydrateResult, Memory, MemoryHistory, MemoryPage
 from core.db import tenant_session
 from core.embeddings.providers import EmbeddingProviderError
@@ -68,6 +68,7 @@ def _error_item(exc: EngramError) -> dict[str, Any]:
         body=SaveMemoryIn,
         example=_SAVE_EXAMPLE,
         response=SaveResult,
+        response_example={"memory_id": "42", "entities": ["shop.orders.amount"], "warnings": []},
         status=201,
         errors=(400, 403, 413, 415),
     ),
@@ -135,7 +136,7 @@ _LIST_QUERY = {name: doc for name, doc in query_from(ListFilters).items() if nam
 def list_memories(
     request: Request,
     caller: Caller = Depends(require_caller),
-    tags: list[str] = Query(default=[]),
+    tags: list[str] = Query(default=[], description="only memories carrying one of these tags (repeat, or a,b)"),
 ) -> dict[str, Any]:
     """Memories visible to the caller, filtered by `kind`, `category`, `tags`, `run_id`, `status`, `since`,
     `entity` (the entity and its dotted descendants), sorted by `sort`, `limit` per page; pass the
@@ -155,9 +156,9 @@ def list_memories(
     **operation(summary="Recall a memory by id", response=Memory, errors=(404,), query=IDENTITY),
 )
 def get_memory(
-    memory_id: str,
+    memory_id: MemoryIdPath,
     request: Request,
-    include_forgotten: bool = False,
+    include_forgotten: bool = Query(default=False, description="also a forgotten memory (admin keys)"),
     caller: Caller = Depends(require_caller),
 ) -> dict[str, Any]:
     """Exact recall by id (counts an access). `include_forgotten=true` (admins) also shows a forgotten one."""
@@ -172,9 +173,9 @@ def get_memory(
     **operation(summary="A memory's versions", response=MemoryHistory, errors=(403, 404), query=IDENTITY),
 )
 def memory_history(
-    memory_id: str,
+    memory_id: MemoryIdPath,
     request: Request,
-    include_forgotten: bool = False,
+    include_forgotten: bool = Query(default=False, description="also a forgotten memory (admin keys)"),
     caller: Caller = Depends(require_caller),
 ) -> dict[str, Any]:
     """Every revision, newest first (the current one first); visible as for GET, no access counted."""
@@ -198,7 +199,7 @@ def memory_history(
     ),
 )
 def patch_memory(
-    memory_id: str, request: Request, body: Any = Body(default=None), caller: Caller = Depends(require_caller)
+    memory_id: MemoryIdPath, request: Request, body: Any = Body(default=None), caller: Caller = Depends(require_caller)
 ) -> dict[str, Any]:
     """Change the given fields only; `created_at` stays and the previous version is kept."""
     patch: PatchMemoryIn = parse_model(PatchMemoryIn, body)
@@ -218,10 +219,10 @@ def patch_memory(
     **operation(summary="Forget a memory", response=ForgetResult, errors=(403, 404), query=IDENTITY),
 )
 def forget_memory(
-    memory_id: str,
+    memory_id: MemoryIdPath,
     request: Request,
-    reason: str | None = None,
-    purge: bool = False,
+    reason: str | None = Query(default=None, description="why, for the audit trail"),
+    purge: bool = Query(default=False, description="delete for good: row, embeddings and links (owner or admin)"),
     caller: Caller = Depends(require_caller),
 ) -> dict[str, Any]:
     """Soft delete with a `reason` for the audit trail; references to it are stripped from other memories.

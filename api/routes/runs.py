@@ -7,7 +7,7 @@ from typing import Any
 from fastapi import APIRouter, Depends, Request
 
 from api.auth import require_caller
-from api.openapi import BEARER, operation
+from api.openapi import BEARER, RunIdPath, operation
 from api.routes.memories import acting_identity
 from api.schemas import RunEnded
 from core.db import tenant_session
@@ -37,7 +37,7 @@ def _flag(request: Request, name: str) -> bool:
         },
     ),
 )
-def delete_run(run_id: str, request: Request, caller: Caller = Depends(require_caller)) -> dict[str, Any]:
+def delete_run(run_id: RunIdPath, request: Request, caller: Caller = Depends(require_caller)) -> dict[str, Any]:
     """Forget the caller-visible `conversation` memories of the run (`?all=true`: every category of it;
     `?purge=true`: hard delete). 200 `{"run_id", "status", "count", "skipped"}`, also when nothing matched,
     since ending a run twice is not an error."""

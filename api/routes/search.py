@@ -25,6 +25,26 @@ router = APIRouter(prefix="/v1", tags=["search"], dependencies=[Depends(BEARER)]
         body=SearchRequest,
         example={"question": "what unit is the order amount in?", "entities": ["shop.orders"], "max_memories": 5},
         response=SearchResponse,
+        response_example={
+            "memories": [
+                {
+                    "id": "42",
+                    "score": 0.93,
+                    "text": "orders.amount is in cents",
+                    "matched_entities": ["shop.orders.amount"],
+                    "kind": "fact",
+                    "category": "core",
+                    "importance": 0.5,
+                    "created_at": "2026-01-05T10:00:00+00:00",
+                }
+            ],
+            "example_queries": [],
+            "entities": [{"id": "shop.orders.amount", "kind": "column", "score": 0.81, "text": "Column: ..."}],
+            "resolved_input_entities": ["shop.orders"],
+            "warnings": [],
+            "channels": {"entity_bm25": True, "fulltext": True, "dense": True, "graph": False},
+            "degraded": False,
+        },
         errors=(400, 403, 415),
         query=IDENTITY,
     ),

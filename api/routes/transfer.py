@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from fastapi import APIRouter, Depends, Request
+from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import Response
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
@@ -60,7 +60,11 @@ _IMPORT["openapi_extra"]["requestBody"]["content"]["text/markdown"] = {"schema":
         query=IDENTITY,
     ),
 )
-def export_memories(request: Request, format: str = "markdown", caller: Caller = Depends(require_caller)) -> Response:
+def export_memories(
+    request: Request,
+    format: str = Query(default="markdown", description="markdown (the only format)"),
+    caller: Caller = Depends(require_caller),
+) -> Response:
     """The caller's visible memories, one block of YAML front matter and content each; importing the export
     restores the same memories."""
     if format not in EXPORT_FORMATS:

@@ -110,6 +110,24 @@ def ensure_port_free(host: str, port: int) -> None:
             raise click.ClickException(f"port {port} on {host} {reason}; choose another with --port") from None
 
 
+def _cause(log_path: Path) -> str:
+    """The ": <message>" of the last error a child logged (its lines are JSON, core.logging), or nothing."""
+    import json
+
+    try:
+        lines = log_path.read_text(errors="replace").splitlines()[-200:]
+    except OSError:
+        return ""
+    for line in reversed(lines):
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(record, dict) and record.get("level") in ("ERROR", "CRITICAL"):
+            return f": {str(record.get('message', '')).splitlines()[0][:300]}"
+    return ""
+
+
 def serve(*, host: str, port: int, home: Path) -> None:
     ensure_port_free(host, port)
     home = home.expanduser().resolve()
@@ -168,9 +186,8 @@ def serve(*, host: str, port: int, home: Path) -> None:
                 "database_url": database_url,
                 "redis_url": redis_url,
                 "api_url": api_url,
-                # One machine, its owner's data: local sources (loopback, SQLite files) are allowed unless
-                # ENGRAM_DATASOURCE_POLICY says otherwise (core.entities.source_guard.policy reads this).
-                "datasource_policy": get_settings().datasource_policy or "local",
+                # Other commands on this home (core.entities.source_guard.policy) judge sources as serve does.
+                "datasource_policy": serve_policy(),
             },
             home,
         )
@@ -186,7 +203,7 @@ def serve(*, host: str, port: int, home: Path) -> None:
         for child in children:
             _spawn(child, env, log_dir)
         if not _wait_http(f"{api_url}/healthz", timeout=60, children=children):
-            raise click.ClickException(f"the API did not start; see {log_dir / 'api.log'}")
+            raise click.ClickException(f"the API did not start{_cause(log_dir / 'api.log')}; see {log_dir / 'api.log'}")
         click.echo(f"engram is running\n  API:       {api_url}\n  dashboard: {api_url}/dashboard\n  home:      {home}")
         click.echo(f"  {describe_policy()}")
         if admin_key:
@@ -212,7 +229,8 @@ def _supervise(children: list[Child], *, env: dict[str, str], log_dir: Path, sto
                 now = time.monotonic()
                 child.restarts = [t for t in child.restarts if now - t < 60] + [now]
                 if len(child.restarts) > 5:
-                    raise click.ClickException(f"{child.name} keeps dying; see {log_dir / (child.name + '.log')}")
+                    log_path = log_dir / (child.name + ".log")
+                    raise click.ClickException(f"{child.name} keeps dying{_cause(log_path)}; see {log_path}")
                 click.echo(f"{child.name} exited with {child.process.returncode}; restarting", err=True)
                 _spawn(child, env, log_dir)
 

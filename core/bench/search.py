@@ -7,9 +7,11 @@ the service's, without HTTP. The caller is a member key acting as an agent, so v
 
 from __future__ import annotations
 
+import atexit
 import base64
 import os
 import random
+import shutil
 import statistics
 import tempfile
 import time
@@ -48,7 +50,9 @@ def build(*, memories: int, entities: int, log: Callable[[str], None]) -> Corpus
         assert tenant is not None
         tenant_id = tenant.id
     started = time.perf_counter()
-    sqlite_path = Path(tempfile.mkdtemp(prefix="engram-bench-ds-")) / "bench.db"
+    source_dir = tempfile.mkdtemp(prefix="engram-bench-ds-")
+    atexit.register(shutil.rmtree, source_dir, True)  # the catalog refers to it until the bench ends
+    sqlite_path = Path(source_dir) / "bench.db"
     sqlite_path.touch()
     entity_ids = build_catalog(tenant_id=tenant_id, entities=entities, sqlite_path=str(sqlite_path))
     log(f"catalog: {len(entity_ids)} entities in {time.perf_counter() - started:.1f}s")

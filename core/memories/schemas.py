@@ -101,21 +101,38 @@ class SaveMemoryIn(BaseModel):
     # A field the call does not know is a 422 naming it: a typo must not silently save a different memory.
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
 
-    content: str = Field(validation_alias=AliasChoices("content", "learning"), min_length=1)
-    id: str | None = None
-    linked_entities: LinkedEntities = Field(default=None, validation_alias=AliasChoices("linked_entities", "entities"))
-    query: dict[str, Any] | None = None
-    kind: MemoryKind = "fact"
-    category: MemoryCategory = "core"
-    importance: float | None = Field(default=None, ge=0.0, le=1.0)
-    occurred_at: Time | None = None
-    tags: list[Tag] = Field(default_factory=list, max_length=MAX_LINKS)
-    source: str | None = Field(default=None, max_length=MAX_SOURCE_CHARS)
-    run_id: str | None = Field(default=None, max_length=200)
-    persona: str | None = Field(default=None, max_length=200)
-    agent_id: str | None = Field(default=None, max_length=200)
-    associations: list[AssociationIn] = Field(default_factory=list, max_length=MAX_LINKS)
-    sync_embed: bool = False
+    content: str = Field(
+        validation_alias=AliasChoices("content", "learning"),
+        min_length=1,
+        description="the memory's text (alias `learning`); at most 50,000 bytes of UTF-8",
+    )
+    id: str | None = Field(default=None, description="your id for it (upserts); omitted: the tenant's next integer id")
+    linked_entities: LinkedEntities = Field(
+        default=None,
+        validation_alias=AliasChoices("linked_entities", "entities"),
+        description="entity ids it is about (alias `entities`; resolved strictly), "
+        "or an inline query dict (resolved leniently and stored on the memory)",
+    )
+    query: dict[str, Any] | None = Field(default=None, description="an example query attached to the memory")
+    kind: MemoryKind = Field(default="fact", description="what sort of memory; sets the default importance")
+    category: MemoryCategory = Field(
+        default="core", description="core (kept), daily (72 h), conversation (dies with its run), workspace"
+    )
+    importance: float | None = Field(default=None, ge=0.0, le=1.0, description="0..1; default by kind")
+    occurred_at: Time | None = Field(default=None, description="when the remembered thing happened (default: now)")
+    tags: list[Tag] = Field(default_factory=list, max_length=MAX_LINKS, description="free-form labels")
+    source: str | None = Field(default=None, max_length=MAX_SOURCE_CHARS, description="where it came from")
+    run_id: str | None = Field(
+        default=None, max_length=200, description="the run it belongs to (see DELETE /v1/runs/{run_id})"
+    )
+    persona: str | None = Field(default=None, max_length=200, description="the persona the call acts under")
+    agent_id: str | None = Field(
+        default=None, max_length=200, description="the agent the call acts for (default: the key's or the query's)"
+    )
+    associations: list[AssociationIn] = Field(
+        default_factory=list, max_length=MAX_LINKS, description="links to other memories"
+    )
+    sync_embed: bool = Field(default=False, description="embed before answering (similar_existing is then filled)")
 
     @field_validator("id")
     @classmethod
@@ -126,19 +143,32 @@ class SaveMemoryIn(BaseModel):
 class PatchMemoryIn(BaseModel):
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
 
-    content: str | None = Field(default=None, validation_alias=AliasChoices("content", "learning"), min_length=1)
+    content: str | None = Field(
+        default=None,
+        validation_alias=AliasChoices("content", "learning"),
+        min_length=1,
+        description="new text (alias `learning`)",
+    )
     kind: MemoryKind | None = None
     category: MemoryCategory | None = None
     tags: list[Tag] | None = Field(default=None, max_length=MAX_LINKS)
-    importance: float | None = Field(default=None, ge=0.0, le=1.0)
-    linked_entities: LinkedEntities = Field(default=None, validation_alias=AliasChoices("linked_entities", "entities"))
-    occurred_at: Time | None = None
+    importance: float | None = Field(default=None, ge=0.0, le=1.0, description="0..1; null: back to the kind's default")
+    linked_entities: LinkedEntities = Field(
+        default=None,
+        validation_alias=AliasChoices("linked_entities", "entities"),
+        description="new entities (alias `entities`), or an inline query dict",
+    )
+    occurred_at: Time | None = Field(default=None, description="new event time; null: back to the creation time")
     source: str | None = Field(default=None, max_length=MAX_SOURCE_CHARS)
-    associations: list[AssociationIn] | None = Field(default=None, max_length=MAX_LINKS)
-    sync_embed: bool = False
+    associations: list[AssociationIn] | None = Field(
+        default=None, max_length=MAX_LINKS, description="replaces the memory's associations"
+    )
+    sync_embed: bool = Field(default=False, description="embed the new content before answering")
     # Who the edit acts for (as on every call, the body or the query may say it); not a revised field.
-    agent_id: str | None = Field(default=None, max_length=200)
-    persona: str | None = Field(default=None, max_length=200)
+    agent_id: str | None = Field(
+        default=None, max_length=200, description="the agent the call acts for (default: the key's or the query's)"
+    )
+    persona: str | None = Field(default=None, max_length=200, description="the persona the call acts under")
 
 
 class SaveBatchIn(BaseModel):
@@ -146,9 +176,11 @@ class SaveBatchIn(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    items: list[SaveMemoryIn] = Field(max_length=MAX_BATCH_ITEMS)
-    agent_id: str | None = Field(default=None, max_length=200)
-    persona: str | None = Field(default=None, max_length=200)
+    items: list[SaveMemoryIn] = Field(max_length=MAX_BATCH_ITEMS, description="save bodies, up to 1,000")
+    agent_id: str | None = Field(
+        default=None, max_length=200, description="the agent the call acts for (default: the key's or the query's)"
+    )
+    persona: str | None = Field(default=None, max_length=200, description="the persona the call acts under")
 
 
 class HydrateIn(BaseModel):
@@ -156,9 +188,11 @@ class HydrateIn(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    budget_bytes: int = Field(ge=0)
-    agent_id: str | None = Field(default=None, max_length=200)
-    persona: str | None = Field(default=None, max_length=200)
+    budget_bytes: int = Field(ge=0, description="how many bytes of content to fill")
+    agent_id: str | None = Field(
+        default=None, max_length=200, description="the agent the call acts for (default: the key's or the query's)"
+    )
+    persona: str | None = Field(default=None, max_length=200, description="the persona the call acts under")
 
 
 def unknown_fields(model: type[BaseModel], body: dict[str, Any]) -> None:
@@ -177,19 +211,30 @@ class SaveResult(BaseModel):
 
 
 class ListFilters(BaseModel):
-    kind: MemoryKind | None = None
-    category: MemoryCategory | None = None
-    tags: list[str] = Field(default_factory=list)
-    run_id: str | None = None
-    status: MemoryStatus = "active"
-    since: Time | None = None
+    kind: MemoryKind | None = Field(default=None, description="only memories of this kind")
+    category: MemoryCategory | None = Field(default=None, description="only memories of this category")
+    tags: list[str] = Field(
+        default_factory=list,
+        description="only memories carrying at least one of these tags (repeat the parameter or comma-separate)",
+    )
+    run_id: str | None = Field(default=None, description="only memories of this run")
+    status: MemoryStatus = Field(default="active", description="active (default), stale, or forgotten (admins)")
+    since: Time | None = Field(default=None, description="only memories created at or after this time")
     # Event time bounds (``occurred_at``), both inclusive, as on search.
-    occurred_after: Time | None = None
-    occurred_before: Time | None = None
-    entity: str | None = None
-    sort: Literal["recent", "importance", "most_accessed"] = "recent"
-    limit: int = Field(default=50, ge=1, le=200)
-    cursor: str | None = None
+    occurred_after: Time | None = Field(
+        default=None, description="only memories whose occurred_at is at or after this time"
+    )
+    occurred_before: Time | None = Field(
+        default=None, description="only memories whose occurred_at is at or before this time"
+    )
+    entity: str | None = Field(
+        default=None, description="only memories linked to this entity or one of its dotted descendants"
+    )
+    sort: Literal["recent", "importance", "most_accessed"] = Field(
+        default="recent", description="recent, importance or most_accessed"
+    )
+    limit: int = Field(default=50, ge=1, le=200, description="page size (at most 200)")
+    cursor: str | None = Field(default=None, description="the next_cursor of the previous page")
 
     @field_validator("tags", mode="before")
     @classmethod

@@ -62,9 +62,6 @@ CONTEXT_WEIGHT = 0.5
 # Pseudo-relevance feedback (Rocchio): the exact path moves the question's vector towards the mean
 # vector of a bucket's top full-text hits by this much (see DenseSearch.rank).
 FEEDBACK_WEIGHT = 0.5
-# A doc less similar to the question than this is not ranked: with the bundled model an unrelated question
-# ("zebra") still finds nearest neighbours at 0.2-0.25, while 95% of LoCoMo's gold turns sit above 0.35.
-SIMILARITY_FLOOR = 0.3
 
 
 class DenseUnavailable(Exception):
@@ -372,7 +369,10 @@ class DenseSearch:
         feedback: Mapping[str, Sequence[str]] | None = None,
         stats: EmbeddingStats | None = None,
     ) -> None:
-        model_name = get_settings().embedding_model
+        settings = get_settings()
+        model_name = settings.embedding_model
+        # A doc less like the question than this is not ranked (an unrelated question still has neighbours).
+        self._floor = settings.dense_similarity_floor
         try:
             embedder = get_embedder(model_name)
             self._query = np.asarray(embedder.embed_query(question), dtype=np.float32)
@@ -518,7 +518,7 @@ class DenseSearch:
         top = top[np.argsort(-sub[top], kind="stable")]
         # The floor is on the question's own cosine (as on the approximate path), not the score that
         # feedback and run context moved: a doc must be like the question itself to be ranked.
-        top = top[side.matrix[rows[top]] @ self._query >= SIMILARITY_FLOOR]
+        top = top[side.matrix[rows[top]] @ self._query >= self._floor]
         ids = side.ids if bucket == ENTITIES else side.memory_ids
         return list(zip([ids[r] for r in rows[top].tolist()], sub[top].tolist(), strict=True))
 
@@ -569,16 +569,16 @@ class DenseSearch:
             f"AND memories.id = substr(n.canonical_id, {len(MEMORY_PREFIX) + 1})"
         )
 
-    @staticmethod
-    def _pool_from_rows(rows: Sequence[Any]) -> dict[str, list[tuple[str, float]]]:
+    def _pool_from_rows(self, rows: Sequence[Any]) -> dict[str, list[tuple[str, float]]]:
         """The query's rows split into the three buckets, each best first (ties by id)."""
         pool: dict[str, list[tuple[str, float]]] = {ENTITIES: [], MEMORIES: [], EXAMPLE_QUERIES: []}
+        floor = self._floor
         for canonical_id, doc_kind, dist, carries_query in rows:
             if doc_kind != MEMORY_KIND:
                 bucket = ENTITIES
             else:
                 bucket = EXAMPLE_QUERIES if carries_query else MEMORIES
             similarity = 1.0 - float(dist)
-            if similarity >= SIMILARITY_FLOOR:
+            if similarity >= floor:
                 pool[bucket].append((canonical_id, similarity))
         return {b: sorted(hits, key=lambda hit: (-hit[1], hit[0])) for b, hits in pool.items()}

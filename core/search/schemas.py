@@ -21,26 +21,55 @@ class SearchRequest(BaseModel):
     # A field search does not know is a 422 naming it, not unfiltered results.
     model_config = ConfigDict(extra="forbid")
 
-    entities: list[Annotated[str, Field(max_length=1_000)]] | None = Field(default=None, max_length=MAX_INPUT_ENTITIES)
-    query: dict[str, Any] | None = None
-    question: str | None = Field(default=None, max_length=MAX_QUESTION_CHARS)
-    datasource: str | None = None
-    max_memories: int = Field(default=5, ge=0, le=MAX_CAP)
-    max_example_queries: int = Field(default=2, ge=0, le=MAX_CAP)
-    max_entities: int = Field(default=5, ge=0, le=MAX_CAP)
-    mode: SearchMode = "hybrid"
-    kind: MemoryKind | None = None
-    category: MemoryCategory | None = None
+    entities: list[Annotated[str, Field(max_length=1_000)]] | None = Field(
+        default=None,
+        max_length=MAX_INPUT_ENTITIES,
+        description="entity ids in hand (e.g. 'shop.orders.amount'); unresolved ones give a warning, not an error",
+    )
+    query: dict[str, Any] | None = Field(
+        default=None,
+        description="an example query (source_model, dimensions, measures, filters) whose entities are the input",
+    )
+    question: str | None = Field(
+        default=None,
+        max_length=MAX_QUESTION_CHARS,
+        description="the question in words: full-text and dense channels run on it",
+    )
+    datasource: str | None = Field(
+        default=None, description="only entities and memories rooted in this datasource (exact or dotted descendant)"
+    )
+    max_memories: int = Field(default=5, ge=0, le=MAX_CAP, description="cap of the memories bucket")
+    max_example_queries: int = Field(default=2, ge=0, le=MAX_CAP, description="cap of the example-queries bucket")
+    max_entities: int = Field(default=5, ge=0, le=MAX_CAP, description="cap of the entities bucket")
+    mode: SearchMode = Field(
+        default="hybrid", description="hybrid (all channels), recent, important, or typed (needs kind)"
+    )
+    kind: MemoryKind | None = Field(default=None, description="only memories of this kind")
+    category: MemoryCategory | None = Field(default=None, description="only memories of this category")
     # Any of: a memory carrying at least one of these tags is eligible (empty or absent: no tag filter).
-    tags: list[Annotated[str, Field(max_length=200)]] | None = Field(default=None, max_length=MAX_FILTER_TAGS)
-    persona: str | None = None
-    agent_id: str | None = None
+    tags: list[Annotated[str, Field(max_length=200)]] | None = Field(
+        default=None, max_length=MAX_FILTER_TAGS, description="only memories carrying at least one of these tags"
+    )
+    persona: str | None = Field(default=None, description="the persona the call acts under")
+    agent_id: str | None = Field(
+        default=None, description="the agent the call acts for (default: the key's or the query's)"
+    )
     # Naive times are UTC, and both are compared in UTC (a naive and an aware one could not be compared).
-    occurred_after: Time | None = None
-    occurred_before: Time | None = None
-    include_stale: bool = False
+    occurred_after: Time | None = Field(
+        default=None, description="only memories whose occurred_at is at or after this time (naive = UTC)"
+    )
+    occurred_before: Time | None = Field(
+        default=None, description="only memories whose occurred_at is at or before this time (naive = UTC)"
+    )
+    include_stale: bool = Field(default=False, description="also return stale memories")
     # Hits scoring below this relevance (see core.search.fusion) are left out of every bucket.
-    min_score: float = Field(default=0.0, ge=0.0, le=1.0, allow_inf_nan=False)
+    min_score: float = Field(
+        default=0.0,
+        ge=0.0,
+        le=1.0,
+        allow_inf_nan=False,
+        description="leave out hits whose relevance (0..1, comparable across queries) is below this",
+    )
 
     @field_validator("datasource")
     @classmethod

@@ -824,13 +824,18 @@ export interface components {
         HydrateIn: {
             /**
              * Agent Id
+             * @description the agent the call acts for (default: the key's or the query's)
              * @default null
              */
             agent_id?: string | null;
-            /** Budget Bytes */
+            /**
+             * Budget Bytes
+             * @description how many bytes of content to fill
+             */
             budget_bytes: number;
             /**
              * Persona
+             * @description the persona the call acts under
              * @default null
              */
             persona?: string | null;
@@ -1254,11 +1259,13 @@ export interface components {
         PatchMemoryIn: {
             /**
              * Agent Id
+             * @description the agent the call acts for (default: the key's or the query's)
              * @default null
              */
             agent_id?: string | null;
             /**
              * Associations
+             * @description replaces the memory's associations
              * @default null
              */
             associations?: components["schemas"]["AssociationIn"][] | null;
@@ -1269,11 +1276,13 @@ export interface components {
             category?: ("core" | "daily" | "conversation" | "workspace") | null;
             /**
              * Content
+             * @description new text (alias `learning`)
              * @default null
              */
             content?: string | null;
             /**
              * Importance
+             * @description 0..1; null: back to the kind's default
              * @default null
              */
             importance?: number | null;
@@ -1284,6 +1293,7 @@ export interface components {
             kind?: ("fact" | "preference" | "decision" | "identity" | "event" | "observation" | "goal" | "todo" | "knowledge" | "entity" | "relationship") | null;
             /**
              * Linked Entities
+             * @description new entities (alias `entities`), or an inline query dict
              * @default null
              */
             linked_entities?: string[] | {
@@ -1291,11 +1301,13 @@ export interface components {
             } | null;
             /**
              * Occurred At
+             * @description new event time; null: back to the creation time
              * @default null
              */
             occurred_at?: string | null;
             /**
              * Persona
+             * @description the persona the call acts under
              * @default null
              */
             persona?: string | null;
@@ -1306,6 +1318,7 @@ export interface components {
             source?: string | null;
             /**
              * Sync Embed
+             * @description embed the new content before answering
              * @default false
              */
             sync_embed?: boolean;
@@ -1364,13 +1377,18 @@ export interface components {
         SaveBatchIn: {
             /**
              * Agent Id
+             * @description the agent the call acts for (default: the key's or the query's)
              * @default null
              */
             agent_id?: string | null;
-            /** Items */
+            /**
+             * Items
+             * @description save bodies, up to 1,000
+             */
             items: components["schemas"]["SaveMemoryIn"][];
             /**
              * Persona
+             * @description the persona the call acts under
              * @default null
              */
             persona?: string | null;
@@ -1379,37 +1397,49 @@ export interface components {
         SaveMemoryIn: {
             /**
              * Agent Id
+             * @description the agent the call acts for (default: the key's or the query's)
              * @default null
              */
             agent_id?: string | null;
-            /** Associations */
+            /**
+             * Associations
+             * @description links to other memories
+             */
             associations?: components["schemas"]["AssociationIn"][];
             /**
              * Category
+             * @description core (kept), daily (72 h), conversation (dies with its run), workspace
              * @default core
              * @enum {string}
              */
             category?: "core" | "daily" | "conversation" | "workspace";
-            /** Content */
+            /**
+             * Content
+             * @description the memory's text (alias `learning`); at most 50,000 bytes of UTF-8
+             */
             content: string;
             /**
              * Id
+             * @description your id for it (upserts); omitted: the tenant's next integer id
              * @default null
              */
             id?: string | null;
             /**
              * Importance
+             * @description 0..1; default by kind
              * @default null
              */
             importance?: number | null;
             /**
              * Kind
+             * @description what sort of memory; sets the default importance
              * @default fact
              * @enum {string}
              */
             kind?: "fact" | "preference" | "decision" | "identity" | "event" | "observation" | "goal" | "todo" | "knowledge" | "entity" | "relationship";
             /**
              * Linked Entities
+             * @description entity ids it is about (alias `entities`; resolved strictly), or an inline query dict (resolved leniently and stored on the memory)
              * @default null
              */
             linked_entities?: string[] | {
@@ -1417,16 +1447,19 @@ export interface components {
             } | null;
             /**
              * Occurred At
+             * @description when the remembered thing happened (default: now)
              * @default null
              */
             occurred_at?: string | null;
             /**
              * Persona
+             * @description the persona the call acts under
              * @default null
              */
             persona?: string | null;
             /**
              * Query
+             * @description an example query attached to the memory
              * @default null
              */
             query?: {
@@ -1434,20 +1467,26 @@ export interface components {
             } | null;
             /**
              * Run Id
+             * @description the run it belongs to (see DELETE /v1/runs/{run_id})
              * @default null
              */
             run_id?: string | null;
             /**
              * Source
+             * @description where it came from
              * @default null
              */
             source?: string | null;
             /**
              * Sync Embed
+             * @description embed before answering (similar_existing is then filled)
              * @default false
              */
             sync_embed?: boolean;
-            /** Tags */
+            /**
+             * Tags
+             * @description free-form labels
+             */
             tags?: string[];
         };
         /** SaveResult */
@@ -1467,77 +1506,92 @@ export interface components {
         SearchRequest: {
             /**
              * Agent Id
+             * @description the agent the call acts for (default: the key's or the query's)
              * @default null
              */
             agent_id?: string | null;
             /**
              * Category
+             * @description only memories of this category
              * @default null
              */
             category?: ("core" | "daily" | "conversation" | "workspace") | null;
             /**
              * Datasource
+             * @description only entities and memories rooted in this datasource (exact or dotted descendant)
              * @default null
              */
             datasource?: string | null;
             /**
              * Entities
+             * @description entity ids in hand (e.g. 'shop.orders.amount'); unresolved ones give a warning, not an error
              * @default null
              */
             entities?: string[] | null;
             /**
              * Include Stale
+             * @description also return stale memories
              * @default false
              */
             include_stale?: boolean;
             /**
              * Kind
+             * @description only memories of this kind
              * @default null
              */
             kind?: ("fact" | "preference" | "decision" | "identity" | "event" | "observation" | "goal" | "todo" | "knowledge" | "entity" | "relationship") | null;
             /**
              * Max Entities
+             * @description cap of the entities bucket
              * @default 5
              */
             max_entities?: number;
             /**
              * Max Example Queries
+             * @description cap of the example-queries bucket
              * @default 2
              */
             max_example_queries?: number;
             /**
              * Max Memories
+             * @description cap of the memories bucket
              * @default 5
              */
             max_memories?: number;
             /**
              * Min Score
+             * @description leave out hits whose relevance (0..1, comparable across queries) is below this
              * @default 0
              */
             min_score?: number;
             /**
              * Mode
+             * @description hybrid (all channels), recent, important, or typed (needs kind)
              * @default hybrid
              * @enum {string}
              */
             mode?: "hybrid" | "recent" | "important" | "typed";
             /**
              * Occurred After
+             * @description only memories whose occurred_at is at or after this time (naive = UTC)
              * @default null
              */
             occurred_after?: string | null;
             /**
              * Occurred Before
+             * @description only memories whose occurred_at is at or before this time (naive = UTC)
              * @default null
              */
             occurred_before?: string | null;
             /**
              * Persona
+             * @description the persona the call acts under
              * @default null
              */
             persona?: string | null;
             /**
              * Query
+             * @description an example query (source_model, dimensions, measures, filters) whose entities are the input
              * @default null
              */
             query?: {
@@ -1545,11 +1599,13 @@ export interface components {
             } | null;
             /**
              * Question
+             * @description the question in words: full-text and dense channels run on it
              * @default null
              */
             question?: string | null;
             /**
              * Tags
+             * @description only memories carrying at least one of these tags
              * @default null
              */
             tags?: string[] | null;
@@ -1804,6 +1860,7 @@ export interface operations {
             query?: never;
             header?: never;
             path: {
+                /** @description the datasource's name */
                 name: string;
             };
             cookie?: never;
@@ -1871,6 +1928,7 @@ export interface operations {
             query?: never;
             header?: never;
             path: {
+                /** @description the datasource's name */
                 name: string;
             };
             cookie?: never;
@@ -1947,6 +2005,7 @@ export interface operations {
             query?: never;
             header?: never;
             path: {
+                /** @description the datasource's name */
                 name: string;
             };
             cookie?: never;
@@ -2023,6 +2082,7 @@ export interface operations {
             query?: never;
             header?: never;
             path: {
+                /** @description the datasource's name */
                 name: string;
             };
             cookie?: never;
@@ -2329,6 +2389,7 @@ export interface operations {
             query?: never;
             header?: never;
             path: {
+                /** @description the job's id (e.g. from a 202's job_id) */
                 job_id: string;
             };
             cookie?: never;
@@ -2396,6 +2457,7 @@ export interface operations {
             query?: never;
             header?: never;
             path: {
+                /** @description the job's id (e.g. from a 202's job_id) */
                 job_id: string;
             };
             cookie?: never;
@@ -2650,6 +2712,7 @@ export interface operations {
             query?: never;
             header?: never;
             path: {
+                /** @description the key's id (from POST or GET /v1/keys) */
                 key_id: string;
             };
             cookie?: never;
@@ -2724,17 +2787,29 @@ export interface operations {
     list_memories: {
         parameters: {
             query?: {
+                /** @description only memories carrying one of these tags (repeat, or a,b) */
                 tags?: string[];
+                /** @description only memories of this kind */
                 kind?: ("fact" | "preference" | "decision" | "identity" | "event" | "observation" | "goal" | "todo" | "knowledge" | "entity" | "relationship") | null;
+                /** @description only memories of this category */
                 category?: ("core" | "daily" | "conversation" | "workspace") | null;
+                /** @description only memories of this run */
                 run_id?: string | null;
+                /** @description active (default), stale, or forgotten (admins) */
                 status?: "active" | "forgotten" | "stale";
+                /** @description only memories created at or after this time */
                 since?: string | null;
+                /** @description only memories whose occurred_at is at or after this time */
                 occurred_after?: string | null;
+                /** @description only memories whose occurred_at is at or before this time */
                 occurred_before?: string | null;
+                /** @description only memories linked to this entity or one of its dotted descendants */
                 entity?: string | null;
+                /** @description recent, importance or most_accessed */
                 sort?: "recent" | "importance" | "most_accessed";
+                /** @description page size (at most 200) */
                 limit?: number;
+                /** @description the next_cursor of the previous page */
                 cursor?: string | null;
                 /** @description the agent the call acts for (a body's `agent_id` wins) */
                 agent_id?: string;
@@ -2849,6 +2924,15 @@ export interface operations {
                     [name: string]: unknown;
                 };
                 content: {
+                    /**
+                     * @example {
+                     *       "entities": [
+                     *         "shop.orders.amount"
+                     *       ],
+                     *       "memory_id": "42",
+                     *       "warnings": []
+                     *     }
+                     */
                     "application/json": components["schemas"]["SaveResult"];
                 };
             };
@@ -2929,6 +3013,7 @@ export interface operations {
     get_memory: {
         parameters: {
             query?: {
+                /** @description also a forgotten memory (admin keys) */
                 include_forgotten?: boolean;
                 /** @description the agent the call acts for (a body's `agent_id` wins) */
                 agent_id?: string;
@@ -2937,6 +3022,7 @@ export interface operations {
             };
             header?: never;
             path: {
+                /** @description the memory's id, e.g. '42' */
                 memory_id: string;
             };
             cookie?: never;
@@ -3002,7 +3088,9 @@ export interface operations {
     forget_memory: {
         parameters: {
             query?: {
+                /** @description why, for the audit trail */
                 reason?: string | null;
+                /** @description delete for good: row, embeddings and links (owner or admin) */
                 purge?: boolean;
                 /** @description the agent the call acts for (a body's `agent_id` wins) */
                 agent_id?: string;
@@ -3011,6 +3099,7 @@ export interface operations {
             };
             header?: never;
             path: {
+                /** @description the memory's id, e.g. '42' */
                 memory_id: string;
             };
             cookie?: never;
@@ -3092,6 +3181,7 @@ export interface operations {
             };
             header?: never;
             path: {
+                /** @description the memory's id, e.g. '42' */
                 memory_id: string;
             };
             cookie?: never;
@@ -3206,6 +3296,7 @@ export interface operations {
     memory_history: {
         parameters: {
             query?: {
+                /** @description also a forgotten memory (admin keys) */
                 include_forgotten?: boolean;
                 /** @description the agent the call acts for (a body's `agent_id` wins) */
                 agent_id?: string;
@@ -3214,6 +3305,7 @@ export interface operations {
             };
             header?: never;
             path: {
+                /** @description the memory's id, e.g. '42' */
                 memory_id: string;
             };
             cookie?: never;
@@ -3410,6 +3502,7 @@ export interface operations {
     export_memories: {
         parameters: {
             query?: {
+                /** @description markdown (the only format) */
                 format?: string;
                 /** @description the agent the call acts for (a body's `agent_id` wins) */
                 agent_id?: string;
@@ -3595,7 +3688,9 @@ export interface operations {
             };
             header?: never;
             path: {
+                /** @description the datasource's name */
                 datasource: string;
+                /** @description the model's name within the datasource */
                 name: string;
             };
             cookie?: never;
@@ -3663,7 +3758,9 @@ export interface operations {
             query?: never;
             header?: never;
             path: {
+                /** @description the datasource's name */
                 datasource: string;
+                /** @description the model's name within the datasource */
                 name: string;
             };
             cookie?: never;
@@ -3790,7 +3887,9 @@ export interface operations {
             query?: never;
             header?: never;
             path: {
+                /** @description the datasource's name */
                 datasource: string;
+                /** @description the model's name within the datasource */
                 name: string;
             };
             cookie?: never;
@@ -3867,7 +3966,9 @@ export interface operations {
             query?: never;
             header?: never;
             path: {
+                /** @description the datasource's name */
                 datasource: string;
+                /** @description the model's name within the datasource */
                 name: string;
             };
             cookie?: never;
@@ -4058,6 +4159,7 @@ export interface operations {
             };
             header?: never;
             path: {
+                /** @description the run_id its memories were saved with */
                 run_id: string;
             };
             cookie?: never;
@@ -4153,6 +4255,44 @@ export interface operations {
                     [name: string]: unknown;
                 };
                 content: {
+                    /**
+                     * @example {
+                     *       "channels": {
+                     *         "dense": true,
+                     *         "entity_bm25": true,
+                     *         "fulltext": true,
+                     *         "graph": false
+                     *       },
+                     *       "degraded": false,
+                     *       "entities": [
+                     *         {
+                     *           "id": "shop.orders.amount",
+                     *           "kind": "column",
+                     *           "score": 0.81,
+                     *           "text": "Column: ..."
+                     *         }
+                     *       ],
+                     *       "example_queries": [],
+                     *       "memories": [
+                     *         {
+                     *           "category": "core",
+                     *           "created_at": "2026-01-05T10:00:00+00:00",
+                     *           "id": "42",
+                     *           "importance": 0.5,
+                     *           "kind": "fact",
+                     *           "matched_entities": [
+                     *             "shop.orders.amount"
+                     *           ],
+                     *           "score": 0.93,
+                     *           "text": "orders.amount is in cents"
+                     *         }
+                     *       ],
+                     *       "resolved_input_entities": [
+                     *         "shop.orders"
+                     *       ],
+                     *       "warnings": []
+                     *     }
+                     */
                     "application/json": components["schemas"]["SearchResponse"];
                 };
             };
