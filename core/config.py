@@ -130,10 +130,10 @@ class Settings(BaseSettings):
 
     # Search.
     dense_exact_max_docs: int = 20_000
-    # Cosine below which the dense channel does not rank a doc (core.search.dense). 0.3 suits the bundled
-    # model (unrelated questions reach 0.2-0.25, 95% of LoCoMo's gold turns exceed 0.35); a provider whose
-    # related texts score lower (OpenAI's text-embedding-3 models: often 0.3-0.5) wants a lower floor.
-    dense_similarity_floor: float = Field(default=0.3, ge=-1.0, le=1.0)
+    # Cosine below which the dense channel does not rank a doc (core.search.dense). Unset (the default), each
+    # embedder's own measured floor applies (`Embedder.similarity_floor`: 0.3 for the bundled model, lower for
+    # models whose related texts score lower); set, it overrides that for every model.
+    dense_similarity_floor: float | None = Field(default=None, ge=-1.0, le=1.0)
     # Tenants' full-text index handles one process keeps open (least recently used evicted; core.caches).
     fulltext_max_open_indexes: int = 1_000
     # Tenants whose catalog snapshot (and what search derives from it) one process keeps.

@@ -56,6 +56,31 @@ def test_vectors_are_unit_length_deterministic_and_mean_something(minilm):
     assert minilm.embed_documents([]).shape == (0, 384)
 
 
+# (question, the note that answers it): cross pairs are the unrelated ones.
+FLOOR_PAIRS = [
+    ("how long is the attrition lookback period?", "Customer churn is computed over a rolling ninety day window."),
+    ("when does the warehouse get rebuilt?", "The staging warehouse is rebuilt every night at two o'clock."),
+    ("are refunds subtracted from revenue?", "Revenue figures in the finance mart are reported net of refunds."),
+    ("what currency unit is the order amount in?", "orders.amount is stored in cents"),
+    ("who owns the billing pipeline?", "Maria is responsible for the invoicing data flow."),
+    ("what did Sam adopt last month?", "Sam brought home a rescue puppy in October."),
+    ("which database do we use for analytics?", "Our reporting queries run on a Snowflake instance."),
+    ("where did Alice go on holiday?", "Alice spent two weeks hiking in Patagonia this summer."),
+]
+
+
+def test_the_minilm_floor_keeps_every_related_pair_and_drops_most_unrelated_ones(minilm):
+    """MiniLM's declared floor sits below every related question/note cosine and above the median unrelated
+    one (the bundled model's 0.3 would drop the weakest true paraphrase)."""
+    questions = minilm.embed_documents([q for q, _ in FLOOR_PAIRS])
+    notes = minilm.embed_documents([n for _, n in FLOOR_PAIRS])
+    sims = questions @ notes.T
+    related = np.diag(sims)
+    unrelated = sims[~np.eye(len(FLOOR_PAIRS), dtype=bool)]
+    assert related.min() > minilm.similarity_floor > float(np.median(unrelated)), (related, unrelated)
+    assert related.min() < 0.3  # why MiniLM needs its own floor
+
+
 def test_a_tenant_on_minilm_finds_a_paraphrase_by_meaning(client, tenant):
     settings = get_settings()
     saved = settings.embedding_model

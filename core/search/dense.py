@@ -43,7 +43,7 @@ from sqlalchemy import or_, select, text
 from sqlalchemy.orm import Session
 
 from core.config import get_settings
-from core.embeddings.providers import EmbeddingProviderError, get_embedder
+from core.embeddings.providers import Embedder, EmbeddingProviderError, get_embedder
 from core.embeddings.store_models import Embedding
 from core.memories.models import Memory
 from core.native import single_threaded_blas
@@ -356,6 +356,12 @@ def with_context(scores: np.ndarray, neighbours: np.ndarray, rows: np.ndarray | 
     return ((own + CONTEXT_WEIGHT * context) / (1.0 + CONTEXT_WEIGHT)).astype(np.float32)
 
 
+def similarity_floor(embedder: Embedder) -> float:
+    """The cosine below which dense does not rank a doc: the deployment's override, else the model's own."""
+    override = get_settings().dense_similarity_floor
+    return embedder.similarity_floor if override is None else override
+
+
 class DenseSearch:
     """One question against one tenant's vectors, ranked per search bucket (see ``rank``)."""
 
@@ -371,10 +377,10 @@ class DenseSearch:
     ) -> None:
         settings = get_settings()
         model_name = settings.embedding_model
-        # A doc less like the question than this is not ranked (an unrelated question still has neighbours).
-        self._floor = settings.dense_similarity_floor
         try:
             embedder = get_embedder(model_name)
+            # A doc less like the question than this is not ranked (an unrelated question still has neighbours).
+            self._floor = similarity_floor(embedder)
             self._query = np.asarray(embedder.embed_query(question), dtype=np.float32)
         except EmbeddingProviderError as exc:
             raise DenseUnavailable(f"dense channel skipped: embedding model unavailable ({exc})") from None
