@@ -40,6 +40,10 @@ from core.search.filters import HAS_QUERY_SQL
 MEMOS = 64
 
 
+# How long a search waits for another search of the same tenant to finish catching its facts up.
+CATCH_UP_WAIT_SECONDS = 2.0
+
+
 class Fact(NamedTuple):
     status: str
     persona: str | None
@@ -82,13 +86,19 @@ class TenantFacts:
     def get(self, memory_id: str) -> Fact | None:
         return self.rows.get(memory_id)
 
-    def catch_up(self, session: Session, *, current_seq: int) -> None:
-        """Apply the changes up to ``current_seq``, read in ``session`` (whose snapshot saw that seq)."""
+    def catch_up(self, session: Session, *, current_seq: int) -> bool:
+        """Apply the changes up to ``current_seq``, read in ``session`` (whose snapshot saw that seq).
+
+        False when another search of the tenant held the facts longer than CATCH_UP_WAIT_SECONDS: the
+        caller, which holds a connection and a transaction, judges eligibility in SQL instead of waiting on.
+        """
         if self.seq >= current_seq:
-            return
-        with self.lock:
+            return True
+        if not self.lock.acquire(timeout=CATCH_UP_WAIT_SECONDS):
+            return False
+        try:
             if self.seq >= current_seq:
-                return
+                return True
             since = self.seq
             values = {"tenant": self.tenant_id, "since": since}
             changed, gone = sql.run_many(
@@ -102,6 +112,9 @@ class TenantFacts:
             if changed or gone:
                 self._memos = OrderedDict()
             self.seq = current_seq
+            return True
+        finally:
+            self.lock.release()
 
     def memo(self, key: Hashable) -> dict[str, str | None]:
         """The verdicts reached so far under ``key`` (a search's filter) on these facts, to read and add to."""
@@ -177,8 +190,7 @@ def tenant_facts(session: Session, *, tenant_id: int, current_seq: int, memories
         _publish()
     if evictions:
         CACHE_EVICTIONS.labels(_CACHE).inc(evictions)
-    facts.catch_up(session, current_seq=current_seq)
-    return facts
+    return facts if facts.catch_up(session, current_seq=current_seq) else None
 
 
 def forget_tenant(tenant_id: int) -> None:
