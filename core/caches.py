@@ -113,6 +113,10 @@ class BoundedCache(Generic[V]):
         with self._lock:
             return list(self._items)
 
+    def values(self) -> list[V]:
+        with self._lock:
+            return [value for value, _ in self._items.values()]
+
     def __len__(self) -> int:
         return len(self._items)
 

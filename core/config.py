@@ -100,10 +100,12 @@ class Settings(BaseSettings):
     # of at most api_max_queued, and the rest are answered 503 + Retry-After at once (no 5xx other than
     # that, no request left hanging). The database pool holds a connection for each running request
     # (a request never needs two) plus a few for probes and background threads.
-    api_max_inflight: int = 24
-    api_max_queued: int = 96
-    api_queue_wait_seconds: float = 10.0
-    db_pool_size: int = 28
+    # Few running requests: Python threads share one GIL, so more of them only slow each other and the
+    # event loop (which must keep answering probes and shedding) on a small machine.
+    api_max_inflight: int = 12
+    api_max_queued: int = 48
+    api_queue_wait_seconds: float = 5.0
+    db_pool_size: int = 16
     # How long a request waits for a pooled connection before a 503.
     db_pool_timeout_seconds: float = 10.0
     # PostgreSQL lock waits (row locks taken by writes) end with a 503 after this long.
@@ -134,6 +136,8 @@ class Settings(BaseSettings):
     dense_similarity_floor: float | None = Field(default=None, ge=-1.0, le=1.0)
     # Tenants' full-text index handles one process keeps open (least recently used evicted; core.caches).
     fulltext_max_open_indexes: int = 1_000
+    # Tenants whose catalog snapshot (and what search derives from it) one process keeps.
+    catalog_cache_tenants: int = 64
     # Memories whose eligibility facts one process keeps in memory, over all tenants (~450 bytes each,
     # so ~90 MB at most; core.search.facts). A larger tenant is judged in SQL; 0 turns the cache off.
     search_facts_max_memories: int = 200_000

@@ -21,6 +21,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+import psycopg
+from psycopg import pq
 from sqlalchemy import BigInteger, ForeignKey, create_engine, event
 from sqlalchemy.engine import Connection, Engine, make_url
 from sqlalchemy.orm import (
@@ -216,7 +218,7 @@ def system_session() -> Iterator[Session]:
 def system_connection() -> Iterator[Connection]:
     """A Core connection in system mode, in one transaction (the outbox relay, index maintenance)."""
     with get_engine().begin() as connection:
-        connection.exec_driver_sql(_SYSTEM_MODE)
+        _set_mode(connection, _SYSTEM_MODE)
         yield connection
 
 
@@ -235,9 +237,30 @@ def _set_transaction_tenant(session: Session, _transaction: Any, connection: Con
     """Name the transaction's tenant (or system mode) to PostgreSQL before any statement of it runs."""
     tenant_id = session.info.get("tenant_id")
     if tenant_id is not None:
-        connection.exec_driver_sql(_tenant_mode(tenant_id))
+        _set_mode(connection, _tenant_mode(tenant_id))
     elif session.info.get("all_tenants"):
-        connection.exec_driver_sql(_SYSTEM_MODE)
+        _set_mode(connection, _SYSTEM_MODE)
+
+
+def _set_mode(connection: Connection, statement: str) -> None:
+    """Run `statement` at the start of the transaction without a round trip of its own.
+
+    psycopg opens a transaction lazily, with a `BEGIN` of its own round trip before the first statement.
+    When it is about to, this sends ``BEGIN; <statement>`` as one simple query through libpq instead:
+    the server is then in the transaction, so psycopg sends no `BEGIN` (it decides by the server's
+    transaction status, as it does for COMMIT and ROLLBACK), and the setting cost no extra round trip.
+    Otherwise (already in a transaction, or a connection with its own isolation options) the statement
+    goes through psycopg as usual. Never prepared either way: it has no parameters.
+    """
+    driver: Any = connection.connection.driver_connection
+    plain_begin = driver.isolation_level is None and driver.read_only is None and driver.deferrable is None
+    if driver.autocommit or not plain_begin or driver.pgconn.transaction_status != pq.TransactionStatus.IDLE:
+        driver.execute(statement, prepare=False)
+        return
+    result = driver.pgconn.exec_(f"BEGIN; {statement}".encode())
+    if result.status != pq.ExecStatus.TUPLES_OK:
+        message = (result.error_message or b"").decode(errors="replace")
+        raise psycopg.OperationalError(f"could not start the transaction: {message}")
 
 
 def _touches_tenant_data(state: ORMExecuteState) -> bool:
@@ -274,5 +297,5 @@ def scope_to_tenant(session: Session, tenant_id: int) -> Session:
     session.info.pop("all_tenants", None)
     session.info["tenant_id"] = tenant_id
     if session.in_transaction() and session.get_transaction() is not None:
-        session.connection().exec_driver_sql(_tenant_mode(tenant_id))
+        _set_mode(session.connection(), _tenant_mode(tenant_id))
     return session

@@ -64,3 +64,15 @@ def test_evicting_a_tenants_index_handle_keeps_its_answers(client, make_tenant, 
     after = search(client, first, body)
     assert [(h["id"], h["score"]) for h in after["memories"]] == [(h["id"], h["score"]) for h in before["memories"]]
     assert cache_sizes()["fulltext_indexes"][0] == 1
+
+
+def test_every_per_tenant_cache_reports_its_size_on_metrics(client, tenant):
+    """Operators see each bounded cache's entries, bytes, hits, misses and evictions by name."""
+    from tests.conftest import OPERATOR_KEY
+
+    save(client, tenant, {"content": "metrics of the caches after one search"})
+    search(client, tenant, {"question": "caches metrics", "entities": ["memory:1"]})
+    text = client.get("/metrics", headers={"Authorization": f"Bearer {OPERATOR_KEY}"}).text
+    for cache in ("fulltext_indexes", "search_facts", "catalog_snapshots"):
+        assert f'engram_cache_entries{{cache="{cache}"}}' in text, cache
+        assert f'engram_cache_misses_total{{cache="{cache}"}}' in text, cache

@@ -105,3 +105,127 @@ def test_dashboard_retry_needs_the_csrf_header(app, tenant):
     accepted = browser.post(f"/dashboard/api/jobs/{job_id}/retry", headers={"X-Engram-Dashboard": "1"})
     assert accepted.status_code == 202 and accepted.json()["state"] == "queued"
     assert browser.get(f"/dashboard/api/jobs/{job_id}").json()["id"] == job_id
+
+
+def test_oldest_queued_counts_from_the_retry_not_the_creation(client, make_tenant):
+    """A job created two hours ago whose retry came due a minute ago has waited a minute, not two hours;
+    one still waiting out its backoff is not waiting in the queue at all."""
+    from datetime import UTC, datetime, timedelta
+
+    tenant = make_tenant("dash-age")
+    current = datetime.now(UTC)
+    due = make_job(
+        tenant.tenant_id,
+        kind="embed",
+        state="queued",
+        age_s=7200,
+        attempts=2,
+        dispatched_at=current - timedelta(seconds=60),
+    )
+    waiting = make_job(
+        tenant.tenant_id,
+        kind="embed",
+        state="queued",
+        age_s=7200,
+        attempts=1,
+        dispatched_at=current + timedelta(hours=1),
+    )
+    body = client.get("/dashboard/api/summary", headers=OPERATOR).json()
+    row = next(r for r in body["queues"] if r["tenant"] == tenant.name and r["kind"] == "embed")
+    assert row["queued"] == 2 and row["retry_scheduled"] == 1
+    assert 59 <= row["oldest_queued_age_seconds"] < 3600
+    detail = client.get(f"/dashboard/api/jobs/{due}", headers=OPERATOR).json()
+    assert datetime.fromisoformat(detail["queued_since"]) > current - timedelta(seconds=61)
+    later = client.get(f"/dashboard/api/jobs/{waiting}", headers=OPERATOR).json()
+    assert later["queued_since"] is None and datetime.fromisoformat(later["next_attempt_at"]) > current
+
+
+def test_job_list_filters_pages_and_refuses_bad_input(client, make_tenant):
+    a, b = make_tenant("dash-f-a"), make_tenant("dash-f-b")
+    mine = [make_job(a.tenant_id, kind="ingest", state="failed", age_s=i) for i in range(5)]
+    make_job(a.tenant_id, kind="embed", state="failed")
+    make_job(b.tenant_id, kind="ingest", state="failed")
+    seen: list[str] = []
+    params = {"tenant": a.name, "kind": "ingest", "state": "failed", "limit": "2"}
+    while True:
+        body = client.get("/dashboard/api/jobs", params=params, headers=OPERATOR).json()
+        assert len(body["jobs"]) <= 2
+        assert all(j["tenant"] == a.name and j["kind"] == "ingest" for j in body["jobs"])
+        seen += [j["id"] for j in body["jobs"]]
+        if not body["next_cursor"]:
+            break
+        params["cursor"] = body["next_cursor"]
+    assert seen == mine  # newest first, each exactly once
+    for bad, field in (
+        ({"state": "sleeping"}, "state"),
+        ({"kind": "x"}, "kind"),
+        ({"limit": "-1"}, "limit"),
+        ({"limit": "1e9"}, "limit"),
+        ({"tenant": "no-such-tenant"}, "tenant"),
+        ({"tenant": "a\0b"}, "tenant"),
+        ({"cursor": "%%%"}, "cursor"),
+        ({"cursor": "WyIyMDI2LTAxLTAxIiwgIlx1MDAwMCJd"}, "cursor"),  # a job id holding NUL
+    ):
+        response = client.get("/dashboard/api/jobs", params=bad, headers=OPERATOR)
+        assert 400 <= response.status_code < 500, (bad, response.text)
+        assert response.json()["error"]["field"] == field
+    assert client.get("/dashboard/api/jobs").status_code == 401
+    assert client.get("/dashboard/api/jobs", headers=a.headers()).status_code == 401  # a tenant key is not enough
+
+
+def test_job_detail_has_every_attempt_with_its_traceback_and_timings(client, tenant):
+    from core.db import system_session
+    from core.jobs.runner import run_job
+    from core.jobs.service import enqueue, get_job_queue, set_job_queue
+
+    queue = get_job_queue()
+    set_job_queue(None)  # run it here, not on a worker
+    try:
+        with system_session() as session:
+            job_id = enqueue(session, tenant_id=tenant.tenant_id, kind="ingest", payload={"datasource": "nowhere"}).id
+    finally:
+        set_job_queue(queue)
+    assert run_job(job_id, session_factory=system_session, max_attempts=1).state == "failed"
+    job = client.get(f"/dashboard/api/jobs/{job_id}", headers=OPERATOR).json()
+    assert job["payload"]["datasource"] == "nowhere" and job["tenant"] == tenant.name
+    [attempt] = job["attempt_errors"]
+    assert attempt["attempt"] == 1 and "not found" in attempt["error"]
+    assert "Traceback (most recent call last)" in attempt["traceback"]
+    assert job["created_at"] and job["started_at"] and job["finished_at"] and job["duration_seconds"] >= 0
+    assert client.get("/dashboard/api/jobs/nope", headers=OPERATOR).status_code == 404
+    assert client.get(f"/dashboard/api/jobs/{job_id}").status_code == 401
+
+
+def test_throughput_per_hour_over_a_day(client, tenant):
+    from datetime import UTC, datetime, timedelta
+
+    before = client.get("/dashboard/api/throughput", headers=OPERATOR).json()
+    assert len(before["buckets"]) == 24 and before["bucket_seconds"] == 3600
+    current = datetime.now(UTC)
+    attempt = {"attempt": 1, "error": "E: x", "at": current.isoformat()}
+    make_job(tenant.tenant_id, state="succeeded", finished_at=current)
+    make_job(tenant.tenant_id, state="failed", finished_at=current, attempt_errors=[attempt])
+    make_job(tenant.tenant_id, state="succeeded", finished_at=current - timedelta(hours=30))  # outside
+    after = client.get("/dashboard/api/throughput", headers=OPERATOR).json()
+
+    def added(key: str) -> int:  # totals over the day, not one bucket: robust to an hour turning meanwhile
+        return sum(b[key] for b in after["buckets"]) - sum(b[key] for b in before["buckets"])
+
+    assert (added("succeeded"), added("failed"), added("failed_attempts")) == (1, 1, 1)
+    hour = datetime.fromisoformat(after["buckets"][-1]["start"])
+    assert hour <= datetime.now(UTC) < hour + timedelta(hours=1)
+    for bad in ("0", "x", "1000", "-3"):
+        response = client.get("/dashboard/api/throughput", params={"hours": bad}, headers=OPERATOR)
+        assert response.status_code == 422 and response.json()["error"]["field"] == "hours"
+
+
+def test_workers_lists_running_jobs_with_their_lease_heartbeat(client, tenant):
+    from api.dashboard import workers
+
+    workers.forget()
+    job_id = make_job(tenant.tenant_id, kind="ingest", state="running", age_s=30)
+    body = client.get("/dashboard/api/workers", headers=OPERATOR).json()
+    running = next(j for j in body["running"] if j["id"] == job_id)
+    assert running["heartbeat_age_seconds"] >= 29 and running["tenant"] == tenant.name
+    assert isinstance(body["workers"], list) and "broker_error" in body
+    assert client.get("/dashboard/api/workers").status_code == 401

@@ -255,9 +255,9 @@ def _descendants(pid: int) -> list[int]:
 
 def _embed_jobs(tenant_id: int) -> list[tuple[str, str, int, int]]:
     """(id, state, attempts, docs) of the tenant's embed jobs."""
-    from core.db import get_engine
+    from core.db import system_connection
 
-    with get_engine().connect() as connection:
+    with system_connection() as connection:
         rows = connection.execute(
             text(
                 "SELECT id, state, attempts, jsonb_array_length(payload->'doc_ids') FROM jobs "

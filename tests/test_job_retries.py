@@ -90,3 +90,31 @@ def test_a_long_backoff_is_shown_as_the_next_attempt_time(stack, client, tenant)
     # The worker's restart (or any duplicate delivery) before that time does not run it early.
     listed = client.get("/v1/jobs", params={"kind": "embed", "state": "queued"}, headers=tenant.headers()).json()
     assert job_id in [j["id"] for j in listed["jobs"]]
+
+
+def test_an_attempt_whose_worker_died_is_recorded(tenant):
+    """Reconcile re-queues a running job past its lease and keeps that lost attempt among the errors."""
+    from sqlalchemy import update
+
+    from core.db import system_session
+    from core.jobs.models import Job
+    from core.jobs.service import WORKER_LOST, enqueue, jobs_to_redispatch, now
+
+    with system_session() as session:
+        job = enqueue(session, tenant_id=tenant.tenant_id, kind="prune", payload={})
+        job_id = job.id
+    with system_session() as session:
+        session.execute(
+            update(Job)
+            .where(Job.id == job_id)
+            .values(state="running", attempts=2, updated_at=now() - timedelta(hours=1), attempt_errors=[])
+        )
+    with system_session() as session:
+        requeued = jobs_to_redispatch(session, older_than=timedelta(minutes=5), running_lease=timedelta(minutes=1))
+    assert job_id in requeued
+    with system_session() as session:
+        row = session.get(Job, job_id)
+        assert row is not None and row.state == "queued" and row.error == WORKER_LOST
+        assert [(e["attempt"], e["error"]) for e in row.attempt_errors] == [(2, WORKER_LOST)]
+        assert datetime.fromisoformat(row.attempt_errors[0]["at"]) > now() - timedelta(minutes=5)
+        session.execute(update(Job).where(Job.id == job_id).values(state="failed", error="test cleanup"))

@@ -39,6 +39,9 @@ def test_patch_keeps_the_earlier_version_newest_first(client, tenant, member_key
     assert versions[0]["changed_at"] >= versions[1]["changed_at"]
     client.patch(f"/v1/memories/{mid}", json={"tags": ["policy", "refunds"]}, headers=tenant.headers())
     assert [v["tags"] for v in history(client, tenant, mid, key)] == [["policy", "refunds"], ["policy"], ["policy"]]
+    # A patch that changes none of the versioned fields is not a revision.
+    client.patch(f"/v1/memories/{mid}", json={"tags": ["policy", "refunds"]}, headers=tenant.headers())
+    assert len(history(client, tenant, mid, key)) == 3
 
 
 def test_upsert_by_post_is_a_revision(client, tenant):
@@ -133,3 +136,21 @@ def test_a_catalog_cascade_shows_as_the_engines_revision(client, tenant, tmp_pat
     versions = history(client, tenant, mid)
     assert [v["entities"] for v in versions] == [[], ["shop.orders.status"]]
     assert [v["changed_by"] for v in versions] == ["engram", "admin@localhost"]
+
+
+def test_import_of_a_hand_written_history(client, tenant):
+    """A history written by hand (no author or time) imports under the file's current content."""
+    text = (
+        "---\nkey: hw1\nkind: fact\nhistory:\n"
+        "- {content: old words, kind: fact, category: core, importance: 0.5}\n"
+        "- {content: older words, kind: fact, category: core, importance: 0.5, tags: [x]}\n"
+        "---\nnew words\n"
+    )
+    response = client.post(
+        "/v1/memories:import", content=text, headers={**tenant.headers(), "Content-Type": "text/markdown"}
+    )
+    assert response.status_code == 200, response.text
+    versions = history(client, tenant, "hw1")
+    assert [v["content"] for v in versions] == ["new words", "old words", "older words"]
+    assert [v["changed_by"] for v in versions] == ["admin@localhost", "import", "import"]
+    assert versions[2]["tags"] == ["x"] and all(v["changed_at"] for v in versions)

@@ -128,3 +128,22 @@ def test_a_tenant_over_the_budget_is_judged_in_sql(client, make_tenant, monkeypa
     assert len(search(client, large, body)["memories"]) == 4
     assert large.tenant_id not in facts._tenants
     assert set(facts._sizes) == set(facts._tenants) and facts._held == sum(facts._sizes.values())
+
+
+def test_a_search_does_not_wait_unbounded_for_another_ones_catch_up(client, tenant, monkeypatch):
+    """While another search holds a tenant's facts (catching them up), a search waits at most
+    CATCH_UP_WAIT_SECONDS and then judges eligibility in SQL: the same answer, never a hang."""
+    for i in range(5):
+        save(client, tenant, {"content": f"courier parcel {i} leaves the depot"})
+    body = {"question": "courier parcel depot", "max_memories": 10}
+    expected = ids(search(client, tenant, body)["memories"])
+    save(client, tenant, {"content": "courier parcel 9 leaves the depot late"})  # the facts are behind now
+    monkeypatch.setattr(facts, "CATCH_UP_WAIT_SECONDS", 0.05)
+    held = facts._tenants[tenant.tenant_id]
+    assert held.lock.acquire(timeout=1)
+    try:
+        answer = ids(search(client, tenant, body)["memories"])
+    finally:
+        held.lock.release()
+    assert set(expected) < set(answer) and len(answer) == len(expected) + 1
+    assert ids(search(client, tenant, body)["memories"]) == answer  # caught up again once free

@@ -83,3 +83,15 @@ def test_documented_aliases_and_identity_fields_are_accepted(client, tenant):
     ):
         response = client.post(path, json=body, headers=tenant.headers())
         assert response.status_code == 200, (path, response.text)
+
+
+def test_calls_without_options_refuse_a_body_field_they_do_not_know(client, tenant):
+    """Ingest and job retry take no options: no body or `{}` is accepted, any field is a 422 naming it."""
+    headers = tenant.headers()
+    for path in ("/v1/datasources/nowhere/ingest", "/v1/jobs/nope/retry"):
+        response = client.post(path, json={"bogus": 1}, headers=headers)
+        assert response.status_code == 422, (path, response.text)
+        assert response.json()["error"]["field"] == "bogus"
+        # Without the stray field the call goes on to its own answer (here: nothing by that name).
+        assert client.post(path, json={}, headers=headers).status_code == 404
+        assert client.post(path, headers=headers).status_code == 404

@@ -24,13 +24,14 @@ from fastapi import APIRouter, Request
 from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, RedirectResponse, Response
 
 from api.auth import bearer_token, is_operator_key
+from api.dashboard import workers as dashboard_workers
 from api.routes.jobs import retry_as
 from api.routes.ops import coverage_rows
 from core.config import get_settings
 from core.db import system_session
-from core.errors import BadRequest, Forbidden, NotFound, Unauthorized
+from core.errors import BadRequest, Forbidden, Invalid, NotFound, Unauthorized
 from core.jobs import queries
-from core.jobs.service import get_job
+from core.jobs.models import JOB_KINDS, JOB_STATES
 from core.parsing import plain_int
 
 router = APIRouter(prefix="/dashboard")
@@ -46,6 +47,7 @@ _CONTENT_TYPES = {".css": "text/css", ".js": "text/javascript", ".html": "text/h
 COVERAGE_TTL_SECONDS = 15.0
 _coverage_cache: tuple[float, list[dict[str, Any]]] | None = None
 _coverage_lock = threading.Lock()
+MAX_CHART_HOURS = 168
 
 
 def _session_secret(operator_key: str) -> bytes:
@@ -192,17 +194,82 @@ def api_summary(request: Request) -> dict[str, Any]:
     require_operator(request)
     with system_session() as session:
         body = queries.summary(session, scope=None)
+        # What the page's job filters offer.
+        body.update(tenants=queries.tenant_list(session), kinds=list(JOB_KINDS), states=list(JOB_STATES))
     body["coverage"] = cached_coverage()
     return body
 
 
+def _clean_text(params: dict[str, str], name: str, *, max_chars: int = 200) -> str | None:
+    """A free-text filter the database will see: NUL (which PostgreSQL refuses) and huge values are 4xx."""
+    value = params.get(name) or None
+    if value is not None and ("\0" in value or len(value) > max_chars):
+        raise Invalid(f"{name} must be at most {max_chars} characters without NUL", field=name)
+    return value
+
+
+@router.get("/api/jobs", include_in_schema=False)
+def api_jobs(request: Request) -> dict[str, Any]:
+    """Jobs of every tenant, newest first, filtered by tenant name, kind and state, a page at a time."""
+    require_operator(request)
+    params = dict(request.query_params)
+    tenant_name = _clean_text(params, "tenant")
+    _clean_text(params, "cursor", max_chars=1000)
+    with system_session() as session:
+        tenant_id = None
+        if tenant_name:
+            try:
+                tenant_id = queries.tenant_id_by_name(session, name=tenant_name)
+            except NotFound:
+                raise Invalid(f"no tenant named {tenant_name!r}", field="tenant") from None
+        filters = queries.parse_filters(params, tenant_id=tenant_id)
+        jobs, next_cursor = queries.list_jobs(session, filters=filters, scope=None)
+    return {"jobs": jobs, "next_cursor": next_cursor}
+
+
 @router.get("/api/jobs/{job_id}", include_in_schema=False)
 def api_job(job_id: str, request: Request) -> dict[str, Any]:
+    """One job in full: payload, result, every attempt's error, timings, and the worker running it."""
+    require_operator(request)
+    if "\0" in job_id or len(job_id) > 100:
+        raise NotFound("no such job")
+    with system_session() as session:
+        body = queries.job_detail(session, job_id=job_id)
+    if body["state"] == "running":
+        running_on = {j: w["name"] for w in dashboard_workers.workers()["workers"] if w["alive"] for j in w["job_ids"]}
+        body["worker"] = running_on.get(job_id)
+    return body
+
+
+@router.get("/api/workers", include_in_schema=False)
+def api_workers(request: Request) -> dict[str, Any]:
+    """Celery workers (alive or last seen) with the jobs they run, and every running job's lease heartbeat."""
     require_operator(request)
     with system_session() as session:
-        job = get_job(session, job_id=job_id, tenant_id=None)
-        names = queries.tenant_names(session, {job.tenant_id})
-        return queries.job_view(job, tenant_name=names.get(job.tenant_id) if job.tenant_id else None)
+        running = queries.running_jobs(session)
+    body = dict(dashboard_workers.workers())
+    by_id = {job["id"]: job for job in running}
+    running_on: dict[str, str] = {}
+    listed = []
+    for worker in body["workers"]:
+        jobs = [by_id[j] for j in worker["job_ids"] if j in by_id]
+        for job in jobs:
+            running_on[job["id"]] = worker["name"]
+        listed.append({**worker, "jobs": jobs})
+    body["workers"] = listed
+    body["running"] = [{**job, "worker": running_on.get(job["id"])} for job in running]
+    return body
+
+
+@router.get("/api/throughput", include_in_schema=False)
+def api_throughput(request: Request) -> dict[str, Any]:
+    """Jobs finished and failed per hour, for the charts the page draws itself."""
+    require_operator(request)
+    hours = plain_int(request.query_params.get("hours", "24"), max_digits=4)
+    if hours is None or not 1 <= hours <= MAX_CHART_HOURS:
+        raise Invalid(f"hours must be an integer from 1 to {MAX_CHART_HOURS}", field="hours")
+    with system_session() as session:
+        return queries.throughput(session, hours=hours)
 
 
 @router.post("/api/jobs/{job_id}/retry", include_in_schema=False)

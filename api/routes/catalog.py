@@ -16,7 +16,7 @@ from api.openapi import BEARER, IDENTITY, DatasourcePath, ModelPath, operation
 from api.schemas import Datasource, DatasourceList, Deleted, JobAccepted, ModelInspection
 from core.db import tenant_session
 from core.entities import editing, service
-from core.entities.schemas import DatasourceIn, ModelPatchIn, ModelPutIn, RefreshSamplesIn
+from core.entities.schemas import DatasourceIn, ModelPatchIn, ModelPutIn, NoOptionsIn, RefreshSamplesIn
 from core.jobs.service import enqueue
 from core.memories.schemas import parse_model
 from core.tenancy.context import Caller
@@ -89,11 +89,22 @@ def _queue(caller: Caller, *, name: str, kind: str, payload: dict[str, Any]) -> 
 @router.post(
     "/datasources/{name}/ingest",
     status_code=202,
-    **operation(summary="Ingest a datasource", response=JobAccepted, status=202, errors=(403, 404)),
+    **operation(
+        summary="Ingest a datasource",
+        body=NoOptionsIn,
+        body_required=False,
+        example={},
+        response=JobAccepted,
+        status=202,
+        errors=(403, 404, 422),
+    ),
 )
-def ingest_datasource(name: DatasourcePath, caller: Caller = Depends(require_admin)) -> JSONResponse:
+def ingest_datasource(
+    name: DatasourcePath, body: Any = Body(default=None), caller: Caller = Depends(require_admin)
+) -> JSONResponse:
     """Queue a job that reflects the tables into models and columns, then refreshes samples and embeddings.
     Idempotent; an unreachable source fails the job and changes nothing."""
+    parse_model(NoOptionsIn, {} if body is None else body)
     return _queue(caller, name=name, kind="ingest", payload={"datasource": name})
 
 

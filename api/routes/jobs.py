@@ -6,7 +6,7 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Any
 
-from fastapi import APIRouter, Depends, Request
+from fastapi import APIRouter, Body, Depends, Request
 from fastapi.responses import JSONResponse
 
 from api.auth import bearer_token, caller_from_request, is_operator_key
@@ -14,10 +14,12 @@ from api.openapi import BEARER, JobIdPath, Query, operation
 from api.schemas import Job, JobPage
 from core.config import get_settings
 from core.db import system_session
+from core.entities.schemas import NoOptionsIn
 from core.errors import Forbidden
 from core.jobs import queries
 from core.jobs.models import JOB_KINDS, JOB_STATES
 from core.jobs.service import get_job
+from core.memories.schemas import parse_model
 
 router = APIRouter(prefix="/v1", tags=["jobs"], dependencies=[Depends(BEARER)])
 
@@ -83,10 +85,19 @@ def retry_as(*, job_id: str, scope: int | None) -> JSONResponse:
 @router.post(
     "/jobs/{job_id}/retry",
     status_code=202,
-    **operation(summary="Retry a job", response=Job, status=202, errors=(403, 404, 409)),
+    **operation(
+        summary="Retry a job",
+        body=NoOptionsIn,
+        body_required=False,
+        example={},
+        response=Job,
+        status=202,
+        errors=(403, 404, 409, 422),
+    ),
 )
-def retry_job(job_id: JobIdPath, request: Request) -> JSONResponse:
+def retry_job(job_id: JobIdPath, request: Request, body: Any = Body(default=None)) -> JSONResponse:
     """Queue a failed or stuck job again (tenant admin key, or the operator key); 409 if it is not stuck."""
+    parse_model(NoOptionsIn, {} if body is None else body)
     scope = tenant_scope(request)
     if scope is not None and not caller_from_request(request).is_admin:
         raise Forbidden("retrying a job needs an admin key")

@@ -64,7 +64,9 @@ def check_loopback(url: str) -> str:
 @dataclass
 class Tally:
     statuses: Counter[str] = field(default_factory=Counter)
+    # Latency of answered requests by operation (503s apart: a shed request is answered without running).
     latency: dict[str, list[float]] = field(default_factory=lambda: {op: [] for op, _ in MIX})
+    busy_ms: list[float] = field(default_factory=list)
     saved: list[str] = field(default_factory=list)
     unanswered: int = 0
     errors: int = 0
@@ -107,7 +109,8 @@ async def _one(http: httpx.AsyncClient, op: str, rng: random.Random, tally: Tall
     except httpx.HTTPError:
         tally.errors += 1
         return 0.5
-    tally.latency[op].append((time.perf_counter() - started) * 1000)
+    elapsed_ms = (time.perf_counter() - started) * 1000
+    (tally.busy_ms if response.status_code == 503 else tally.latency[op]).append(elapsed_ms)
     tally.statuses[str(response.status_code)] += 1
     if op == "save" and response.status_code == 201:
         tally.saved.append(response.json()["memory_id"])
@@ -223,6 +226,8 @@ def _figures(url: str, key: str, *, clients: int, seconds: float, log: Callable[
         out.append(figure("load", f"{op}_p50_ms", _p(values, 0.5), "ms", **params))
         out.append(figure("load", f"{op}_p95_ms", _p(values, 0.95), "ms", **params))
     out += [
+        figure("load", "busy_503_p50_ms", _p(tally.busy_ms, 0.5), "ms", **params),
+        figure("load", "busy_503_p95_ms", _p(tally.busy_ms, 0.95), "ms", **params),
         figure("load", "saves_acknowledged", len(tally.saved), "count", **params),
         figure("load", "lost_writes", lost, "count", **params),
         figure("load", "healthz_max_ms", max(tally.health_ms, default=0.0), "ms", **params),

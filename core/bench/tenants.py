@@ -82,7 +82,11 @@ def build(*, tenants: int, large_size: int, seed: int, log: Callable[[str], None
         docs.append((spec.tenant_id, load_memories(tenant_id=spec.tenant_id, count=spec.size, entity_ids=entity_ids)))
     log(f"memories: {sum(s.size for s in specs)} in {time.perf_counter() - started:.1f}s")
     started = time.perf_counter()
-    _load_vectors(docs)
+    # The HNSW index is built only when a tenant is large enough to be searched through it, as reconcile
+    # builds it in a running deployment (core.embeddings.hnsw); smaller tenants rank on exact cosine.
+    from core.config import get_settings
+
+    _load_vectors(docs, with_hnsw=max(sizes) > get_settings().dense_exact_max_docs)
     log(f"embeddings and HNSW in {time.perf_counter() - started:.1f}s")
     from core.bench.corpus import analyze
 
@@ -90,7 +94,7 @@ def build(*, tenants: int, large_size: int, seed: int, log: Callable[[str], None
     return specs
 
 
-def _load_vectors(docs: list[tuple[int, list[tuple[str, str]]]]) -> None:
+def _load_vectors(docs: list[tuple[int, list[tuple[str, str]]]], *, with_hnsw: bool) -> None:
     """Every tenant's memory vectors by binary COPY, the HNSW index dropped during the load and built once."""
     from core.bench.corpus import _COPY_HEADER, _COPY_TRAILER
     from core.config import get_settings
@@ -105,7 +109,7 @@ def _load_vectors(docs: list[tuple[int, list[tuple[str, str]]]]) -> None:
         conn: Any = raw.driver_connection
         with conn.cursor() as cur:
             cur.execute("SELECT set_config('engram.system', 'on', true)")
-            with_index = dims in HNSW_DIMS
+            with_index = with_hnsw and dims in HNSW_DIMS
             if with_index:
                 cur.execute(f"DROP INDEX IF EXISTS ix_embeddings_hnsw_{dims}")
             with cur.copy(

@@ -6,16 +6,12 @@ the dense channel (the catalog deletes its existing embedding rows when it is hi
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from sqlalchemy.orm import Session
 
-if TYPE_CHECKING:
-    from core.embeddings.refresh import Doc
+from core.embeddings.docs import Doc
 
 
 def load(session: Session, *, doc_ids: list[str]) -> list[Doc]:
-    from core.embeddings.refresh import Doc
     from core.entities.store import render_docs
 
     return [Doc(d.doc_id, d.doc_kind, d.text) for d in render_docs(session, doc_ids=doc_ids) if not d.hidden]
@@ -25,7 +21,6 @@ def all_docs(session: Session) -> list[Doc]:
     """Every visible catalog doc of the session's tenant (reconcile and coverage)."""
     from sqlalchemy import true
 
-    from core.embeddings.refresh import Doc
     from core.entities.store import _docs
 
     kinds = ("datasource", "model", "column", "measure", "aggregation")

@@ -11,7 +11,6 @@ until commit, so everything that can be computed (embedding, linking) is done be
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple, cast
 
 import numpy as np
@@ -20,6 +19,7 @@ from sqlalchemy import String, any_, bindparam, delete, select
 from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.orm import Session
 
+from core.embeddings.docs import Doc as Doc
 from core.embeddings.providers import Embedder
 from core.embeddings.store_models import Embedding
 from core.embeddings.wire import VectorArray, driver_connection, vector_cursor
@@ -59,13 +59,6 @@ _CURRENT_HASHES = (
 class _MemoryRow(NamedTuple):
     id: str
     content: str
-
-
-@dataclass(frozen=True)
-class Doc:
-    canonical_id: str
-    doc_kind: str
-    text: str
 
 
 def load_docs(session: Session, *, tenant_id: int, model: str, doc_ids: list[str]) -> tuple[list[Doc], dict[str, str]]:

@@ -1,7 +1,9 @@
 """Catalog job handlers: ingest, refresh_samples, ingest_cleanup (named in core.jobs.handlers.HANDLERS).
 
-A missing datasource, or one this server refuses to open, fails a job at once (retrying cannot change
-that); an unreachable source is retried with backoff like any other transient failure, and changes nothing.
+A missing datasource, one this server refuses to open, or one that cannot be reached (missing SQLite file,
+refused connection, bad credentials) fails the job at once and changes nothing: the contract says such an
+ingest "fails the job", and a caller polling the job must see `failed` with the reason, not hours of silent
+backoff. Once the source is back, `POST /v1/jobs/{id}/retry` or a new ingest runs it again.
 """
 
 from __future__ import annotations
@@ -46,7 +48,7 @@ def run_ingest_job(session: Session, job: Job) -> dict[str, Any]:
     except (NotFound, SourceRefused) as exc:
         raise PermanentJobError(exc.message) from None
     except SourceError as exc:
-        raise RuntimeError(f"source database: {exc}") from None
+        raise PermanentJobError(f"source database: {exc}") from None
 
 
 def run_refresh_samples_job(session: Session, job: Job) -> dict[str, Any]:
@@ -62,7 +64,7 @@ def run_refresh_samples_job(session: Session, job: Job) -> dict[str, Any]:
     except (NotFound, SourceRefused) as exc:
         raise PermanentJobError(exc.message) from None
     except SourceError as exc:
-        raise RuntimeError(f"source database: {exc}") from None
+        raise PermanentJobError(f"source database: {exc}") from None
 
 
 def run_ingest_cleanup_job(session: Session, job: Job) -> dict[str, Any]:

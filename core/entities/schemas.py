@@ -105,6 +105,13 @@ class ModelPutIn(BaseModel):
     aggregations: list[AggregationIn] = []
 
 
+class NoOptionsIn(BaseModel):
+    """The body of a call that takes no options (ingest, job retry): absent, `{}`, or a 422 naming the field
+    it does not know, so a misspelt option is never silently ignored."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
 class RefreshSamplesIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
 

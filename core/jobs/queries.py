@@ -13,7 +13,8 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import ColumnElement, Integer, case, func, select, tuple_
+from sqlalchemy import ColumnElement, DateTime, Integer, case, column, func, literal_column, select, tuple_
+from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import Session
 
 from core.errors import BadRequest, Conflict, Invalid, NotFound
@@ -66,8 +67,8 @@ def _encode_cursor(created_at: datetime, job_id: str) -> str:
 def _decode_cursor(cursor: str) -> tuple[datetime, str]:
     try:
         values = json.loads(base64.urlsafe_b64decode((cursor + "=" * (-len(cursor) % 4)).encode()))
-        if not isinstance(values, list) or len(values) != 2:
-            raise ValueError("wrong shape")
+        if not isinstance(values, list) or len(values) != 2 or "\0" in str(values[1]):
+            raise ValueError("wrong shape")  # NUL: PostgreSQL refuses it in a text parameter
         return datetime.fromisoformat(values[0]), str(values[1])
     except (ValueError, TypeError, binascii.Error, json.JSONDecodeError):
         raise BadRequest("cursor is not one this API returned", field="cursor") from None
@@ -78,6 +79,11 @@ def tenant_names(session: Session, tenant_ids: set[int | None]) -> dict[int, str
     if not ids:
         return {}
     return {int(i): n for i, n in session.execute(select(Tenant.id, Tenant.name).where(Tenant.id.in_(ids)))}
+
+
+def tenant_list(session: Session, *, limit: int = 1000) -> list[str]:
+    """Tenant names in order, for the dashboard's tenant filter."""
+    return list(session.scalars(select(Tenant.name).order_by(Tenant.name).limit(limit)).all())
 
 
 def job_view(job: Job, *, tenant_name: str | None) -> dict[str, Any]:
@@ -153,6 +159,24 @@ def _tenant_filter(scope: int | None) -> list[ColumnElement[bool]]:
     return [] if scope is None else [Job.tenant_id == scope]
 
 
+def _waiting_since() -> ColumnElement[datetime]:
+    """Since when a queued job has been waiting to run, for its current turn in the queue.
+
+    Not its creation: a job retried after failing has waited only since it was queued again. The runner
+    queues a failed attempt with ``dispatched_at`` at the moment its retry is due (in the future while it
+    waits out the backoff, when it is not waiting in the queue at all); a retry from the dashboard or the
+    reconciler sets ``updated_at``. A first attempt waits since it was queued (``updated_at``, its creation):
+    the relay's own ``dispatched_at`` stamp on publishing does not restart the wait.
+    """
+    return case(
+        (
+            (Job.attempts > 0) & Job.dispatched_at.is_not(None),
+            func.greatest(Job.updated_at, Job.dispatched_at),
+        ),
+        else_=Job.updated_at,
+    )
+
+
 def summary(session: Session, *, scope: int | None) -> dict[str, Any]:
     """Per tenant and kind: counts by state, throughput over the last hour, the oldest queued job's age;
     plus the latest failed jobs with their errors."""
@@ -169,19 +193,31 @@ def summary(session: Session, *, scope: int | None) -> dict[str, Any]:
                 **dict.fromkeys(JOB_STATES, 0),
                 "succeeded_last_hour": 0,
                 "failed_last_hour": 0,
+                "retry_scheduled": 0,
                 "oldest_queued_age_seconds": None,
             },
         )
 
     counts = session.execute(
-        select(Job.tenant_id, Job.kind, Job.state, func.count(), func.min(Job.created_at))
+        select(Job.tenant_id, Job.kind, Job.state, func.count())
         .where(*_tenant_filter(scope))
         .group_by(Job.tenant_id, Job.kind, Job.state)
     ).all()
-    for tenant_id, kind, state, count, oldest in counts:
+    for tenant_id, kind, state, count in counts:
+        group(tenant_id, kind)[state] = int(count)
+    for tenant_id, kind, waiting, oldest in session.execute(
+        select(
+            Job.tenant_id,
+            Job.kind,
+            func.count().filter(_waiting_since() <= current),
+            func.min(_waiting_since()).filter(_waiting_since() <= current),
+        )
+        .where(*_tenant_filter(scope), Job.state == "queued")
+        .group_by(Job.tenant_id, Job.kind)
+    ).all():
         row = group(tenant_id, kind)
-        row[state] = int(count)
-        if state == "queued" and oldest is not None:
+        row["retry_scheduled"] = row["queued"] - int(waiting)
+        if oldest is not None:
             row["oldest_queued_age_seconds"] = round((current - oldest).total_seconds(), 1)
     finished = session.execute(
         select(Job.tenant_id, Job.kind, Job.state, func.count())
@@ -214,8 +250,9 @@ def summary(session: Session, *, scope: int | None) -> dict[str, Any]:
 def queue_figures(session: Session) -> list[tuple[str, str, int, float | None]]:
     """(kind, state, count, oldest queued age in seconds) over every tenant, for /metrics."""
     current = now()
+    oldest_waiting = func.min(_waiting_since()).filter(Job.state == "queued", _waiting_since() <= current)
     rows = session.execute(
-        select(Job.kind, Job.state, func.count(), func.min(Job.created_at)).group_by(Job.kind, Job.state)
+        select(Job.kind, Job.state, func.count(), oldest_waiting).group_by(Job.kind, Job.state)
     ).all()
     return [
         (kind, state, int(count), (current - oldest).total_seconds() if state == "queued" and oldest else None)
@@ -255,4 +292,83 @@ def embed_attempts(session: Session) -> dict[str, float]:
         "succeeded": float(succeeded),
         "failed": float(max(attempts - succeeded - running, 0)),
         "embedded_texts": float(embedded),
+    }
+
+
+def _iso(value: datetime | None) -> str | None:
+    return value.isoformat() if value else None
+
+
+def job_detail(session: Session, *, job_id: str) -> dict[str, Any]:
+    """Everything an operator needs to judge one job: payload, result, every attempt's error (with its
+    traceback when the runner stored one) and its timings, including when it entered its current wait."""
+    job = get_job(session, job_id=job_id, tenant_id=None)
+    names = tenant_names(session, {job.tenant_id})
+    body = job_view(job, tenant_name=names.get(job.tenant_id) if job.tenant_id else None)
+    current = now()
+    waiting_since = session.scalar(select(_waiting_since()).where(Job.id == job.id))
+    body.update(
+        dispatched_at=_iso(job.dispatched_at),
+        # A retry still waiting out its backoff is not in the queue yet: next_attempt_at says when it will be.
+        queued_since=_iso(waiting_since)
+        if job.state == "queued" and waiting_since is not None and waiting_since <= current
+        else None,
+        heartbeat_age_seconds=round((current - job.updated_at).total_seconds(), 1) if job.state == "running" else None,
+        duration_seconds=round((job.finished_at - job.started_at).total_seconds(), 3)
+        if job.started_at and job.finished_at
+        else None,
+    )
+    return body
+
+
+def running_jobs(session: Session, *, limit: int = 200) -> list[dict[str, Any]]:
+    """Running jobs with the age of their lease's last renewal: the runner renews ``updated_at`` every
+    quarter lease while the handler runs, so a growing age means the worker running it is gone or stuck."""
+    current = now()
+    jobs = session.scalars(
+        select(Job).where(Job.state == "running").order_by(Job.started_at, Job.id).limit(limit)
+    ).all()
+    names = tenant_names(session, {j.tenant_id for j in jobs})
+    return [
+        {
+            "id": j.id,
+            "kind": j.kind,
+            "tenant": names.get(j.tenant_id) if j.tenant_id else None,
+            "attempts": j.attempts,
+            "started_at": _iso(j.started_at),
+            "heartbeat_age_seconds": round((current - j.updated_at).total_seconds(), 1),
+        }
+        for j in jobs
+    ]
+
+
+def throughput(session: Session, *, hours: int = 24) -> dict[str, Any]:
+    """Per hour over the last `hours`: jobs that succeeded, jobs that failed for good, and failed attempts
+    (each retry's failure, from the attempts' error log), oldest hour first, empty hours included."""
+    current = now()
+    first = current.replace(minute=0, second=0, microsecond=0) - timedelta(hours=hours - 1)
+    buckets = {first + timedelta(hours=i): {"succeeded": 0, "failed": 0, "failed_attempts": 0} for i in range(hours)}
+    hour = func.date_trunc("hour", Job.finished_at, "UTC")
+    for start, state, count in session.execute(
+        select(hour, Job.state, func.count())
+        .where(Job.finished_at >= first, Job.state.in_(("succeeded", "failed")))
+        .group_by(hour, Job.state)
+    ).all():
+        if start in buckets:
+            buckets[start][state] = int(count)
+    attempt = func.jsonb_array_elements(Job.attempt_errors).table_valued(column("value", JSONB)).alias("attempt")
+    at = func.date_trunc("hour", attempt.c.value["at"].astext.cast(DateTime(timezone=True)), "UTC")
+    for start, count in session.execute(
+        select(at, func.count())
+        .select_from(Job)
+        .join(attempt, literal_column("true"))
+        .where(Job.updated_at >= first, attempt.c.value["at"].astext.cast(DateTime(timezone=True)) >= first)
+        .group_by(at)
+    ).all():
+        if start in buckets:
+            buckets[start]["failed_attempts"] = int(count)
+    return {
+        "generated_at": current.isoformat(),
+        "bucket_seconds": 3600,
+        "buckets": [{"start": start.isoformat(), **counts} for start, counts in buckets.items()],
     }

@@ -26,6 +26,7 @@ from core.jobs.service import PermanentJobError, now
 
 log = logging.getLogger(__name__)
 _ATTEMPT_ERROR_CHARS = 2_000
+_ATTEMPT_TRACEBACK_CHARS = 4_000
 
 
 @dataclass(frozen=True)
@@ -97,7 +98,13 @@ def run_job(
         )
         log.warning("job %s (%s) attempt %d failed: %s", job_id, kind, attempts, traceback.format_exc())
         retry_in = 0.0 if final else backoff_seconds(attempts, base=retry_base_seconds, cap=retry_max_seconds)
-        failed = {"attempt": attempts, "error": error[:_ATTEMPT_ERROR_CHARS], "at": now().isoformat()}
+        failed = {
+            "attempt": attempts,
+            "error": error[:_ATTEMPT_ERROR_CHARS],
+            "at": now().isoformat(),
+            # The end of the stack is where it failed; operators read it on the dashboard's job page.
+            "traceback": traceback.format_exc()[-_ATTEMPT_TRACEBACK_CHARS:],
+        }
         with session_factory() as session:
             # dispatched_at of a queued job is when its next delivery is due: reconcile leaves it alone
             # until then, and an early duplicate message is skipped.

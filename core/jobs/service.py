@@ -14,7 +14,7 @@ import uuid
 from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol
 
-from sqlalchemy import event, func, or_, select, update
+from sqlalchemy import case, event, func, or_, select, update
 from sqlalchemy.orm import Session
 
 from core.errors import NotFound
@@ -147,6 +147,9 @@ def retry_job(session: Session, *, job_id: str, tenant_id: int | None) -> Job:
     return job
 
 
+WORKER_LOST = "WorkerLost: the worker running this attempt stopped renewing its lease"
+
+
 def jobs_to_redispatch(session: Session, *, older_than: timedelta, running_lease: timedelta) -> list[str]:
     """Queued jobs nobody ran for a while (lost message) and running jobs whose worker died."""
     cutoff = now() - older_than
@@ -163,9 +166,24 @@ def jobs_to_redispatch(session: Session, *, older_than: timedelta, running_lease
         .limit(5_000)
     ).all()
     if rows:
-        # A running job past its lease lost its worker: it is queued again, so the new delivery runs it.
+        # A running job past its lease lost its worker: it is queued again, so the new delivery runs it, and
+        # the lost attempt is recorded like a failed one.
+        # (jsonb_build_object writes a timestamptz as ISO 8601 with its offset, as the runner's entries are.)
+        lost = func.jsonb_build_array(
+            func.jsonb_build_object("attempt", Job.attempts, "error", WORKER_LOST, "at", func.now())
+        )
         session.execute(
-            update(Job).where(Job.id.in_(rows)).values(state="queued", updated_at=now(), dispatched_at=None)
+            update(Job)
+            .where(Job.id.in_(rows))
+            .values(
+                state="queued",
+                updated_at=now(),
+                dispatched_at=None,
+                error=case((Job.state == "running", WORKER_LOST), else_=Job.error),
+                attempt_errors=case(
+                    (Job.state == "running", Job.attempt_errors.op("||")(lost)), else_=Job.attempt_errors
+                ),
+            )
         )
         session.info.setdefault("outbox", []).extend(rows)
     return list(rows)

@@ -3,7 +3,8 @@
 Every function takes the caller's session (the caller owns the unit of work) and a :class:`Caller`.
 A write bumps the tenant's ``change_seq`` and stamps the rows it touches with it, so derived indexes
 (full-text, entity statistics) know what to catch up on; embedding work is queued in the same
-transaction (the outbox).
+transaction (the outbox). Every save, upsert and patch that changes a memory keeps the result as a revision
+(core.memories.history); the REST shape of a memory is core.memories.views.
 """
 
 from __future__ import annotations
@@ -21,11 +22,13 @@ from sqlalchemy.orm import Session
 from core.changes import bump_change_seq
 from core.errors import EngramError, Forbidden, Invalid, NotFound
 from core.jobs.service import enqueue, new_outbox_job_id
-from core.memories.history import history_of, record_versions
+from core.memories.history import VERSION_FIELDS, history_of, record_versions
 from core.memories.ids import integer_value, validate_memory_id
 from core.memories.links import LinkResolver, Links
 from core.memories.models import Association, Memory, MemoryVersion, Tombstone
 from core.memories.schemas import DEFAULT_IMPORTANCE, PatchMemoryIn, SaveMemoryIn, SaveResult
+from core.memories.views import memories_to_dicts as memories_to_dicts
+from core.memories.views import memory_to_dict as memory_to_dict
 from core.memories.visibility import is_visible, may_modify, visible_clause
 from core.refs import MEMORY_PREFIX, memory_ref
 from core.tenancy.context import Caller
@@ -314,6 +317,7 @@ def patch_memory(session: Session, *, caller: Caller, memory_id: str, patch: Pat
     memory = _load_visible(session, caller=caller, memory_id=memory_id, lock=True)
     if not may_modify(memory, caller):
         raise Forbidden(f"only the owner or an admin may change memory {memory_id!r}")
+    before = {name: getattr(memory, name) for name in VERSION_FIELDS}
     # agent_id / persona in a patch say who acts (acting_identity), never a revised field.
     handled = {"sync_embed", "linked_entities", "associations", "agent_id", "persona"}
     changes = patch.model_dump(exclude_unset=True, exclude=handled)
@@ -349,7 +353,8 @@ def patch_memory(session: Session, *, caller: Caller, memory_id: str, patch: Pat
         memory.status, memory.stale_reason = "active", None
     if content_changed:
         enqueue(session, tenant_id=caller.tenant_id, kind="embed", payload={"doc_ids": [memory_ref(memory.id)]})
-    record_versions(session, tenant_id=caller.tenant_id, memory_ids=[memory.id], changed_by=caller.user)
+    if any(getattr(memory, name) != before[name] for name in VERSION_FIELDS):
+        record_versions(session, tenant_id=caller.tenant_id, memory_ids=[memory.id], changed_by=caller.user)
     return memory
 
 
@@ -400,62 +405,6 @@ def forget_memory(
     memory.change_seq = change_seq
     memory.updated_at = datetime.now(UTC)
     return {"memory_id": memory_id, "status": "forgotten"}
-
-
-def associations_for(session: Session, memory_ids: Sequence[str]) -> dict[str, list[dict[str, Any]]]:
-    out: dict[str, list[dict[str, Any]]] = {mid: [] for mid in memory_ids}
-    if not memory_ids:
-        return out
-    rows = session.scalars(
-        select(Association).where(Association.source_id.in_(list(memory_ids))).order_by(Association.target_id)
-    ).all()
-    for a in rows:
-        out[a.source_id].append({"target_id": a.target_id, "relation_type": a.relation_type, "weight": a.weight})
-    return out
-
-
-def _iso(value: datetime | None) -> str | None:
-    return value.isoformat() if value is not None else None
-
-
-def memory_to_dict(memory: Memory, associations: list[dict[str, Any]] | None = None) -> dict[str, Any]:
-    """The REST shape of a memory; a forgotten one (only admins read those) also says why, by whom, when."""
-    out = {
-        "id": memory.id,
-        "content": memory.content,
-        "kind": memory.kind,
-        "category": memory.category,
-        "importance": memory.importance,
-        "occurred_at": _iso(memory.occurred_at),
-        "tags": list(memory.tags or []),
-        "source": memory.source,
-        "run_id": memory.run_id,
-        "persona": memory.persona,
-        "agent_id": memory.agent_id,
-        "entities": list(memory.entities or []),
-        "query": memory.query,
-        "associations": associations or [],
-        "status": memory.status,
-        "stale_reason": memory.stale_reason,
-        "superseded_by": memory.superseded_by,
-        "created_by": memory.created_by,
-        "created_at": _iso(memory.created_at),
-        "updated_at": _iso(memory.updated_at),
-        "access_count": memory.access_count,
-        "last_accessed_at": _iso(memory.last_accessed_at),
-    }
-    if memory.status == "forgotten":
-        out.update(
-            forget_reason=memory.forget_reason,
-            forgotten_by=memory.forgotten_by,
-            forgotten_at=_iso(memory.forgotten_at),
-        )
-    return out
-
-
-def memories_to_dicts(session: Session, memories: Sequence[Memory]) -> list[dict[str, Any]]:
-    links = associations_for(session, [m.id for m in memories])
-    return [memory_to_dict(m, links[m.id]) for m in memories]
 
 
 def set_statement_timeout(session: Session, *, milliseconds: int) -> None:

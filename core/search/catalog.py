@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any, Literal
 
 from sqlalchemy import text
 from sqlalchemy.orm import Session
 
+from core.caches import BoundedCache
+from core.config import get_settings
 from core.entities import store
 from core.entities.canonical import CatalogSnapshot
 from core.search.fulltext import DocChange
@@ -39,17 +40,11 @@ def load_snapshot(session: Session, *, tenant_id: int, version: int | None = Non
     loader = store.load_snapshot
     if version is None:
         return loader(session, tenant_id)
-    with _docs_lock:
-        hit = _snapshots.get(tenant_id)
-        if hit is not None and hit[0] == version and hit[2] is loader:
-            _snapshots.move_to_end(tenant_id)
-            return hit[1]
+    hit = _snapshots.get(tenant_id)
+    if hit is not None and hit[0] == version and hit[2] is loader:
+        return hit[1]
     snapshot = loader(session, tenant_id)
-    with _docs_lock:
-        _snapshots[tenant_id] = (version, snapshot, loader)
-        _snapshots.move_to_end(tenant_id)
-        while len(_snapshots) > _DOCS_CACHE_TENANTS:
-            _snapshots.popitem(last=False)
+    _snapshots.put(tenant_id, (version, snapshot, loader))
     return snapshot
 
 
@@ -58,17 +53,15 @@ def last_snapshot(tenant_id: int) -> tuple[int, CatalogSnapshot] | None:
 
     A guess at the current catalog, to be confirmed by reading the version (see core.search.service).
     """
-    with _docs_lock:
-        hit = _snapshots.get(tenant_id)
+    hit = _snapshots.get(tenant_id)
     if hit is None or hit[2] is not store.load_snapshot:
         return None
     return hit[0], hit[1]
 
 
 def clear_cache() -> None:
-    with _docs_lock:
-        _snapshots.clear()
-        _memos.clear()
+    _snapshots.clear()
+    _memos.clear()
 
 
 def catalog_changes(session: Session, *, since: int) -> list[DocChange]:
@@ -89,16 +82,13 @@ def snapshot_memo(snapshot: CatalogSnapshot) -> dict[str, Any]:
     with a fresh memo.
     """
     key = id(snapshot)
-    with _docs_lock:
-        hit = _memos.get(key)
-        if hit is not None and hit[0] is snapshot:
-            _memos.move_to_end(key)
-            return hit[1]
-        memo: dict[str, Any] = {}
-        _memos[key] = (snapshot, memo)
-        while len(_memos) > _DOCS_CACHE_TENANTS:
-            _memos.popitem(last=False)
-        return memo
+    hit = _memos.get(key)
+    if hit is not None and hit[0] is snapshot:
+        return hit[1]
+    # Two searches racing here may each make a memo; the later one stays, the other is used once.
+    memo: dict[str, Any] = {}
+    _memos.put(key, (snapshot, memo))
+    return memo
 
 
 Prefetch = Literal["now", "background", "never"]
@@ -194,8 +184,12 @@ def wait_for_renders(timeout: float = 60.0) -> None:
 
 
 _VERSION_SQL = text("SELECT version FROM catalog_state WHERE tenant_id = :tenant")
-_DOCS_CACHE_TENANTS = 64
-_memos: OrderedDict[int, tuple[CatalogSnapshot, dict[str, Any]]] = OrderedDict()
+# Memos derived from a tenant's current catalog snapshot, keyed by the snapshot object.
+_memos: BoundedCache[tuple[CatalogSnapshot, dict[str, Any]]] = BoundedCache(
+    "catalog_memos", max_entries=lambda: get_settings().catalog_cache_tenants
+)
 _docs_lock = threading.Lock()
 # Per tenant: (catalog version, the snapshot the loader gave for it, that loader).
-_snapshots: OrderedDict[int, tuple[int, CatalogSnapshot, Any]] = OrderedDict()
+_snapshots: BoundedCache[tuple[int, CatalogSnapshot, Any]] = BoundedCache(
+    "catalog_snapshots", max_entries=lambda: get_settings().catalog_cache_tenants
+)

@@ -29,6 +29,7 @@ from typing import Any, NamedTuple
 from sqlalchemy import text
 from sqlalchemy.orm import Session
 
+from core.caches import CACHE_BYTES, CACHE_ENTRIES, CACHE_EVICTIONS, CACHE_HITS, CACHE_MISSES
 from core.config import get_settings
 from core.entities.canonical import is_memory_ref
 from core.refs import MEMORY_PREFIX
@@ -37,6 +38,10 @@ from core.search.filters import HAS_QUERY_SQL
 
 # Filters (caller, statuses, kind, ...) whose verdicts a tenant's facts remember, least recent out first.
 MEMOS = 64
+
+
+# How long a search waits for another search of the same tenant to finish catching its facts up.
+CATCH_UP_WAIT_SECONDS = 2.0
 
 
 class Fact(NamedTuple):
@@ -81,13 +86,19 @@ class TenantFacts:
     def get(self, memory_id: str) -> Fact | None:
         return self.rows.get(memory_id)
 
-    def catch_up(self, session: Session, *, current_seq: int) -> None:
-        """Apply the changes up to ``current_seq``, read in ``session`` (whose snapshot saw that seq)."""
+    def catch_up(self, session: Session, *, current_seq: int) -> bool:
+        """Apply the changes up to ``current_seq``, read in ``session`` (whose snapshot saw that seq).
+
+        False when another search of the tenant held the facts longer than CATCH_UP_WAIT_SECONDS: the
+        caller, which holds a connection and a transaction, judges eligibility in SQL instead of waiting on.
+        """
         if self.seq >= current_seq:
-            return
-        with self.lock:
+            return True
+        if not self.lock.acquire(timeout=CATCH_UP_WAIT_SECONDS):
+            return False
+        try:
             if self.seq >= current_seq:
-                return
+                return True
             since = self.seq
             values = {"tenant": self.tenant_id, "since": since}
             changed, gone = sql.run_many(
@@ -101,6 +112,9 @@ class TenantFacts:
             if changed or gone:
                 self._memos = OrderedDict()
             self.seq = current_seq
+            return True
+        finally:
+            self.lock.release()
 
     def memo(self, key: Hashable) -> dict[str, str | None]:
         """The verdicts reached so far under ``key`` (a search's filter) on these facts, to read and add to."""
@@ -140,6 +154,9 @@ class TenantFacts:
         return self._shared.setdefault(value, value)
 
 
+_CACHE = "search_facts"
+# Measured with tracemalloc: one memory's facts take ~450 bytes (core.config's search_facts_max_memories).
+FACT_BYTES = 450
 _tenants: OrderedDict[int, TenantFacts] = OrderedDict()
 # Each held tenant's memory count when it was last searched, and their sum: the budget is checked in
 # constant time per search, however many tenants the process holds.
@@ -156,8 +173,10 @@ def tenant_facts(session: Session, *, tenant_id: int, current_seq: int, memories
     if memories > budget:
         forget_tenant(tenant_id)
         return None
+    evictions = 0
     with _registry_lock:
         facts = _tenants.get(tenant_id)
+        (CACHE_HITS if facts is not None else CACHE_MISSES).labels(_CACHE).inc()
         if facts is None:
             facts = _tenants[tenant_id] = TenantFacts(tenant_id)
         _tenants.move_to_end(tenant_id)
@@ -167,8 +186,11 @@ def tenant_facts(session: Session, *, tenant_id: int, current_seq: int, memories
         while _held > budget and len(_tenants) > 1:
             evicted, _ = _tenants.popitem(last=False)
             _held -= _sizes.pop(evicted, 0)
-    facts.catch_up(session, current_seq=current_seq)
-    return facts
+            evictions += 1
+        _publish()
+    if evictions:
+        CACHE_EVICTIONS.labels(_CACHE).inc(evictions)
+    return facts if facts.catch_up(session, current_seq=current_seq) else None
 
 
 def forget_tenant(tenant_id: int) -> None:
@@ -176,6 +198,13 @@ def forget_tenant(tenant_id: int) -> None:
     with _registry_lock:
         _tenants.pop(tenant_id, None)
         _held -= _sizes.pop(tenant_id, 0)
+        _publish()
+
+
+def _publish() -> None:
+    """The cache's size on /metrics (core.caches' families), bytes estimated per fact as measured."""
+    CACHE_ENTRIES.labels(_CACHE).set(len(_tenants))
+    CACHE_BYTES.labels(_CACHE).set(_held * FACT_BYTES)
 
 
 def clear() -> None:

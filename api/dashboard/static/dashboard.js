@@ -1,8 +1,12 @@
-// The operators' page: polls /dashboard/api/summary and renders it. Plain DOM, no framework, no CDN.
+// The operators' page: polls the dashboard's JSON (summary, workers, throughput, the job list) and renders
+// it; a job id opens that job's detail (#job=<id>, so it can be linked). Plain DOM, no framework, no CDN.
 "use strict";
 
 const POLL_MS = 3000;
+const CHART_EVERY = 10; // polls between chart reloads: hourly buckets change slowly
 const retried = new Map(); // job id -> last known job, for jobs retried from this page
+const jobsView = { cursors: [null], page: 0, next: null }; // cursors[i] opens page i of the job list
+let polls = 0;
 
 function el(tag, attrs = {}, ...children) {
   const node = document.createElement(tag);
@@ -29,6 +33,18 @@ function age(seconds) {
 
 function when(iso) {
   return iso ? new Date(iso).toLocaleTimeString() : "–";
+}
+
+function whenFull(iso) {
+  return iso ? new Date(iso).toLocaleString() : "–";
+}
+
+function jobLink(id) {
+  return el("a", { href: `#job=${encodeURIComponent(id)}`, class: "id" }, id);
+}
+
+function tenantName(name) {
+  return name ?? "(system)";
 }
 
 function stateBadge(state) {
@@ -61,6 +77,7 @@ async function retry(jobId, button) {
     retried.set(job.id, job);
     renderRetries();
     refresh();
+    if (currentJobId() === job.id) openDetail(job.id);
   } catch (error) {
     button.disabled = false;
     document.getElementById("status").textContent = `retry failed: ${error.message}`;
@@ -73,6 +90,7 @@ function renderTotals(queues) {
   const boxes = [
     ["Queued", sum("queued")], ["Running", sum("running")], ["Failed", sum("failed")],
     ["Done last hour", sum("succeeded_last_hour")], ["Oldest queued", oldest < 0 ? "–" : age(oldest)],
+    ["Retry wait", sum("retry_scheduled")],
   ];
   document.getElementById("totals").replaceChildren(
     ...boxes.map(([label, value]) => el("div", { class: "total" }, el("b", {}, value), label)));
@@ -80,15 +98,15 @@ function renderTotals(queues) {
 
 function renderQueues(queues) {
   fill("queues", queues.map((row) => el("tr", {},
-    el("td", {}, row.tenant ?? "(system)"), el("td", {}, row.kind),
-    num(row.queued), num(row.running), num(row.succeeded), num(row.failed, true),
+    el("td", {}, tenantName(row.tenant)), el("td", {}, row.kind),
+    num(row.queued), num(row.retry_scheduled ?? 0), num(row.running), num(row.succeeded), num(row.failed, true),
     num(row.succeeded_last_hour), num(row.failed_last_hour, true),
     el("td", { class: "num" }, age(row.oldest_queued_age_seconds)))));
 }
 
 function renderFailed(failed) {
   fill("failed", failed.map((job) => el("tr", { "data-job-id": job.id },
-    el("td", {}, job.tenant ?? "(system)"), el("td", {}, job.kind), el("td", { class: "id" }, job.id),
+    el("td", {}, tenantName(job.tenant)), el("td", {}, job.kind), el("td", {}, jobLink(job.id)),
     num(job.attempts), el("td", { class: "error" }, job.error ?? ""), el("td", {}, when(job.finished_at)),
     el("td", {}, el("button", { type: "button", class: "retry", onclick: (event) => retry(job.id, event.target) },
       "Retry")))));
@@ -99,7 +117,7 @@ function renderRetries() {
   const section = document.getElementById("retries-section");
   section.hidden = retried.size === 0;
   fill("retries", [...retried.values()].map((job) => el("tr", { "data-job-id": job.id },
-    el("td", { class: "id" }, job.id), el("td", {}, job.kind), el("td", {}, stateBadge(job.state)),
+    el("td", {}, jobLink(job.id)), el("td", {}, job.kind), el("td", {}, stateBadge(job.state)),
     num(job.attempts), el("td", { class: "error" }, job.error ?? ""))));
 }
 
@@ -114,9 +132,161 @@ function renderCoverage(coverage) {
 
 function renderRecent(recent) {
   fill("recent", recent.map((job) => el("tr", {},
-    el("td", {}, job.tenant ?? "(system)"), el("td", {}, job.kind), el("td", { class: "id" }, job.id),
+    el("td", {}, tenantName(job.tenant)), el("td", {}, job.kind), el("td", {}, jobLink(job.id)),
     el("td", {}, stateBadge(job.state)), num(job.attempts), el("td", {}, when(job.updated_at)))));
 }
+
+// Workers from Celery's answer over the broker; running jobs from their lease heartbeats in the database.
+function renderWorkers(body) {
+  const brokerError = document.getElementById("broker-error");
+  brokerError.hidden = !body.broker_error;
+  brokerError.textContent = body.broker_error ? `broker not reachable: ${body.broker_error}` : "";
+  fill("workers", body.workers.map((worker) => el("tr", { "data-worker": worker.name },
+    el("td", { class: "id" }, worker.name),
+    el("td", {}, el("span", { class: `state ${worker.alive ? "state-succeeded" : "state-failed"}` },
+      worker.alive ? "alive" : "silent")),
+    el("td", { class: "num" }, `${age(worker.last_seen_age_seconds)} ago`),
+    el("td", {}, ...(worker.jobs.length ? worker.jobs.flatMap((job, i) =>
+      [i ? ", " : "", jobLink(job.id), ` ${job.kind}`]) : [el("span", { class: "muted" }, "idle")])))));
+  document.getElementById("no-workers").hidden = body.workers.length > 0;
+  fill("running", body.running.map((job) => el("tr", { "data-job-id": job.id },
+    el("td", {}, jobLink(job.id)), el("td", {}, tenantName(job.tenant)), el("td", {}, job.kind),
+    el("td", { class: "id" }, job.worker ?? "–"), num(job.attempts), el("td", {}, when(job.started_at)),
+    el("td", { class: job.heartbeat_age_seconds > 20 ? "num hot" : "num" }, `${age(job.heartbeat_age_seconds)} ago`))));
+  document.getElementById("no-running").hidden = body.running.length > 0;
+}
+
+function renderCharts(body) {
+  const { drawStackedBars } = window.engramCharts;
+  drawStackedBars(document.getElementById("chart-throughput"), body.buckets, [
+    { key: "succeeded", label: "succeeded", cls: "ok" }, { key: "failed", label: "failed", cls: "bad" }]);
+  drawStackedBars(document.getElementById("chart-failures"), body.buckets, [
+    { key: "failed_attempts", label: "failed attempts", cls: "warn" }]);
+}
+
+// The job list: filters and pages (cursor-based: the API returns the cursor of the next, older page).
+function setOptions(select, values) {
+  const current = select.value;
+  const wanted = ["", ...values];
+  if ([...select.options].map((o) => o.value).join("\n") === wanted.join("\n")) return;
+  select.replaceChildren(...wanted.map((value) => el("option", { value }, value || "any")));
+  select.value = wanted.includes(current) ? current : "";
+}
+
+function renderFilterOptions(summary) {
+  const form = document.getElementById("job-filters");
+  setOptions(form.elements.tenant, summary.tenants);
+  setOptions(form.elements.kind, summary.kinds);
+  setOptions(form.elements.state, summary.states);
+}
+
+async function loadJobs() {
+  const form = document.getElementById("job-filters");
+  const params = new URLSearchParams({ limit: "20" });
+  for (const name of ["tenant", "kind", "state"]) if (form.elements[name].value) params.set(name, form.elements[name].value);
+  const cursor = jobsView.cursors[jobsView.page];
+  if (cursor) params.set("cursor", cursor);
+  const errorBox = document.getElementById("jobs-error");
+  try {
+    const body = await call(`/dashboard/api/jobs?${params}`);
+    errorBox.textContent = "";
+    jobsView.next = body.next_cursor;
+    fill("jobs", body.jobs.map((job) => el("tr", { "data-job-id": job.id },
+      el("td", {}, jobLink(job.id)), el("td", {}, tenantName(job.tenant)), el("td", {}, job.kind),
+      el("td", {}, stateBadge(job.state)), num(job.attempts), el("td", {}, whenFull(job.created_at)),
+      el("td", { class: "error" }, job.error ?? ""))));
+    document.getElementById("no-jobs").hidden = body.jobs.length > 0;
+  } catch (error) {
+    errorBox.textContent = error.message;
+  }
+  document.getElementById("jobs-prev").disabled = jobsView.page === 0;
+  document.getElementById("jobs-next").disabled = !jobsView.next;
+  document.getElementById("jobs-page").textContent = `page ${jobsView.page + 1}`;
+}
+
+function resetJobs() {
+  jobsView.cursors = [null];
+  jobsView.page = 0;
+  loadJobs();
+}
+
+document.getElementById("job-filters").addEventListener("change", resetJobs);
+document.getElementById("job-filters").addEventListener("submit", (event) => event.preventDefault());
+document.getElementById("jobs-next").addEventListener("click", () => {
+  if (!jobsView.next) return;
+  jobsView.cursors[jobsView.page + 1] = jobsView.next;
+  jobsView.page += 1;
+  loadJobs();
+});
+document.getElementById("jobs-prev").addEventListener("click", () => {
+  jobsView.page = Math.max(0, jobsView.page - 1);
+  loadJobs();
+});
+
+// One job's detail, opened from any job id (the URL's #job=<id>).
+function currentJobId() {
+  const match = /^#job=(.+)$/.exec(window.location.hash);
+  return match ? decodeURIComponent(match[1]) : null;
+}
+
+function field(label, value) {
+  return [el("dt", {}, label), el("dd", {}, value)];
+}
+
+async function openDetail(jobId) {
+  const section = document.getElementById("job-detail");
+  let job;
+  try {
+    job = await call(`/dashboard/api/jobs/${encodeURIComponent(jobId)}`);
+  } catch (error) {
+    section.hidden = false;
+    document.getElementById("detail-id").textContent = jobId;
+    document.getElementById("detail-fields").replaceChildren(...field("Error", error.message));
+    for (const id of ["detail-attempts", "detail-payload", "detail-result"]) document.getElementById(id).replaceChildren();
+    return;
+  }
+  section.hidden = false;
+  section.dataset.jobId = job.id;
+  section.dataset.state = job.state;
+  document.getElementById("detail-id").textContent = job.id;
+  const retryButton = document.getElementById("detail-retry");
+  retryButton.hidden = job.state !== "failed";
+  retryButton.disabled = false;
+  retryButton.onclick = (event) => retry(job.id, event.target);
+  const timings = [
+    ["Created", whenFull(job.created_at)], ["Queued since", whenFull(job.queued_since)],
+    ["Started", whenFull(job.started_at)], ["Finished", whenFull(job.finished_at)],
+    ["Took", job.duration_seconds === null ? "–" : `${job.duration_seconds} s`],
+    ["Next attempt", whenFull(job.next_attempt_at)], ["Updated", whenFull(job.updated_at)],
+  ];
+  document.getElementById("detail-fields").replaceChildren(
+    ...field("State", stateBadge(job.state)), ...field("Kind", job.kind), ...field("Tenant", tenantName(job.tenant)),
+    ...field("Attempts", String(job.attempts)),
+    ...(job.state === "running" ? [...field("Worker", job.worker ?? "–"),
+      ...field("Heartbeat", `${age(job.heartbeat_age_seconds)} ago`)] : []),
+    ...timings.flatMap(([label, value]) => field(label, value)),
+    ...(job.error ? field("Last error", el("span", { class: "error" }, job.error)) : []));
+  const attempts = job.attempt_errors || [];
+  document.getElementById("detail-attempts").replaceChildren(...attempts.map((attempt) => el("li", {},
+    el("div", {}, el("b", {}, `Attempt ${attempt.attempt}`), ` · ${whenFull(attempt.at)}`),
+    el("div", { class: "error" }, attempt.error),
+    ...(attempt.traceback ? [el("details", {}, el("summary", {}, "Traceback"), el("pre", {}, attempt.traceback))] : []))));
+  document.getElementById("detail-no-attempts").hidden = attempts.length > 0;
+  document.getElementById("detail-payload").textContent = JSON.stringify(job.payload ?? {}, null, 2);
+  document.getElementById("detail-result").textContent = job.result ? JSON.stringify(job.result, null, 2) : "–";
+}
+
+function onHash() {
+  const jobId = currentJobId();
+  if (jobId) openDetail(jobId).then(() => document.getElementById("job-detail").scrollIntoView());
+  else document.getElementById("job-detail").hidden = true;
+}
+
+window.addEventListener("hashchange", onHash);
+document.getElementById("detail-close").addEventListener("click", () => {
+  history.replaceState(null, "", window.location.pathname);
+  document.getElementById("job-detail").hidden = true;
+});
 
 async function refreshRetried() {
   for (const id of retried.keys()) {
@@ -127,9 +297,29 @@ async function refreshRetried() {
   renderRetries();
 }
 
+async function refreshWorkers() {
+  try {
+    renderWorkers(await call("/dashboard/api/workers"));
+  } catch (error) {
+    document.getElementById("broker-error").hidden = false;
+    document.getElementById("broker-error").textContent = `workers: ${error.message}`;
+  }
+}
+
+async function refreshCharts() {
+  try {
+    renderCharts(await call("/dashboard/api/throughput?hours=24"));
+  } catch (error) {
+    document.getElementById("status").textContent = `charts: ${error.message}`;
+  }
+}
+
 let timer = null;
 async function refresh() {
   clearTimeout(timer);
+  // The workers' answer can take up to a second (a broadcast over the broker): it renders on its own.
+  const side = [refreshWorkers(), loadJobs(), ...(polls % CHART_EVERY === 0 ? [refreshCharts()] : [])];
+  polls += 1;
   try {
     const summary = await call("/dashboard/api/summary");
     renderTotals(summary.queues);
@@ -137,13 +327,20 @@ async function refresh() {
     renderFailed(summary.failed);
     renderCoverage(summary.coverage);
     renderRecent(summary.recent);
+    renderFilterOptions(summary);
     await refreshRetried();
+    const detail = document.getElementById("job-detail");
+    // A job still moving is read again; a finished one stays put (an opened traceback stays open).
+    const moving = ["queued", "running"].includes(detail.dataset.state);
+    if (!detail.hidden && moving && detail.dataset.jobId === currentJobId()) openDetail(detail.dataset.jobId);
     document.getElementById("status").textContent = `updated ${new Date().toLocaleTimeString()}`;
   } catch (error) {
     document.getElementById("status").textContent = `update failed: ${error.message}`;
   } finally {
+    await Promise.allSettled(side);
     timer = setTimeout(refresh, POLL_MS);
   }
 }
 
+onHash();
 refresh();

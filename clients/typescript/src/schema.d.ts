@@ -1255,6 +1255,12 @@ export interface components {
              */
             table?: string | null;
         };
+        /**
+         * NoOptionsIn
+         * @description The body of a call that takes no options (ingest, job retry): absent, `{}`, or a 422 naming the field
+         *     it does not know, so a misspelt option is never silently ignored.
+         */
+        NoOptionsIn: Record<string, never>;
         /** PatchMemoryIn */
         PatchMemoryIn: {
             /**
@@ -2010,7 +2016,12 @@ export interface operations {
             };
             cookie?: never;
         };
-        requestBody?: never;
+        requestBody?: {
+            content: {
+                /** @example {} */
+                "application/json": components["schemas"]["NoOptionsIn"];
+            };
+        };
         responses: {
             /** @description Ingest a datasource */
             202: {
@@ -2019,6 +2030,15 @@ export interface operations {
                 };
                 content: {
                     "application/json": components["schemas"]["JobAccepted"];
+                };
+            };
+            /** @description Bad request: the body is not valid JSON, or an input names something that does not exist. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
                 };
             };
             /** @description Missing or unknown API key. */
@@ -2041,6 +2061,24 @@ export interface operations {
             };
             /** @description Not found, or not visible to this key. */
             404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Content or body too large. */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description The body is not JSON (`Content-Type: application/json`). */
+            415: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -2462,7 +2500,12 @@ export interface operations {
             };
             cookie?: never;
         };
-        requestBody?: never;
+        requestBody?: {
+            content: {
+                /** @example {} */
+                "application/json": components["schemas"]["NoOptionsIn"];
+            };
+        };
         responses: {
             /** @description Retry a job */
             202: {
@@ -2471,6 +2514,15 @@ export interface operations {
                 };
                 content: {
                     "application/json": components["schemas"]["Job"];
+                };
+            };
+            /** @description Bad request: the body is not valid JSON, or an input names something that does not exist. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
                 };
             };
             /** @description Missing or unknown API key. */
@@ -2502,6 +2554,24 @@ export interface operations {
             };
             /** @description Conflicts with the current state (an existing name, a job that is not stuck). */
             409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Content or body too large. */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description The body is not JSON (`Content-Type: application/json`). */
+            415: {
                 headers: {
                     [name: string]: unknown;
                 };
