@@ -117,6 +117,10 @@ class BoundedCache(Generic[V]):
         with self._lock:
             return [value for value, _ in self._items.values()]
 
+    def items(self) -> list[tuple[Hashable, V]]:
+        with self._lock:
+            return [(key, value) for key, (value, _) in self._items.items()]
+
     def __len__(self) -> int:
         return len(self._items)
 

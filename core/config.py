@@ -138,6 +138,10 @@ class Settings(BaseSettings):
     fulltext_max_open_indexes: int = 1_000
     # Tenants whose catalog snapshot (and what search derives from it) one process keeps.
     catalog_cache_tenants: int = 64
+    # Tenants' in-process vector matrices (exact dense path) one process keeps: at most this many tenants
+    # and this many MB of vectors (a 1,000-memory tenant at 384 dims is ~1.6 MB).
+    dense_cache_max_tenants: int = 1_000
+    dense_cache_max_mb: int = 512
     # Memories whose eligibility facts one process keeps in memory, over all tenants (~450 bytes each,
     # so ~90 MB at most; core.search.facts). A larger tenant is judged in SQL; 0 turns the cache off.
     search_facts_max_memories: int = 200_000

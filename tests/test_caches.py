@@ -70,9 +70,29 @@ def test_every_per_tenant_cache_reports_its_size_on_metrics(client, tenant):
     """Operators see each bounded cache's entries, bytes, hits, misses and evictions by name."""
     from tests.conftest import OPERATOR_KEY
 
-    save(client, tenant, {"content": "metrics of the caches after one search"})
+    save(client, tenant, {"content": "metrics of the caches after one search", "sync_embed": True})
     search(client, tenant, {"question": "caches metrics", "entities": ["memory:1"]})
     text = client.get("/metrics", headers={"Authorization": f"Bearer {OPERATOR_KEY}"}).text
-    for cache in ("fulltext_indexes", "search_facts", "catalog_snapshots"):
+    for cache in ("fulltext_indexes", "search_facts", "catalog_snapshots", "dense_matrices", "dense_layouts"):
         assert f'engram_cache_entries{{cache="{cache}"}}' in text, cache
         assert f'engram_cache_misses_total{{cache="{cache}"}}' in text, cache
+
+
+def test_evicting_a_tenants_vector_matrix_keeps_its_answers(client, make_tenant, monkeypatch):
+    """With room for one tenant's vectors, another tenant's question search evicts the first tenant's
+    matrix; the first tenant's next search reads its vectors again and ranks and scores exactly as before."""
+    from core.config import get_settings
+
+    monkeypatch.setattr(get_settings(), "dense_cache_max_tenants", 1)
+    first, second = make_tenant("dense"), make_tenant("dense")
+    for i in range(6):
+        save(client, first, {"content": f"the nightly export {i} writes invoices to storage", "sync_embed": True})
+        save(client, second, {"content": f"the pager rota {i} changes every monday", "sync_embed": True})
+    body = {"question": "where do invoices get exported", "max_memories": 6}
+    before = search(client, first, body)
+    evictions = CACHE_EVICTIONS.labels("dense_matrices")._value.get()
+    search(client, second, {"question": "who is on the pager"})
+    assert CACHE_EVICTIONS.labels("dense_matrices")._value.get() > evictions
+    after = search(client, first, body)
+    assert before["channels"]["dense"] and not before["degraded"]
+    assert [(h["id"], h["score"]) for h in after["memories"]] == [(h["id"], h["score"]) for h in before["memories"]]

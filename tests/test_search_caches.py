@@ -65,8 +65,8 @@ def test_exact_matrix_is_refreshed_with_new_vectors_not_reread(client, tenant, m
     first = save(client, tenant, {"content": "warehouse freight costs rose in march", "sync_embed": True})
     search(client, tenant, body)
     assert len(loads) == 1
-    key = next(k for k in dense._cache if k[0] == tenant.tenant_id)
-    before = dense._cache[key].memories
+    key = next(k for k in dense._cache.keys() if k[0] == tenant.tenant_id)  # type: ignore[index]
+    before = dense._cache.get(key).memories  # type: ignore[union-attr]
     old_vector = before.matrix[before.row_of[f"memory:{first}"]].copy()
     second = save(client, tenant, {"content": "freight invoices from the warehouse", "sync_embed": True})
     assert (
@@ -80,7 +80,7 @@ def test_exact_matrix_is_refreshed_with_new_vectors_not_reread(client, tenant, m
     out = search(client, tenant, body)
     assert set(ids(out["memories"])) == {first, second} and out["channels"]["dense"]
     assert len(loads) == 1  # refreshed, not read again
-    refreshed = dense._cache[key]
+    refreshed = dense._cache.get(key)
     # The edited memory's vector was replaced (sync_embed on the edit), the new one added.
     assert not np.allclose(refreshed.memories.matrix[refreshed.memories.row_of[f"memory:{first}"]], old_vector)
     assert f"memory:{second}" in refreshed.memories.row_of
@@ -123,7 +123,7 @@ def test_dense_layout_is_kept_across_writes_that_touch_none_of_its_memories(clie
     question = {"question": "harbour crane schedule", "max_memories": 8}
 
     def layout() -> dense._Layout:
-        return next(v for k, v in dense._layouts.items() if k[0] == tenant.tenant_id)
+        return next(v for k, v in dense._layouts.items() if k[0] == tenant.tenant_id)  # type: ignore[index]
 
     def same_as_fresh(out: dict) -> None:  # type: ignore[type-arg]
         dense._layouts.clear()

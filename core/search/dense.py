@@ -29,8 +29,6 @@ Both need the memory layout (bucket and run neighbours of every row), read in on
 
 from __future__ import annotations
 
-import threading
-from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
@@ -42,6 +40,7 @@ import numpy as np
 from sqlalchemy import or_, select, text
 from sqlalchemy.orm import Session
 
+from core.caches import BoundedCache
 from core.config import get_settings
 from core.embeddings.providers import Embedder, EmbeddingProviderError, get_embedder
 from core.embeddings.store_models import Embedding
@@ -54,7 +53,6 @@ from core.search.index import CONTEXT_TURNS, episode_of
 MEMORY_KIND = "memory"
 ENTITIES = "entities"
 HNSW_DIMS = frozenset({256, 384, 512, 768, 1024, 1536})
-CACHE_ENTRIES = 16
 # Depth of the single approximate query above dense_exact_max_docs (see DenseSearch._hnsw_sql).
 HNSW_POOL = 200
 # How much a memory's exact-path score takes from its run neighbours' mean cosine (see with_context).
@@ -99,10 +97,21 @@ class _Matrix:
     watermark: datetime | None = None
 
 
-_cache: OrderedDict[tuple[int, str], _Matrix] = OrderedDict()
+def _matrix_bytes(matrix: _Matrix) -> int:
+    return int(matrix.memories.matrix.nbytes + matrix.entities.matrix.nbytes) + 100 * (
+        len(matrix.memories.ids) + len(matrix.entities.ids)
+    )
+
+
+# Per (tenant, model): bounded by tenants and by the bytes of their vectors (core.caches).
+_cache: BoundedCache[_Matrix] = BoundedCache(
+    "dense_matrices",
+    max_entries=lambda: get_settings().dense_cache_max_tenants,
+    max_bytes=lambda: get_settings().dense_cache_max_mb * 2**20,
+    weigh=_matrix_bytes,
+)
 # How far before a matrix's watermark a refresh looks: longer than any transaction writing vectors is open.
 REFRESH_LOOKBACK = timedelta(minutes=5)
-_cache_lock = threading.Lock()
 
 
 @dataclass(frozen=True)
@@ -216,28 +225,21 @@ def _cached_matrix(
     """The tenant's matrix at embeddings ``version``: cached, else refreshed from an older cached one with the
     vectors written since (when ``docs``, the tenant's vector count, is known), else read whole."""
     key = (tenant_id, model)
-    with _cache_lock:
-        hit = _cache.get(key)
-        if hit is not None and hit.version == version:
-            _cache.move_to_end(key)
-            return hit
+    hit = _cache.get(key)
+    if hit is not None and hit.version == version:
+        return hit
     matrix = None
     if hit is not None and hit.version < version and docs is not None:
         matrix = _refreshed_matrix(session, hit, model=model, dims=dims, version=version, docs=docs)
     if matrix is None:
         matrix = _load_matrix(session, model=model, dims=dims, version=version)
-    with _cache_lock:
-        _cache[key] = matrix
-        _cache.move_to_end(key)
-        while len(_cache) > CACHE_ENTRIES:
-            _cache.popitem(last=False)
+    _cache.put(key, matrix)
     return matrix
 
 
 def clear_cache() -> None:
-    with _cache_lock:
-        _cache.clear()
-        _layouts.clear()
+    _cache.clear()
+    _layouts.clear()
 
 
 MEMORY_BUCKETS = (MEMORIES, EXAMPLE_QUERIES)
@@ -262,7 +264,9 @@ class _Layout:
     members: frozenset[str] = frozenset()
 
 
-_layouts: OrderedDict[tuple[int, str], _Layout] = OrderedDict()
+_layouts: BoundedCache[_Layout] = BoundedCache(
+    "dense_layouts", max_entries=lambda: get_settings().dense_cache_max_tenants
+)
 # Memories changed since a layout whose ids a search reads to know whether the layout still holds.
 _LAYOUT_CHANGES = text(
     f"SELECT memories.id, memories.status <> 'forgotten' AND ({HAS_QUERY_SQL} OR memories.run_id IS NOT NULL "
@@ -285,15 +289,13 @@ def _layout(session: Session, *, tenant_id: int, model: str, matrix: _Matrix, ch
     """The matrix's memory layout, from one query, cached per (embeddings version, change seq); a newer
     change seq whose writes touch none of its memories keeps it."""
     key = (tenant_id, model)
-    with _cache_lock:
-        hit = _layouts.get(key)
-        if hit is not None and hit.version == matrix.version and hit.change_seq == change_seq:
-            return hit
+    hit = _layouts.get(key)
+    if hit is not None and hit.version == matrix.version and hit.change_seq == change_seq:
+        return hit
     if hit is not None and hit.version == matrix.version and hit.change_seq < change_seq:
         if _still_holds(session, hit, tenant_id=tenant_id):
             kept = replace(hit, change_seq=change_seq)
-            with _cache_lock:
-                _layouts[key] = kept
+            _layouts.put(key, kept)
             return kept
     found = session.execute(
         select(Memory.id, Memory.run_id, has_query(), Memory.occurred_at, Memory.created_at)
@@ -331,11 +333,7 @@ def _layout(session: Session, *, tenant_id: int, model: str, matrix: _Matrix, ch
         has_context=bool((neighbours >= 0).any()),
         members=frozenset(row[0] for row in found),
     )
-    with _cache_lock:
-        _layouts[key] = layout
-        _layouts.move_to_end(key)
-        while len(_layouts) > CACHE_ENTRIES:
-            _layouts.popitem(last=False)
+    _layouts.put(key, layout)
     return layout
 
 
