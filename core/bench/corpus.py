@@ -219,6 +219,17 @@ _COPY_TRAILER = struct.pack(">h", -1)
 
 def load_embeddings(*, tenant_id: int, docs: list[tuple[str, str, str]], batch: int = 4096) -> None:
     """Embed (canonical id, doc kind, text) with the configured embedder and COPY the vectors in (binary)."""
+    load_tenant_embeddings([(tenant_id, docs)], batch=batch)
+
+
+def load_tenant_embeddings(
+    docs_by_tenant: list[tuple[int, list[tuple[str, str, str]]]], *, batch: int = 4096, with_hnsw: bool = True
+) -> None:
+    """Every tenant's (canonical id, doc kind, text) docs, embedded and COPYed in (binary) in one transaction.
+
+    The HNSW index of the model's dimension is dropped during the load and built once after it (only with
+    ``with_hnsw``; otherwise it is left as it is), which is how a bulk import should be done.
+    """
     from core.config import get_settings
     from core.db import get_owner_engine
     from core.embeddings.providers import get_embedder
@@ -231,7 +242,7 @@ def load_embeddings(*, tenant_id: int, docs: list[tuple[str, str, str]], batch: 
         conn: Any = raw.driver_connection
         with conn.cursor() as cur:
             cur.execute("SELECT set_config('engram.system', 'on', true)")
-            rebuild_index = dims in HNSW_DIMS
+            rebuild_index = with_hnsw and dims in HNSW_DIMS
             if rebuild_index:
                 cur.execute(f"DROP INDEX IF EXISTS ix_embeddings_hnsw_{dims}")
             with cur.copy(
@@ -239,18 +250,20 @@ def load_embeddings(*, tenant_id: int, docs: list[tuple[str, str, str]], batch: 
                 "FROM STDIN (FORMAT BINARY)"
             ) as copy:
                 copy.write(_COPY_HEADER)
-                for start in range(0, len(docs), batch):
-                    chunk = docs[start : start + batch]
-                    vectors = embedder.embed_documents([t for _, _, t in chunk])
-                    copy.write(
-                        embedding_copy_rows(
-                            tenant_id=tenant_id, model=embedder.name, dims=dims, docs=chunk, vectors=vectors
+                for tenant_id, docs in docs_by_tenant:
+                    for start in range(0, len(docs), batch):
+                        chunk = docs[start : start + batch]
+                        vectors = embedder.embed_documents([t for _, _, t in chunk])
+                        copy.write(
+                            embedding_copy_rows(
+                                tenant_id=tenant_id, model=embedder.name, dims=dims, docs=chunk, vectors=vectors
+                            )
                         )
-                    )
                 copy.write(_COPY_TRAILER)
             if rebuild_index:
                 # The whole graph in memory builds several times faster than one spilling to disk.
-                graph_mb = len(docs) * (4 * dims + 256) * 2 // 2**20
+                total = sum(len(docs) for _, docs in docs_by_tenant)
+                graph_mb = total * (4 * dims + 256) * 2 // 2**20
                 cur.execute(f"SET maintenance_work_mem = '{min(max(512, graph_mb), 8192)}MB'")
                 cur.execute(
                     f"CREATE INDEX ix_embeddings_hnsw_{dims} ON embeddings "

@@ -19,7 +19,7 @@ from typing import Any
 
 import httpx
 
-from core.bench.corpus import embedding_copy_rows, load_memories
+from core.bench.corpus import load_memories, load_tenant_embeddings
 from core.bench.search import percentile
 from core.refs import memory_ref
 
@@ -86,56 +86,15 @@ def build(*, tenants: int, large_size: int, seed: int, log: Callable[[str], None
     # builds it in a running deployment (core.embeddings.hnsw); smaller tenants rank on exact cosine.
     from core.config import get_settings
 
-    _load_vectors(docs, with_hnsw=max(sizes) > get_settings().dense_exact_max_docs)
+    load_tenant_embeddings(
+        [(tenant_id, [(f"memory:{i}", "memory", t) for i, t in tenant_docs]) for tenant_id, tenant_docs in docs],
+        with_hnsw=max(sizes) > get_settings().dense_exact_max_docs,
+    )
     log(f"embeddings and HNSW in {time.perf_counter() - started:.1f}s")
     from core.bench.corpus import analyze
 
     analyze()
     return specs
-
-
-def _load_vectors(docs: list[tuple[int, list[tuple[str, str]]]], *, with_hnsw: bool) -> None:
-    """Every tenant's memory vectors by binary COPY, the HNSW index dropped during the load and built once."""
-    from core.bench.corpus import _COPY_HEADER, _COPY_TRAILER
-    from core.config import get_settings
-    from core.db import get_owner_engine
-    from core.embeddings.providers import get_embedder
-    from core.search.dense import HNSW_DIMS
-
-    embedder = get_embedder(get_settings().embedding_model)
-    dims = embedder.dims
-    raw = get_owner_engine().raw_connection()  # COPY and index DDL: the owner, in system mode
-    try:
-        conn: Any = raw.driver_connection
-        with conn.cursor() as cur:
-            cur.execute("SELECT set_config('engram.system', 'on', true)")
-            with_index = with_hnsw and dims in HNSW_DIMS
-            if with_index:
-                cur.execute(f"DROP INDEX IF EXISTS ix_embeddings_hnsw_{dims}")
-            with cur.copy(
-                "COPY embeddings (tenant_id, canonical_id, model, doc_kind, dims, content_hash, embedding) "
-                "FROM STDIN (FORMAT BINARY)"
-            ) as copy:
-                copy.write(_COPY_HEADER)
-                for tenant_id, tenant_docs in docs:
-                    for start in range(0, len(tenant_docs), 4096):
-                        chunk = [(memory_ref(i), "memory", t) for i, t in tenant_docs[start : start + 4096]]
-                        vectors = embedder.embed_documents([t for _, _, t in chunk])
-                        copy.write(
-                            embedding_copy_rows(
-                                tenant_id=tenant_id, model=embedder.name, dims=dims, docs=chunk, vectors=vectors
-                            )
-                        )
-                copy.write(_COPY_TRAILER)
-            if with_index:
-                cur.execute("SET maintenance_work_mem = '1GB'")
-                cur.execute(
-                    f"CREATE INDEX ix_embeddings_hnsw_{dims} ON embeddings "
-                    f"USING hnsw ((embedding::vector({dims})) vector_cosine_ops) WHERE dims = {dims}"
-                )
-        conn.commit()
-    finally:
-        raw.close()
 
 
 def _request(mode: str, spec: TenantSpec, rng: random.Random) -> dict[str, Any]:
