@@ -64,6 +64,7 @@ def api_server(stack, worker) -> Iterator[str]:  # type: ignore[no-untyped-def]
     process.terminate()
     process.wait(timeout=20)
     log.close()
+    Path(log.name).unlink(missing_ok=True)
 
 
 def failed_ingest_job(tenant_id: int, datasource: str) -> str:
