@@ -329,24 +329,35 @@ def test_concurrent_jobs_superseding_the_same_memories_both_succeed(client, tena
     assert set(olders) <= targets
 
 
-def test_similarity_matrix_reads_other_writers_and_skips_vectors_it_holds(client, tenant):
-    """The per-process matrix picks up vectors another process wrote (by updated_at), and does not read
-    again a vector whose content hash it already holds."""
+def test_shared_matrix_reads_exactly_the_rows_written_since_its_version(client, tenant):
+    """The process's matrix of a tenant's vectors (shared by search and linking) picks up a vector another
+    writer replaced and one it added, by the stamps of migration 0013: a refresh reads only the rows stamped
+    after the matrix's version, never the corpus again, and ends equal to a matrix read whole."""
     import numpy as np
 
     from core.db import tenant_session
-    from core.embeddings import similarity
+    from core.embeddings import matrix as shared
     from core.embeddings.providers import get_embedder
     from core.embeddings.refresh import Doc, write_embeddings
 
     embedder = get_embedder("local")
     a, b = _save(client, tenant, ["invoices are issued monthly", "payments settle in two days"])
     _converge(client, tenant, embedder.name)
-    key = (tenant.tenant_id, embedder.name)
-    with tenant_session(tenant.tenant_id) as session:
-        matrix = similarity._matrix(session, tenant_id=tenant.tenant_id, model=embedder.name, dims=embedder.dims)
-    assert {a, b} <= set(matrix.ids)
-    # Another writer replaces b's vector (new content hash): the next refresh reads it.
+
+    def current() -> shared.TenantMatrix:
+        with tenant_session(tenant.tenant_id) as session:
+            stats = shared.vector_stats(session, tenant_id=tenant.tenant_id, model=embedder.name)
+            return shared.tenant_matrix(
+                session,
+                tenant_id=tenant.tenant_id,
+                model=embedder.name,
+                dims=embedder.dims,
+                version=stats.version,
+                docs=stats.docs,
+            )
+
+    first = current()
+    assert {"memory:" + a, "memory:" + b} <= set(first.memories.ids)
     replaced = np.zeros(embedder.dims, dtype=np.float32)
     replaced[0] = 1.0
     with tenant_session(tenant.tenant_id) as session:
@@ -354,56 +365,98 @@ def test_similarity_matrix_reads_other_writers_and_skips_vectors_it_holds(client
             session,
             tenant_id=tenant.tenant_id,
             model=embedder.name,
-            docs=[Doc("memory:" + b, "memory", "elsewhere")],
-            hashes={"memory:" + b: "f" * 64},
-            vectors=replaced[None, :],
+            docs=[Doc("memory:" + b, "memory", "elsewhere"), Doc("memory:extra-doc", "memory", "new")],
+            hashes={"memory:" + b: "f" * 64, "memory:extra-doc": "e" * 64},
+            vectors=np.stack([replaced, np.ones(embedder.dims, dtype=np.float32)]),
         )
-    # a's row is rewritten with its own hash: the matrix keeps what it holds (marked here to be seen).
-    marker = np.full(embedder.dims, 0.5, dtype=np.float32)
-    with matrix.lock:
-        matrix.vectors[matrix.index[a]] = marker
+    reads: list[str] = []
+    original = shared._read
+
+    def counted(session, sql, params, dims):  # type: ignore[no-untyped-def]
+        reads.append(sql)
+        return original(session, sql, params, dims)
+
+    shared._read = counted  # type: ignore[assignment]
+    try:
+        refreshed = current()
+    finally:
+        shared._read = original  # type: ignore[assignment]
+    assert reads == [shared._ROWS_SINCE]  # only what was written since, not the corpus
+    assert refreshed.version > first.version
+    row = refreshed.memories.row("memory:" + b)
+    assert row is not None and np.allclose(refreshed.memories.matrix[row], replaced)
+    assert "memory:extra-doc" in refreshed.memories and "memory:extra-doc" not in first.memories
+    # The older matrix is untouched (a search may still be reading it).
+    old_row = first.memories.row("memory:" + b)
+    assert old_row is not None and not np.allclose(first.memories.matrix[old_row], replaced)
     with tenant_session(tenant.tenant_id) as session:
-        digest = _stored_vectors(tenant.tenant_id, embedder.name)["memory:" + a][0]
-        write_embeddings(
-            session,
-            tenant_id=tenant.tenant_id,
-            model=embedder.name,
-            docs=[Doc("memory:" + a, "memory", "same")],
-            hashes={"memory:" + a: digest},
-            vectors=embedder.embed_documents(["invoices are issued monthly"]),
+        whole = shared.load_matrix(
+            session, tenant_id=tenant.tenant_id, model=embedder.name, dims=embedder.dims, version=refreshed.version
         )
-    with tenant_session(tenant.tenant_id) as session:
-        refreshed = similarity._matrix(session, tenant_id=tenant.tenant_id, model=embedder.name, dims=embedder.dims)
-    assert refreshed is similarity._matrices[key]
-    assert np.array_equal(refreshed.vectors[refreshed.index[b]], replaced)
-    assert np.array_equal(refreshed.vectors[refreshed.index[a]], marker)
+    assert sorted(whole.memories.ids) == sorted(refreshed.memories.ids)
+    for doc_id in whole.memories.ids:
+        got, want = refreshed.memories.row(doc_id), whole.memories.row(doc_id)
+        assert got is not None and want is not None
+        assert np.allclose(refreshed.memories.matrix[got], whole.memories.matrix[want], atol=1e-6)
+
+
+def test_appended_rows_share_the_buffer_and_replaced_rows_copy_it():
+    """A refresh that only adds rows writes them past the end of the rows the older matrix uses (no copy);
+    a second refresh from that same older matrix, or one replacing a row, copies instead, so no published
+    matrix ever sees its rows change."""
+    import numpy as np
+
+    from core.embeddings import matrix as shared
+
+    rng = np.random.default_rng(5)
+    base = shared.side_of(["memory:a", "memory:b"], rng.standard_normal((2, 8)).astype(np.float32), dims=8, headroom=4)
+    before = base.matrix.copy()
+    grown = shared.merged(base, ["memory:c"], rng.standard_normal((1, 8)).astype(np.float32))
+    assert grown.matrix.base is base.matrix.base and grown.n == 3 and grown.memory_ids[-1] == "c"
+    assert "memory:c" not in base and np.array_equal(base.matrix, before)
+    forked = shared.merged(base, ["memory:d"], rng.standard_normal((1, 8)).astype(np.float32))
+    assert forked.matrix.base is not base.matrix.base and "memory:c" not in forked and "memory:d" in forked
+    assert np.array_equal(grown.matrix[:2], before) and grown.row("memory:c") == 2
+    replaced = shared.merged(grown, ["memory:a"], np.ones((1, 8), dtype=np.float32))
+    assert np.allclose(replaced.matrix[0], 1 / np.sqrt(8)) and np.array_equal(grown.matrix[:2], before)
 
 
 def test_nearest_sparse_and_dense_paths_agree_with_brute_force():
-    """_nearest keeps, per new vector, its best candidates (at most _CANDIDATES, itself excluded) scoring at
-    least the floor, whichever path it takes."""
+    """_nearest keeps, per new vector, its best candidates (at most _CANDIDATES) among the stored memories and
+    the other new ones, scoring at least the floor, whichever path it takes; a new memory's own stored (older)
+    vector and its own new row are never candidates."""
     import numpy as np
 
     from core.embeddings import similarity
+    from core.embeddings.matrix import side_of
 
     rng = np.random.default_rng(3)
     corpus = rng.standard_normal((300, 16)).astype(np.float32)
     corpus[150:] = corpus[:150] + 0.05 * rng.standard_normal((150, 16)).astype(np.float32)
     corpus /= np.linalg.norm(corpus, axis=1, keepdims=True)
-    matrix = similarity._Matrix(dims=16, vectors=np.zeros((0, 16), dtype=np.float32))
     ids = [f"m{i}" for i in range(300)]
-    matrix.upsert(ids, corpus, [None] * 300)
-    new_ids = ids[:40]
-    scores = corpus[:40] @ corpus.T
-    k = similarity._CANDIDATES + 1
+    # m0..m19 are stored with old vectors and re-embedded; m300..m319 are new.
+    old = corpus.copy()
+    old[:20] += 0.3 * rng.standard_normal((20, 16)).astype(np.float32)
+    stored = side_of([f"memory:{i}" for i in ids], old, dims=16)
+    new_ids = ids[:20] + [f"m{i}" for i in range(300, 320)]
+    block = np.vstack([corpus[:20], corpus[150:170] + 0.01]).astype(np.float32)
+    block /= np.linalg.norm(block, axis=1, keepdims=True)
+    # What each new vector is compared with: the stored rows of memories not re-embedded, and the new rows.
+    others = [(ids[i], stored.matrix[i]) for i in range(300) if ids[i] not in set(new_ids)]
+    others += list(zip(new_ids, block, strict=True))
+    k = similarity._CANDIDATES
     for floor in (0.95, -1.0):  # few pairs above the floor (sparse path), every pair (dense path)
-        got = similarity._nearest(matrix, new_ids, corpus[:40], floor=floor)
+        got = similarity._nearest(stored, new_ids, block, floor=floor)
         for row, memory_id in enumerate(new_ids):
-            top = np.argsort(-scores[row])[:k]
-            want = [ids[i] for i in top if scores[row, i] >= floor and ids[i] != memory_id]
-            assert [m for m, _ in got[memory_id]] == want
-            assert np.allclose([s for _, s in got[memory_id]], [scores[row, ids.index(m)] for m in want], atol=1e-5)
-    assert any(len(v) == 1 for v in similarity._nearest(matrix, new_ids, corpus[:40], floor=0.95).values())
+            scored = sorted(
+                ((float(block[row] @ v), other) for other, v in others if other != memory_id), key=lambda p: -p[0]
+            )
+            want = [(other, score) for score, other in scored[:k] if score >= floor]
+            assert [m for m, _ in got[memory_id]] == [m for m, _ in want]
+            assert np.allclose([s for _, s in got[memory_id]], [s for _, s in want], atol=1e-5)
+    # At 0.95 each new vector has its few near twins only (the sparse path), never its own older vector.
+    assert all(1 <= len(v) < k for v in similarity._nearest(stored, new_ids, block, floor=0.95).values())
 
 
 def _model_name() -> str:

@@ -51,23 +51,23 @@ def test_exact_matrix_is_refreshed_with_new_vectors_not_reread(client, tenant, m
     import numpy as np
 
     from core.db import tenant_session
-    from core.search import dense
+    from core.embeddings import matrix as shared
 
     loads: list[int] = []
-    full_load = dense._load_matrix
+    full_load = shared.load_matrix
 
     def counted(*args, **kwargs):  # type: ignore[no-untyped-def]
         loads.append(1)
         return full_load(*args, **kwargs)
 
-    monkeypatch.setattr(dense, "_load_matrix", counted)
+    monkeypatch.setattr(shared, "load_matrix", counted)
     body = {"question": "warehouse freight costs"}
     first = save(client, tenant, {"content": "warehouse freight costs rose in march", "sync_embed": True})
     search(client, tenant, body)
     assert len(loads) == 1
-    key = next(k for k in dense._cache.keys() if k[0] == tenant.tenant_id)  # type: ignore[index]
-    before = dense._cache.get(key).memories  # type: ignore[union-attr]
-    old_vector = before.matrix[before.row_of[f"memory:{first}"]].copy()
+    key = next(k for k in shared.cached_keys() if k[0] == tenant.tenant_id)  # type: ignore[index]
+    before = shared.cached(key).memories  # type: ignore[union-attr]
+    old_vector = before.matrix[before.row(f"memory:{first}")].copy()
     second = save(client, tenant, {"content": "freight invoices from the warehouse", "sync_embed": True})
     assert (
         client.patch(
@@ -80,17 +80,18 @@ def test_exact_matrix_is_refreshed_with_new_vectors_not_reread(client, tenant, m
     out = search(client, tenant, body)
     assert set(ids(out["memories"])) == {first, second} and out["channels"]["dense"]
     assert len(loads) == 1  # refreshed, not read again
-    refreshed = dense._cache.get(key)
+    refreshed = shared.cached(key)
+    assert refreshed is not None
     # The edited memory's vector was replaced (sync_embed on the edit), the new one added.
-    assert not np.allclose(refreshed.memories.matrix[refreshed.memories.row_of[f"memory:{first}"]], old_vector)
-    assert f"memory:{second}" in refreshed.memories.row_of
+    assert not np.allclose(refreshed.memories.matrix[refreshed.memories.row(f"memory:{first}")], old_vector)
+    assert f"memory:{second}" in refreshed.memories
     with tenant_session(tenant.tenant_id) as session:
-        whole = full_load(session, model=key[1], dims=refreshed.memories.matrix.shape[1], version=refreshed.version)
+        whole = full_load(session, tenant_id=tenant.tenant_id, model=key[1], dims=key[2], version=refreshed.version)
     for side in ("memories", "entities"):
         got, want = getattr(refreshed, side), getattr(whole, side)
         assert sorted(got.ids) == sorted(want.ids)
         for doc_id in want.ids:
-            assert np.allclose(got.matrix[got.row_of[doc_id]], want.matrix[want.row_of[doc_id]], atol=1e-6)
+            assert np.allclose(got.matrix[got.row(doc_id)], want.matrix[want.row(doc_id)], atol=1e-6)
     assert client.delete(f"/v1/memories/{second}?purge=true", headers=tenant.headers()).status_code == 200
     assert ids(search(client, tenant, body)["memories"]) == [first]
     assert len(loads) == 2  # a deleted vector: read whole again

@@ -181,7 +181,6 @@ def embed_docs(
             tenant_id=tenant_id,
             model=embedder.name,
             new_vectors=new_memory_vectors,
-            hashes={m: hashes[MEMORY_PREFIX + m] for m in new_memory_vectors},
             update_threshold=settings.similarity_update_threshold,
             suggest_threshold=settings.similarity_suggest_threshold,
             suggestions=suggestions,

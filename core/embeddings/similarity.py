@@ -6,9 +6,9 @@ evidence core.embeddings.supersede asks for (same entities, near-identical text)
 Between the suggest and update thresholds, or above without that evidence, the match is only reported
 (`similar_existing`).
 
-Comparing every new vector with the tenant's corpus in SQL costs a scan per memory; instead each process
-keeps the tenant's memory vectors in a numpy matrix, refreshed incrementally by `updated_at` (vectors read
-in pgvector's binary form, and only those it does not hold already), and only the candidates above the
+Comparing every new vector with the tenant's corpus in SQL costs a scan per memory; instead the new vectors
+are compared with the process's matrix of the tenant's stored vectors (core.embeddings.matrix, the one search
+uses, refreshed with the rows written since) and with each other, and only the candidates above the
 threshold that matters are checked against the database (owner, agent, status, still existing).
 
 `plan_links` only reads; the `LinkPlan` it returns is written by one statement per kind of write, whatever
@@ -18,7 +18,6 @@ job's transaction, so the rows they lock stay locked only until the commit.
 
 from __future__ import annotations
 
-import threading
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, NamedTuple
@@ -27,8 +26,9 @@ import numpy as np
 from psycopg.rows import class_row
 from sqlalchemy.orm import Session
 
+from core.embeddings.matrix import Side, tenant_matrix, unit_rows, vector_stats
 from core.embeddings.supersede import may_supersede
-from core.embeddings.wire import decode_vectors, driver_connection
+from core.embeddings.wire import driver_connection
 from core.refs import MEMORY_PREFIX
 
 _CANDIDATES = 8
@@ -84,100 +84,32 @@ class LinkPlan:
         return out
 
 
-@dataclass
-class _Matrix:
-    dims: int
-    ids: list[str] = field(default_factory=list)
-    index: dict[str, int] = field(default_factory=dict)
-    vectors: np.ndarray = field(default_factory=lambda: np.zeros((0, 1), dtype=np.float32))
-    # The content hash each row's vector was made from: a row read again with the same hash (one this
-    # process wrote itself, or saw already) needs no vector transfer (same model and text, same vector).
-    hashes: dict[str, str] = field(default_factory=dict)
-    watermark: datetime | None = None
-    lock: threading.Lock = field(default_factory=threading.Lock)
-
-    def upsert(self, memory_ids: list[str], vectors: np.ndarray, hashes: list[str | None]) -> None:
-        """Set the rows of `memory_ids` (appending the new ones) to `vectors` (one row each)."""
-        rows = np.empty(len(memory_ids), dtype=np.int64)
-        for i, memory_id in enumerate(memory_ids):
-            row = self.index.get(memory_id)
-            if row is None:
-                row = len(self.ids)
-                self.ids.append(memory_id)
-                self.index[memory_id] = row
-            rows[i] = row
-            digest = hashes[i]
-            if digest is None:
-                self.hashes.pop(memory_id, None)
-            else:
-                self.hashes[memory_id] = digest
-        if len(self.ids) > self.vectors.shape[0]:
-            grown = np.zeros((max(64, 2 * len(self.ids)), self.dims), dtype=np.float32)
-            grown[: self.vectors.shape[0]] = self.vectors
-            self.vectors = grown
-        self.vectors[rows] = vectors
-
-
-_matrices: dict[tuple[int, str], _Matrix] = {}
-_matrices_lock = threading.Lock()
-
-_CHANGED = (
-    "SELECT canonical_id, content_hash, updated_at FROM embeddings"
-    " WHERE tenant_id = %(tenant)s AND model = %(model)s AND doc_kind = 'memory' AND dims = %(dims)s"
-    " AND updated_at >= %(since)s"
-)
-_VECTORS = (
-    "SELECT canonical_id, content_hash, vector_send(embedding), updated_at FROM embeddings"
-    " WHERE tenant_id = %(tenant)s AND model = %(model)s AND doc_kind = 'memory' AND dims = %(dims)s"
-)
-
-
-def _matrix(session: Session, *, tenant_id: int, model: str, dims: int) -> _Matrix:
-    """The process's matrix of the tenant's memory vectors, brought up to date with the database: rows
-    written since the last refresh (by `updated_at`), vectors read (binary) only for those it lacks."""
-    with _matrices_lock:
-        matrix = _matrices.get((tenant_id, model))
-        if matrix is None or matrix.dims != dims:
-            matrix = _Matrix(dims=dims, vectors=np.zeros((0, dims), dtype=np.float32))
-            _matrices[(tenant_id, model)] = matrix
-    params: dict[str, Any] = {"tenant": tenant_id, "model": model, "dims": dims}
-    with matrix.lock, driver_connection(session).cursor(binary=True) as cursor:
-        changed: list[Any] = []
-        if matrix.watermark is None:
-            rows = cursor.execute(_VECTORS, params).fetchall()
-        else:
-            changed = cursor.execute(_CHANGED, {**params, "since": matrix.watermark}).fetchall()
-            missing = [cid for cid, digest, _ in changed if matrix.hashes.get(cid[len(MEMORY_PREFIX) :]) != digest]
-            rows = []
-            if missing:
-                rows = cursor.execute(
-                    _VECTORS + " AND canonical_id = ANY(%(ids)b::text[])", {**params, "ids": missing}
-                ).fetchall()
-        if rows:
-            matrix.upsert(
-                [canonical_id[len(MEMORY_PREFIX) :] for canonical_id, _, _, _ in rows],
-                decode_vectors([blob for _, _, blob, _ in rows], dims),
-                [digest for _, digest, _, _ in rows],
-            )
-        latest = max((updated_at for *_, updated_at in [*rows, *changed]), default=None)
-        if latest is not None and (matrix.watermark is None or latest > matrix.watermark):
-            matrix.watermark = latest
-    return matrix
+def _committed(session: Session, *, tenant_id: int, model: str, dims: int) -> Side:
+    """The memory side of the tenant's shared matrix (core.embeddings.matrix), as committed so far."""
+    stats = vector_stats(session, tenant_id=tenant_id, model=model)
+    matrix = tenant_matrix(session, tenant_id=tenant_id, model=model, dims=dims, version=stats.version, docs=stats.docs)
+    return matrix.memories
 
 
 def _nearest(
-    matrix: _Matrix, memory_ids: list[str], block: np.ndarray, *, floor: float
+    side: Side, memory_ids: list[str], block: np.ndarray, *, floor: float
 ) -> dict[str, list[tuple[str, float]]]:
-    """The best candidates (up to _CANDIDATES, best first) of each new vector against the whole matrix, in one
-    matrix product, keeping only scores of at least `floor`: the top candidates of a row that score that much
-    are exactly its candidates above the floor, best first, cut at the top's size."""
-    with matrix.lock:
-        n = len(matrix.ids)
-        if n == 0:
-            return {mid: [] for mid in memory_ids}
-        scores = block @ matrix.vectors[:n].T  # (new, corpus): each row's candidates are contiguous
-        ids = matrix.ids[:n]
-    k = min(_CANDIDATES + 1, n)
+    """The best candidates (up to _CANDIDATES, best first) of each new vector among the stored memories and
+    the other new ones, in one matrix product, keeping only scores of at least `floor`: the top candidates
+    of a row that score that much are exactly its candidates above the floor, best first, cut at the top's
+    size. `block` holds the new unit vectors, row for row with `memory_ids`; a stored row of a new memory
+    (its older vector) and a new memory's own row are never candidates."""
+    new = {MEMORY_PREFIX + memory_id for memory_id in memory_ids}
+    stale = [row for row in (side.row(doc_id) for doc_id in new) if row is not None]
+    scores = np.hstack([block @ side.matrix.T, block @ block.T])  # (new, stored + new)
+    if stale:
+        scores[:, stale] = -np.inf
+    np.fill_diagonal(scores[:, side.n :], -np.inf)
+    ids = [*side.memory_ids, *memory_ids]
+    n = scores.shape[1]
+    k = min(_CANDIDATES, n)
+    if k == 0:
+        return {mid: [] for mid in memory_ids}
     hits = scores >= floor
     if int(np.count_nonzero(hits)) > 4 * k * len(memory_ids):
         # Dense above the floor (a low suggest threshold): partial sort of each row instead.
@@ -197,9 +129,7 @@ def _nearest(
     for row, memory_id in enumerate(memory_ids):
         lo = bounds[row]
         hi = min(bounds[row + 1], lo + k)
-        out[memory_id] = [
-            (ids[c], v) for c, v in zip(cols_list[lo:hi], values_list[lo:hi], strict=True) if ids[c] != memory_id
-        ]
+        out[memory_id] = [(ids[c], v) for c, v in zip(cols_list[lo:hi], values_list[lo:hi], strict=True)]
     return out
 
 
@@ -226,7 +156,6 @@ def plan_links(
     tenant_id: int,
     model: str,
     new_vectors: dict[str, np.ndarray],
-    hashes: dict[str, str] | None = None,
     update_threshold: float,
     suggest_threshold: float,
     suggestions: bool = True,
@@ -240,13 +169,11 @@ def plan_links(
     if not new_vectors:
         return plan
     memory_ids = list(new_vectors)
-    block = np.stack([np.asarray(new_vectors[m], dtype=np.float32) for m in memory_ids])
-    matrix = _matrix(session, tenant_id=tenant_id, model=model, dims=int(block.shape[1]))
-    with matrix.lock:
-        matrix.upsert(memory_ids, block, [(hashes or {}).get(m) for m in memory_ids])
+    block = unit_rows(np.stack([np.asarray(new_vectors[m], dtype=np.float32) for m in memory_ids]))
+    side = _committed(session, tenant_id=tenant_id, model=model, dims=int(block.shape[1]))
     # Below the suggest threshold a candidate does nothing; without suggestions, below the update threshold.
     floor = suggest_threshold if suggestions else max(suggest_threshold, update_threshold)
-    nearest = _nearest(matrix, memory_ids, block, floor=floor)
+    nearest = _nearest(side, memory_ids, block, floor=floor)
     if not suggestions:
         nearest = {m: [(o, s) for o, s in pairs if s > update_threshold] for m, pairs in nearest.items()}
     nearest = {m: pairs for m, pairs in nearest.items() if pairs}
@@ -280,8 +207,3 @@ def plan_links(
                     {"memory_id": other_id, "score": round(score, 4), "content": other.content[:_SUGGESTED_CHARS]}
                 )
     return plan
-
-
-def forget_matrices() -> None:
-    with _matrices_lock:
-        _matrices.clear()

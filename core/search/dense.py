@@ -3,9 +3,9 @@
 Only rows of the active embedding model count (rows of an older model are inert). Two strategies,
 chosen by the number of stored vectors of the tenant and model (``search_embedding_stats``):
 
-* up to ``dense_exact_max_docs``: exact cosine in numpy over the tenant's matrix, which is cached
-  in-process keyed by (tenant, model) and validated by the stats row's ``version`` (moved by every
-  write to the tenant's embeddings), so a query does not reload the vectors;
+* up to ``dense_exact_max_docs``: exact cosine in numpy over the process's matrix of the tenant's
+  vectors (core.embeddings.matrix, shared with similarity linking), kept at the stats row's
+  ``version`` by reading only the vectors written since, so a query does not reload the vectors;
 * above: pgvector's HNSW index on ``embedding::vector(dims)`` (migration 0003), filtered by tenant,
   model and doc kind in the query, with ``hnsw.ef_search`` set for the depth asked and iterative
   scans so filtering does not starve the result.
@@ -32,8 +32,6 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
-from datetime import datetime, timedelta
-from functools import cached_property
 from typing import Any
 
 import numpy as np
@@ -42,8 +40,9 @@ from sqlalchemy.orm import Session
 
 from core.caches import BoundedCache
 from core.config import get_settings
+from core.embeddings.matrix import Side, TenantMatrix, tenant_matrix, vector_stats
+from core.embeddings.matrix import clear_cache as clear_matrices
 from core.embeddings.providers import Embedder, EmbeddingProviderError, get_embedder
-from core.embeddings.store_models import Embedding
 from core.memories.models import Memory
 from core.native import single_threaded_blas
 from core.refs import MEMORY_PREFIX
@@ -74,47 +73,6 @@ class DenseUnavailable(Exception):
 
 
 @dataclass(frozen=True)
-class _Side:
-    ids: list[str]
-    matrix: np.ndarray
-
-    @cached_property
-    def row_of(self) -> dict[str, int]:
-        return {doc_id: n for n, doc_id in enumerate(self.ids)}
-
-    @cached_property
-    def memory_ids(self) -> list[str]:
-        """The ids without their ``memory:`` prefix (memory ids, as the memory buckets rank them)."""
-        return [doc_id[len(MEMORY_PREFIX) :] if doc_id.startswith(MEMORY_PREFIX) else doc_id for doc_id in self.ids]
-
-
-@dataclass(frozen=True)
-class _Matrix:
-    version: int
-    memories: _Side
-    entities: _Side
-    # The latest ``updated_at`` among its rows: an incremental refresh reads what was written since.
-    watermark: datetime | None = None
-
-
-def _matrix_bytes(matrix: _Matrix) -> int:
-    return int(matrix.memories.matrix.nbytes + matrix.entities.matrix.nbytes) + 100 * (
-        len(matrix.memories.ids) + len(matrix.entities.ids)
-    )
-
-
-# Per (tenant, model): bounded by tenants and by the bytes of their vectors (core.caches).
-_cache: BoundedCache[_Matrix] = BoundedCache(
-    "dense_matrices",
-    max_entries=lambda: get_settings().dense_cache_max_tenants,
-    max_bytes=lambda: get_settings().dense_cache_max_mb * 2**20,
-    weigh=_matrix_bytes,
-)
-# How far before a matrix's watermark a refresh looks: longer than any transaction writing vectors is open.
-REFRESH_LOOKBACK = timedelta(minutes=5)
-
-
-@dataclass(frozen=True)
 class EmbeddingStats:
     """The tenant's stored vectors of ``model`` and their version (``search_embedding_stats``), read by
     the caller with its other first reads; ``model`` None when the embedder could not be named."""
@@ -132,113 +90,8 @@ def dense_model() -> str | None:
         return None
 
 
-def _stats(session: Session, *, tenant_id: int, model: str) -> tuple[int, int, int]:
-    """(stored vectors, embeddings version) of the tenant and model, and the tenant's change seq, in one query."""
-    row = session.execute(
-        text(
-            "SELECT t.change_seq, s.docs, s.version FROM tenants AS t LEFT JOIN search_embedding_stats AS s "
-            "ON s.tenant_id = t.id AND s.model = :m WHERE t.id = :t"
-        ),
-        {"t": tenant_id, "m": model},
-    ).first()
-    if row is None:
-        return 0, 0, 0
-    return int(row[1] or 0), int(row[2] or 0), int(row[0] or 0)
-
-
-def _vector_rows(session: Session, *, model: str, dims: int, since: datetime | None = None) -> Sequence[Any]:
-    """(canonical id, doc kind, vector, updated_at) of the tenant's vectors of ``model``, all or those
-    written at or after ``since``."""
-    query = select(Embedding.canonical_id, Embedding.doc_kind, Embedding.embedding, Embedding.updated_at).where(
-        Embedding.model == model, Embedding.dims == dims
-    )
-    if since is not None:
-        query = query.where(Embedding.updated_at >= since)
-    return session.execute(query).all()
-
-
-def _normalised(vectors: list[np.ndarray], dims: int) -> np.ndarray:
-    matrix = np.vstack(vectors) if vectors else np.zeros((0, dims), dtype=np.float32)
-    norms = np.linalg.norm(matrix, axis=1, keepdims=True)
-    np.maximum(norms, 1e-12, out=norms)
-    return np.ascontiguousarray(matrix / norms, dtype=np.float32)
-
-
-def _split(rows: Sequence[Any]) -> dict[bool, tuple[list[str], list[np.ndarray]]]:
-    """Rows by side (memory or catalog): their ids and vectors."""
-    sides: dict[bool, tuple[list[str], list[np.ndarray]]] = {True: ([], []), False: ([], [])}
-    for canonical_id, doc_kind, vector, _ in rows:
-        ids, vectors = sides[doc_kind == MEMORY_KIND]
-        ids.append(canonical_id)
-        vectors.append(np.asarray(vector, dtype=np.float32))
-    return sides
-
-
-def _watermark(rows: Sequence[Any], previous: datetime | None = None) -> datetime | None:
-    return max((row[3] for row in rows if row[3] is not None), default=previous)
-
-
-def _load_matrix(session: Session, *, model: str, dims: int, version: int) -> _Matrix:
-    rows = _vector_rows(session, model=model, dims=dims)
-    sides = _split(rows)
-    return _Matrix(
-        version=version,
-        memories=_Side(ids=sides[True][0], matrix=_normalised(sides[True][1], dims)),
-        entities=_Side(ids=sides[False][0], matrix=_normalised(sides[False][1], dims)),
-        watermark=_watermark(rows),
-    )
-
-
-def _merged(side: _Side, ids: list[str], vectors: list[np.ndarray], dims: int) -> _Side:
-    """A new side: ``side`` with these rows replaced or added (``side`` itself is never changed: other
-    searches may be reading it)."""
-    if not ids:
-        return side
-    added = [doc_id for doc_id in dict.fromkeys(ids) if doc_id not in side.row_of]
-    merged = _Side(ids=[*side.ids, *added], matrix=np.zeros((len(side.ids) + len(added), dims), dtype=np.float32))
-    merged.matrix[: len(side.ids)] = side.matrix
-    merged.matrix[[merged.row_of[doc_id] for doc_id in ids]] = _normalised(vectors, dims)
-    return merged
-
-
-def _refreshed_matrix(
-    session: Session, base: _Matrix, *, model: str, dims: int, version: int, docs: int
-) -> _Matrix | None:
-    """``base`` brought up to ``version`` from the vectors written since its watermark (less REFRESH_LOOKBACK:
-    a write stamped just before the watermark may have committed after it), or None when the result would
-    not hold exactly the tenant's ``docs`` vectors (a vector deleted, or a write older than the lookback):
-    then the whole matrix is read again."""
-    if base.watermark is None:
-        return None
-    rows = _vector_rows(session, model=model, dims=dims, since=base.watermark - REFRESH_LOOKBACK)
-    sides = _split(rows)
-    memories = _merged(base.memories, *sides[True], dims)
-    entities = _merged(base.entities, *sides[False], dims)
-    if len(memories.ids) + len(entities.ids) != docs:
-        return None
-    return _Matrix(version=version, memories=memories, entities=entities, watermark=_watermark(rows, base.watermark))
-
-
-def _cached_matrix(
-    session: Session, *, tenant_id: int, model: str, dims: int, version: int, docs: int | None = None
-) -> _Matrix:
-    """The tenant's matrix at embeddings ``version``: cached, else refreshed from an older cached one with the
-    vectors written since (when ``docs``, the tenant's vector count, is known), else read whole."""
-    key = (tenant_id, model)
-    hit = _cache.get(key)
-    if hit is not None and hit.version == version:
-        return hit
-    matrix = None
-    if hit is not None and hit.version < version and docs is not None:
-        matrix = _refreshed_matrix(session, hit, model=model, dims=dims, version=version, docs=docs)
-    if matrix is None:
-        matrix = _load_matrix(session, model=model, dims=dims, version=version)
-    _cache.put(key, matrix)
-    return matrix
-
-
 def clear_cache() -> None:
-    _cache.clear()
+    clear_matrices()
     _layouts.clear()
 
 
@@ -285,7 +138,7 @@ def _still_holds(session: Session, layout: _Layout, *, tenant_id: int) -> bool:
     return not any(member or memory_id in layout.members for memory_id, member in changed)
 
 
-def _layout(session: Session, *, tenant_id: int, model: str, matrix: _Matrix, change_seq: int) -> _Layout:
+def _layout(session: Session, *, tenant_id: int, model: str, matrix: TenantMatrix, change_seq: int) -> _Layout:
     """The matrix's memory layout, from one query, cached per (embeddings version, change seq); a newer
     change seq whose writes touch none of its memories keeps it."""
     key = (tenant_id, model)
@@ -305,12 +158,13 @@ def _layout(session: Session, *, tenant_id: int, model: str, matrix: _Matrix, ch
         )
         .order_by(Memory.run_id, Memory.occurred_at, Memory.created_at, Memory.id)
     ).all()
-    row_of = matrix.memories.row_of
-    mask = np.zeros(len(row_of), dtype=bool)
-    neighbours = np.full((len(row_of), 2 * CONTEXT_TURNS), -1, dtype=np.int64)
+    side = matrix.memories
+    mask = np.zeros(side.n, dtype=bool)
+    neighbours = np.full((side.n, 2 * CONTEXT_TURNS), -1, dtype=np.int64)
     runs: dict[str, list[int]] = {}
     for memory_id, run_id, carries_query, occurred_at, created_at in found:
-        row = row_of.get(MEMORY_PREFIX + memory_id, -1)
+        found_row = side.row(MEMORY_PREFIX + memory_id)
+        row = -1 if found_row is None else found_row
         if carries_query and row >= 0:
             mask[row] = True
         episode = episode_of(run_id, occurred_at, created_at)
@@ -388,7 +242,7 @@ class DenseSearch:
         if stats is not None and stats.model == self._model and change_seq is not None:
             docs, version, tenant_seq = stats.docs, stats.version, change_seq
         else:
-            docs, version, tenant_seq = _stats(session, tenant_id=tenant_id, model=self._model)
+            docs, version, tenant_seq = vector_stats(session, tenant_id=tenant_id, model=self._model)
         # The tenant's change seq (keys the memory layout): the caller's, else the one just read.
         self.change_seq = tenant_seq if change_seq is None else change_seq
         if docs <= 0:
@@ -403,7 +257,7 @@ class DenseSearch:
         self._pool: dict[str, list[tuple[str, float]]] | None = None
         if self._exact:
             single_threaded_blas()
-            self._matrix = _cached_matrix(
+            self._matrix = tenant_matrix(
                 session, tenant_id=tenant_id, model=self._model, dims=self._dims, version=version, docs=docs
             )
             if not self._matrix.memories.ids and not self._matrix.entities.ids:
@@ -442,8 +296,7 @@ class DenseSearch:
         if self._exact:
             side = self._matrix.entities if bucket == ENTITIES else self._matrix.memories
             prefix = "" if bucket == ENTITIES else MEMORY_PREFIX
-            row_of = side.row_of
-            return lambda doc_id: prefix + doc_id not in row_of
+            return lambda doc_id: prefix + doc_id not in side
         if bucket == ENTITIES:
             return lambda doc_id: False
         pooled = {doc_id for doc_id, _ in self._hnsw_rank(bucket, HNSW_POOL)}
@@ -460,8 +313,9 @@ class DenseSearch:
         missing = {doc_id[len(MEMORY_PREFIX) :] for doc_id in set(unknown) - set(found)}
         return missing.__contains__
 
-    def _query_for(self, side: _Side, feedback: Sequence[str]) -> np.ndarray:
-        rows = [side.row_of[r] for r in (MEMORY_PREFIX + f for f in feedback) if r in side.row_of]
+    def _query_for(self, side: Side, feedback: Sequence[str]) -> np.ndarray:
+        found = (side.row(MEMORY_PREFIX + f) for f in feedback)
+        rows = [row for row in found if row is not None]
         if not rows:
             return self._query
         moved = self._query + FEEDBACK_WEIGHT * side.matrix[rows].mean(axis=0)

@@ -1,0 +1,237 @@
+"""The process's one matrix of a tenant's stored vectors, per model: search and linking share it.
+
+A tenant's vectors of one model are kept in numpy, split by side (memories, catalog entities), each row
+a unit vector, so an exact cosine ranking (core.search.dense) and a near-duplicate check
+(core.embeddings.similarity) are one matrix product. The matrix names the embeddings ``version`` it
+reflects: the counter of the tenant's ``search_embedding_stats`` row, moved by every statement that
+writes the tenant's embeddings. Every written row is stamped with the version its statement produces
+(migration 0013), so bringing a matrix from version V to a newer one reads exactly the rows stamped above
+V: under a steady write load a search reads the few vectors saved since the last one, not the corpus.
+
+Vectors travel in pgvector's binary form (``vector_send``) on a binary cursor: no float parsing.
+
+A matrix is never changed once published (searches in other threads may be reading it). Rows added by a
+refresh are written past the end of the rows an older matrix uses, in a buffer the two share, when the
+older one is the last that grew it; replacing a row's vector (a re-embedded memory) copies. A deleted
+vector is noticed by the count of stored vectors, and the matrix is read whole again.
+
+Matrices are cached per (tenant, model, dims) in a cache bounded by tenants and bytes (core.caches).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+import numpy as np
+from sqlalchemy import text
+from sqlalchemy.orm import Session
+
+from core.caches import BoundedCache
+from core.config import get_settings
+from core.embeddings.wire import decode_vectors, driver_connection
+from core.refs import MEMORY_PREFIX
+
+MEMORY_KIND = "memory"
+# Headroom a grown buffer gets (a quarter of its rows, at least this many), so a stream of saves appends
+# in place and copies the matrix only every so often.
+_MIN_HEADROOM = 64
+
+_ROWS = (
+    "SELECT canonical_id, doc_kind, vector_send(embedding) FROM embeddings"
+    " WHERE tenant_id = %(tenant)s AND model = %(model)s AND dims = %(dims)s"
+)
+_ROWS_SINCE = _ROWS + " AND stamp > %(since)s"
+
+
+class VectorStats(NamedTuple):
+    """The tenant's stored vectors of a model (``docs``), their ``version``, and the tenant's change seq."""
+
+    docs: int
+    version: int
+    change_seq: int
+
+
+def vector_stats(session: Session, *, tenant_id: int, model: str) -> VectorStats:
+    """Read in one query (zeros for a tenant that is gone)."""
+    row = session.execute(
+        text(
+            "SELECT t.change_seq, s.docs, s.version FROM tenants AS t LEFT JOIN search_embedding_stats AS s "
+            "ON s.tenant_id = t.id AND s.model = :m WHERE t.id = :t"
+        ),
+        {"t": tenant_id, "m": model},
+    ).first()
+    if row is None:
+        return VectorStats(0, 0, 0)
+    return VectorStats(docs=int(row[1] or 0), version=int(row[2] or 0), change_seq=int(row[0] or 0))
+
+
+@dataclass
+class _Buffer:
+    """Rows shared by the matrices of one lineage; ``used`` rows of ``data`` are claimed."""
+
+    data: np.ndarray
+    rows: dict[str, int]
+    used: int
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+class Side:
+    """One side of a matrix: ``ids`` and their unit vectors (``matrix``), row for row."""
+
+    __slots__ = ("ids", "memory_ids", "n", "_buffer")
+
+    def __init__(self, ids: list[str], memory_ids: list[str], buffer: _Buffer) -> None:
+        self.ids = ids
+        # The ids without their ``memory:`` prefix (memory ids, as the memory buckets rank them).
+        self.memory_ids = memory_ids
+        self.n = len(ids)
+        self._buffer = buffer
+
+    @property
+    def matrix(self) -> np.ndarray:
+        return self._buffer.data[: self.n]
+
+    def row(self, doc_id: str) -> int | None:
+        """The row of ``doc_id``, None when this side does not hold it."""
+        row = self._buffer.rows.get(doc_id)
+        return row if row is not None and row < self.n else None
+
+    def __contains__(self, doc_id: object) -> bool:
+        return isinstance(doc_id, str) and self.row(doc_id) is not None
+
+    @property
+    def nbytes(self) -> int:
+        return int(self._buffer.data.nbytes) + 100 * self.n
+
+
+@dataclass(frozen=True)
+class TenantMatrix:
+    version: int
+    memories: Side
+    entities: Side
+
+
+def _stripped(ids: Sequence[str]) -> list[str]:
+    return [doc_id[len(MEMORY_PREFIX) :] if doc_id.startswith(MEMORY_PREFIX) else doc_id for doc_id in ids]
+
+
+def unit_rows(vectors: np.ndarray) -> np.ndarray:
+    """Each row scaled to length 1 (a zero row stays zero), as float32."""
+    norms = np.linalg.norm(vectors, axis=1, keepdims=True)
+    np.maximum(norms, 1e-12, out=norms)
+    return np.ascontiguousarray(vectors / norms, dtype=np.float32)
+
+
+def side_of(ids: list[str], vectors: np.ndarray, *, dims: int, headroom: int = 0) -> Side:
+    """A new side holding ``ids`` (distinct) and their vectors, normalised."""
+    data = np.zeros((len(ids) + headroom, dims), dtype=np.float32)
+    if ids:
+        data[: len(ids)] = unit_rows(vectors)
+    return Side(list(ids), _stripped(ids), _Buffer(data=data, rows={d: n for n, d in enumerate(ids)}, used=len(ids)))
+
+
+def merged(side: Side, ids: list[str], vectors: np.ndarray) -> Side:
+    """``side`` with these rows replaced or added (the last of a repeated id wins); ``side`` is unchanged."""
+    if not ids:
+        return side
+    last = {doc_id: n for n, doc_id in enumerate(ids)}
+    fresh = unit_rows(vectors[list(last.values())])
+    new_ids = list(last)
+    if all(side.row(doc_id) is None for doc_id in new_ids):
+        buffer = side._buffer
+        with buffer.lock:
+            if buffer.used == side.n and side.n + len(new_ids) <= buffer.data.shape[0]:
+                buffer.data[side.n : side.n + len(new_ids)] = fresh
+                for n, doc_id in enumerate(new_ids, start=side.n):
+                    buffer.rows[doc_id] = n
+                buffer.used = side.n + len(new_ids)
+                return Side([*side.ids, *new_ids], [*side.memory_ids, *_stripped(new_ids)], buffer)
+    all_ids = [*side.ids, *(doc_id for doc_id in new_ids if side.row(doc_id) is None)]
+    data = np.zeros((len(all_ids) + max(_MIN_HEADROOM, len(all_ids) // 4), fresh.shape[1]), dtype=np.float32)
+    data[: side.n] = side.matrix
+    rows = {doc_id: n for n, doc_id in enumerate(all_ids)}
+    data[[rows[doc_id] for doc_id in new_ids]] = fresh
+    return Side(all_ids, _stripped(all_ids), _Buffer(data=data, rows=rows, used=len(all_ids)))
+
+
+def _matrix_bytes(matrix: TenantMatrix) -> int:
+    return matrix.memories.nbytes + matrix.entities.nbytes
+
+
+_cache: BoundedCache[TenantMatrix] = BoundedCache(
+    "dense_matrices",
+    max_entries=lambda: get_settings().dense_cache_max_tenants,
+    max_bytes=lambda: get_settings().dense_cache_max_mb * 2**20,
+    weigh=_matrix_bytes,
+)
+
+
+def _read(session: Session, sql: str, params: dict[str, Any], dims: int) -> dict[bool, tuple[list[str], np.ndarray]]:
+    """Rows by side (True: memories): their ids and vectors."""
+    with driver_connection(session).cursor(binary=True) as cursor:
+        rows = cursor.execute(sql, params).fetchall()
+    out: dict[bool, tuple[list[str], np.ndarray]] = {}
+    for memory_side in (True, False):
+        picked = [row for row in rows if (row[1] == MEMORY_KIND) is memory_side]
+        out[memory_side] = ([row[0] for row in picked], decode_vectors([row[2] for row in picked], dims))
+    return out
+
+
+def load_matrix(session: Session, *, tenant_id: int, model: str, dims: int, version: int) -> TenantMatrix:
+    """The tenant's vectors of ``model`` and ``dims`` read whole, labelled ``version`` (the caller read it
+    before, so the rows may be newer: a later refresh reads those again, which changes nothing)."""
+    sides = _read(session, _ROWS, {"tenant": tenant_id, "model": model, "dims": dims}, dims)
+    return TenantMatrix(
+        version=version,
+        memories=side_of(sides[True][0], sides[True][1], dims=dims),
+        entities=side_of(sides[False][0], sides[False][1], dims=dims),
+    )
+
+
+def refreshed_matrix(
+    session: Session, base: TenantMatrix, *, tenant_id: int, model: str, dims: int, version: int, docs: int
+) -> TenantMatrix | None:
+    """``base`` brought up to ``version`` from the rows stamped after its version, or None when the result
+    would not hold exactly the tenant's ``docs`` vectors (one was deleted): then it is read whole again."""
+    params = {"tenant": tenant_id, "model": model, "dims": dims, "since": base.version}
+    sides = _read(session, _ROWS_SINCE, params, dims)
+    memories = merged(base.memories, *sides[True])
+    entities = merged(base.entities, *sides[False])
+    if memories.n + entities.n != docs:
+        return None
+    return TenantMatrix(version=version, memories=memories, entities=entities)
+
+
+def tenant_matrix(
+    session: Session, *, tenant_id: int, model: str, dims: int, version: int, docs: int | None = None
+) -> TenantMatrix:
+    """The tenant's matrix at embeddings ``version``: cached, else refreshed from an older cached one (when
+    ``docs``, the tenant's vector count, is known), else read whole."""
+    key = (tenant_id, model, dims)
+    hit = _cache.get(key)
+    if hit is not None and hit.version == version:
+        return hit
+    matrix = None
+    if hit is not None and hit.version < version and docs is not None:
+        matrix = refreshed_matrix(session, hit, tenant_id=tenant_id, model=model, dims=dims, version=version, docs=docs)
+    if matrix is None:
+        matrix = load_matrix(session, tenant_id=tenant_id, model=model, dims=dims, version=version)
+    latest = _cache.get(key)
+    if latest is None or latest.version <= matrix.version:
+        _cache.put(key, matrix)
+    return matrix
+
+
+def cached_keys() -> list[Any]:
+    return _cache.keys()
+
+
+def cached(key: Any) -> TenantMatrix | None:
+    return _cache.get(key)
+
+
+def clear_cache() -> None:
+    _cache.clear()
