@@ -238,10 +238,12 @@ class FulltextIndex:
         return index
 
     def _ensure_current_locked(self) -> _State:
-        """Under the lock: reopen if the directory was replaced, deleted or damaged."""
+        """Under the lock: reopen if the directory was replaced, deleted or damaged (holding the mutex too:
+        searches take the reader and its doc id memo together)."""
         state = self._read_state()
         if state is None or state.generation != self._generation or not tantivy.Index.exists(str(self._index_dir)):
-            self._index = self._open_or_recreate_locked()
+            with self._mutex:
+                self._index = self._open_or_recreate_locked()
             state = self._read_state()
             assert state is not None
         return state
@@ -251,10 +253,10 @@ class FulltextIndex:
     def apply(self, changes: Iterable[DocChange], *, upto_seq: int) -> int:
         """Apply changes (those at or below the applied seq are skipped) and record ``upto_seq``
         in one commit. Returns the new applied seq."""
-        with self._locked(), self._mutex:
+        with self._locked():
             state = self._ensure_current_locked()
             applied = self._apply_locked(state, changes, upto_seq=upto_seq, wipe=False)
-            self._refresh_reader_locked(applied)
+            self._refresh_reader(applied)
         return applied
 
     def _apply_locked(self, state: _State, changes: Iterable[DocChange], *, upto_seq: int, wipe: bool) -> int:
@@ -271,7 +273,7 @@ class FulltextIndex:
         new_seq = max(state.applied_seq, upto_seq) if not wipe else upto_seq
         if wipe and not latest and new_seq == state.applied_seq == 0:
             # Rebuilding an empty tenant into an empty index: skip the commit if it is empty already.
-            self._index.reload()
+            self._refresh_reader(self._reader_seq)
             if self._index.searcher().num_docs == 0:
                 return 0
         if not latest and not wipe:
@@ -322,13 +324,15 @@ class FulltextIndex:
                     if state.applied_seq > self._reader_seq:
                         self._refresh_reader_locked(state.applied_seq)
                 return state.applied_seq
-        with self._locked(), self._mutex:
+        # Searches keep reading the current reader while this fetches, applies and commits: only moving
+        # the reader takes the mutex.
+        with self._locked():
             state = self._ensure_current_locked()
             since = state.applied_seq
             if current_seq is not None and since >= current_seq:
                 # Another writer caught up while this one waited for the lock: nothing to fetch.
                 if since > self._reader_seq:
-                    self._refresh_reader_locked(since)
+                    self._refresh_reader(since)
                 return since
             try:
                 changes, high_water = fetch_changes(since)
@@ -336,7 +340,7 @@ class FulltextIndex:
                 since = 0
                 changes, high_water = fetch_changes(0)
             applied = self._apply_locked(state, changes, upto_seq=high_water, wipe=since == 0)
-            self._refresh_reader_locked(applied)
+            self._refresh_reader(applied)
         return applied
 
     def refresh(self, current_seq: int) -> int:
@@ -353,10 +357,14 @@ class FulltextIndex:
 
     def reset(self) -> None:
         """Wipe every doc and set the applied seq to 0; the next catch_up rebuilds from scratch."""
-        with self._locked(), self._mutex:
+        with self._locked():
             state = self._ensure_current_locked()
             self._apply_locked(state, [], upto_seq=0, wipe=True)
-            self._refresh_reader_locked(0)
+            self._refresh_reader(0)
+
+    def _refresh_reader(self, seq: int) -> None:
+        with self._mutex:
+            self._refresh_reader_locked(seq)
 
     def _refresh_reader_locked(self, seq: int) -> None:
         # Reloading is cheap (reads meta.json, opens only new segments), so it is done after every
