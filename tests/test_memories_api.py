@@ -34,6 +34,27 @@ def test_learning_alias_and_importance_by_kind(client, tenant):
         assert client.get(f"/v1/memories/{mid}", headers=tenant.headers()).json()["importance"] == importance
 
 
+def test_patching_the_kind_moves_a_default_importance_and_keeps_a_chosen_one(client, tenant):
+    """Rule: a new kind brings its default importance only when the memory's importance was its old kind's
+    default; an importance someone set is kept; a null importance goes back to the kind's default."""
+    cases = [
+        # (saved importance, new kind, importance after the patch)
+        (None, "decision", 0.8),  # observation's default 0.4 -> decision's 0.8
+        (0.9, "decision", 0.9),  # chosen: kept
+        (0.4, "todo", 0.3),  # equal to the old default: treated as the default
+    ]
+    for saved, kind, want in cases:
+        body = {"content": f"patched kind {kind} {saved}", "kind": "observation"}
+        if saved is not None:
+            body["importance"] = saved
+        mid = save(client, tenant, body)["memory_id"]
+        patched = client.patch(f"/v1/memories/{mid}", json={"kind": kind}, headers=tenant.headers())
+        assert patched.status_code == 200, patched.text
+        assert patched.json()["importance"] == want, (saved, kind)
+    patched = client.patch(f"/v1/memories/{mid}", json={"importance": None}, headers=tenant.headers())
+    assert patched.json()["importance"] == 0.3
+
+
 def test_auto_ids_are_sequential_and_never_reused(client, tenant):
     """Auto ids are one more than the largest integer-shaped id ever used, forgotten and supplied included."""
     first = save(client, tenant, {"content": "one"})["memory_id"]

@@ -318,6 +318,9 @@ def patch_memory(session: Session, *, caller: Caller, memory_id: str, patch: Pat
     if not may_modify(memory, caller):
         raise Forbidden(f"only the owner or an admin may change memory {memory_id!r}")
     before = {name: getattr(memory, name) for name in VERSION_FIELDS}
+    # A new kind brings its default importance only to a memory whose importance is its old kind's default
+    # (never set by hand); an importance someone chose is kept.
+    importance_was_default = memory.importance == DEFAULT_IMPORTANCE.get(memory.kind)
     # agent_id / persona in a patch say who acts (acting_identity), never a revised field.
     handled = {"sync_embed", "linked_entities", "associations", "agent_id", "persona"}
     changes = patch.model_dump(exclude_unset=True, exclude=handled)
@@ -326,7 +329,8 @@ def patch_memory(session: Session, *, caller: Caller, memory_id: str, patch: Pat
         if value is None and name in ("content", "kind", "category", "tags"):
             raise Invalid(f"{name} cannot be null", field=name)
         setattr(memory, name, value)
-    if ("kind" in changes and "importance" not in changes) or ("importance" in changes and patch.importance is None):
+    kind_moves_default = "kind" in changes and "importance" not in changes and importance_was_default
+    if kind_moves_default or ("importance" in changes and patch.importance is None):
         memory.importance = DEFAULT_IMPORTANCE[memory.kind]  # null importance: back to the kind's default
     if "occurred_at" in changes and patch.occurred_at is None:
         memory.occurred_at = memory.created_at  # as on a save without occurred_at
