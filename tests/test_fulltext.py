@@ -439,3 +439,46 @@ def test_remembered_doc_ids_follow_every_reload(tmp_path: Path) -> None:
             assert sorted(found) == expected, (round_, word)
             # A second search of the same reader answers from the remembered ids: the same hits.
             assert _ids(idx.search(f"word{word}", limit=1000)) == found
+
+
+# A conversation of one run, as core.search.index composes its docs: each turn with up to two neighbours.
+_TURNS = [
+    "Melanie: How was the weekend, anything fun?",
+    "Caroline: We finally went to the aquarium downtown, the kids could not stop talking about it all week",
+    "Melanie: That sounds like a great day out!",
+    "Caroline: Yes, and the aquarium had a new shark tank",
+    "Melanie: Shall we plan a picnic soon?",
+]
+
+
+@pytest.mark.parametrize(
+    ("rule", "question", "first"),
+    [
+        ("the turn that says a word ranks above the shorter turns that only borrow it", "aquarium", "memory:3"),
+        ("two own words beat one own word plus one borrowed", "aquarium kids", "memory:1"),
+        ("a word no turn says itself still finds the turns around it", "picnic", "memory:4"),
+    ],
+)
+def test_own_words_outweigh_borrowed_ones(tmp_path: Path, rule: str, question: str, first: str) -> None:
+    """A memory with run context is indexed with its own text OWN_TEXT_WEIGHT (2) times and each neighbour's
+    once (BM25F field weights): a question's word ranks the turn that says it above the turns around it,
+    which only borrow it, even when they are shorter."""
+    from core.search.index import CONTEXT_TURNS, memory_fulltext_text
+
+    idx = FulltextIndex(tmp_path / "tenant")
+    changes = []
+    for n, turn in enumerate(_TURNS):
+        window = [*range(n - CONTEXT_TURNS, n), *range(n + 1, n + 1 + CONTEXT_TURNS)]
+        context = [_TURNS[k] for k in window if 0 <= k < len(_TURNS)]
+        text = memory_fulltext_text(content=turn, entities=[], tags=[], context=context)
+        changes.append(_upsert(f"memory:{n}", text, seq=n + 1))
+    idx.apply(changes, upto_seq=len(_TURNS))
+    assert _ids(idx.search(question, limit=5))[0] == first, rule
+
+
+def test_memory_without_context_is_indexed_once() -> None:
+    """Without neighbours a memory's text is its content and tags, once (nothing to weigh it against)."""
+    from core.search.index import memory_fulltext_text
+
+    text = memory_fulltext_text(content="plain words", entities=["memory:x", "db.t"], tags=["a"])
+    assert text == "plain words\ndb.t a"

@@ -40,7 +40,8 @@ import tantivy
 
 from core.errors import Unavailable
 
-SCHEMA_VERSION = 2
+# 3: a memory with run context indexes its own text twice (core.search.index.memory_fulltext_text).
+SCHEMA_VERSION = 3
 # A query-bearing memory is indexed as ``example_query`` so each search bucket is its own kind query.
 MEMORY_KINDS = frozenset({"memory", "example_query"})
 ENTITY_KINDS = frozenset({"datasource", "model", "column", "measure", "aggregation"})

@@ -45,6 +45,9 @@ from core.tenancy.models import Tenant
 
 # How many memories before and after a memory of the same run lend it their text.
 CONTEXT_TURNS = 2
+# How many times a memory's own words count against each word it borrows from its context (BM25F's field
+# weights: own 2, context 1, as the dense side weighs a memory's own cosine against its context's).
+OWN_TEXT_WEIGHT = 2
 # An evicted handle is dropped; a search still holding it finishes on it, and the next one reopens the
 # directory (the index on disk is kept, so reopening costs a reader, not a rebuild).
 _indexes: BoundedCache[FulltextIndex] = BoundedCache(
@@ -61,13 +64,17 @@ def memory_fulltext_text(*, content: str, entities: list[str], tags: list[str], 
     are left out, they carry no words. A turn of a conversation ("Yes, last Friday!") is often only
     findable through the turn it answers, so memories sharing a ``run_id`` carry the text of the
     memory before and after them (by event time, then save order).
+
+    A memory's own words weigh more than those it borrows: with context, its own text is written
+    ``OWN_TEXT_WEIGHT`` times. That is BM25F with field weights own = 2, context = 1 (BM25F adds up the
+    fields' term frequencies, each times its field's weight, before saturating them). With equal weights a
+    question's word ranked the turn that says it level with the turns around it, which only borrow it.
     """
     extra = [e for e in entities if not is_memory_ref(e)] + list(tags)
-    parts = [content]
-    if extra:
-        parts.append(" ".join(extra))
-    parts.extend(context)
-    return "\n".join(parts)
+    own = "\n".join([content, " ".join(extra)]) if extra else content
+    if not context:
+        return own
+    return "\n".join([*([own] * OWN_TEXT_WEIGHT), *context])
 
 
 def memory_doc_kind(carries_query: bool) -> str:
