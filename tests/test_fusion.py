@@ -76,22 +76,36 @@ from core.search.fusion import relevance, with_hops  # noqa: E402
             {"a": 1.0, "b": pytest.approx(61 / 62 / 3)},
         ),
         (
-            "dense votes by rank only: (k + 1) / (k + rank)",
-            {"dense": [("a", 0.9), ("b", 0.1)]},
+            "similarity votes scale by where the cosine sits between the channel's last hit (0) and first (1)",
+            {"dense": [("a", 0.74), ("b", 0.71), ("c", 0.70), ("d", 0.66)]},
             {},
-            {"b": pytest.approx(61 / 62)},
+            {"a": 1.0, "b": pytest.approx(61 / 62 * 0.625), "c": pytest.approx(61 / 63 * 0.5), "d": 0.0},
         ),
         (
-            "a channel blind to a doc neither votes for it nor counts against it",
-            {"fulltext": [("fresh", 5.0)], "dense": [("old", 0.9)]},
-            {"dense": {"fresh"}},
-            {"fresh": 1.0, "old": 0.5},
+            "a lone similarity hit, or hits level with the first, vote by rank only",
+            {"dense": [("a", 0.5), ("b", 0.5)]},
+            {},
+            {"a": 1.0, "b": pytest.approx(61 / 62)},
+        ),
+        (
+            "the channels vote on the same footing: a doc dense barely ranks no longer outvotes full-text's second",
+            {
+                "fulltext": [("top", 10.0), ("second", 5.0)],
+                "dense": [("top", 0.74), *((f"d{i}", 0.73 - i / 1000) for i in range(8))]
+                + [("barely", 0.66), ("x", 0.65)],
+            },
+            {},
+            {
+                "second": pytest.approx(61 / 62 * 0.5 / 2),
+                "barely": pytest.approx(61 / 70 * (0.01 / 0.09) / 2),
+            },
         ),
     ],
 )
 def test_relevance_rules(rule, rankings, blind, expected) -> None:
     """Relevance is the mean over the channels that ran (and could see the doc) of each channel's vote:
-    ``(k + 1) / (k + rank)``, times ``score / top score`` for lexical channels; in [0, 1], 1 = first in all."""
+    ``(k + 1) / (k + rank)`` times the hit's evidence share: ``score / top score`` for lexical channels,
+    ``(score - last) / (top - last)`` for similarity channels; in [0, 1], 1 = first in all."""
     fused = dict(relevance(rankings, blind={name: docs.__contains__ for name, docs in blind.items()}))
     for doc_id, score in expected.items():
         assert fused[doc_id] == score, rule
@@ -105,7 +119,7 @@ def test_relevance_rules(rule, rankings, blind, expected) -> None:
             "rare-term evidence beats mid-list presence in several channels",
             {
                 "fulltext": [("rare", 12.0)] + [(f"n{i}", 2.0) for i in range(5)],
-                "dense": [(f"n{i}", 0.6) for i in range(5)] + [("rare", 0.5)],
+                "dense": [(f"n{i}", 0.6) for i in range(5)] + [("rare", 0.5)] + [(f"t{i}", 0.4) for i in range(24)],
             },
             "rare",
         ),
@@ -113,7 +127,8 @@ def test_relevance_rules(rule, rankings, blind, expected) -> None:
             "a pasted canonical id (boosted exact id match) beats its siblings that dense prefers",
             {
                 "fulltext": [("shop.orders.country", 40.0), ("shop.orders", 6.0), ("shop.orders.city", 5.0)],
-                "dense": [("shop.orders", 0.9), ("shop.orders.city", 0.88), ("shop.orders.country", 0.86)],
+                "dense": [("shop.orders", 0.9), ("shop.orders.city", 0.88), ("shop.orders.country", 0.86)]
+                + [(f"shop.orders.c{i}", 0.6) for i in range(27)],
             },
             "shop.orders.country",
         ),
@@ -126,7 +141,8 @@ def test_relevance_rules(rule, rankings, blind, expected) -> None:
 )
 def test_relevance_prefers_direct_evidence(rule, rankings, expected) -> None:
     """A doc carrying the question's rare terms, or named exactly, ranks first over docs that only sit
-    mid-list in several channels."""
+    mid-list in several channels. (Dense ranks a bucket 30 or more deep, so its lists here run on past the
+    docs of the case: a similarity vote is measured against the channel's last hit.)"""
     assert relevance(rankings)[0][0] == expected, rule
 
 

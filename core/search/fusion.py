@@ -2,9 +2,10 @@
 
 Search fuses with :func:`relevance`: the contract's RRF (k = 60) with each term scaled so that the first
 rank is worth 1, averaged over the channels that ran (so 1 means first everywhere and a score means the
-same in any query), and lexical channels voting in proportion to their BM25 score relative to their top
-hit (a doc sharing only common words with the question no longer sits level with one sharing its rare
-words). Graph hops are added by :func:`with_hops`, bounded by the seed they hang off. :func:`rrf` is the
+same in any query), and each channel's vote scaled by the evidence its hit carries (:func:`evidence_share`):
+a lexical hit by its BM25 score relative to the channel's top hit (a doc sharing only common words with the
+question no longer sits level with one sharing its rare words), a dense hit by where its cosine sits
+between the channel's last hit and its first. Graph hops are added by :func:`with_hops`, bounded by the seed they hang off. :func:`rrf` is the
 plain form, kept as the baseline the tests and benchmarks compare against.
 """
 
@@ -54,25 +55,41 @@ def rrf(rankings: Mapping[str, Sequence[str]] | Sequence[Sequence[str]], *, k: i
 # -- relevance: RRF normalised to [0, 1] and weighted by the evidence each channel carries -------------
 
 Ranking = list[tuple[str, float]]
-# Channels whose scores measure words shared with the input (BM25): a hit's share of the channel's top
-# score scales its vote, so a doc that only shares common words with the question votes little.
+# Channels whose scores measure words shared with the input (BM25, zero for no evidence): a hit's share of
+# the channel's top score scales its vote, so a doc that only shares common words with the question votes little.
 LEXICAL = frozenset({"entity_bm25", "fulltext"})
+# Channels whose scores are similarities (cosines) with no zero for "no evidence": every doc has one, and the
+# docs a channel ranks sit in a narrow band (say 0.74 down to 0.65). A hit's vote is scaled by where its score
+# stands in the band the channel ranked, from its last hit (0) to its first (1).
+SIMILARITY = frozenset({"dense"})
 # A graph hop is worth at most this share of the seed it hangs off (see with_hops).
 GRAPH_SHARE = 0.5
 
 
-def channel_votes(ranking: Sequence[tuple[str, float]], *, lexical: bool, k: int = RRF_K) -> dict[str, float]:
-    """A channel's vote for each doc it ranks, in (0, 1]: ``(k + 1) / (k + rank)`` (RRF's term scaled so the
-    first doc gets 1), times ``score / top score`` for a lexical channel (a doc repeated counts once, first)."""
+def evidence_share(score: float, *, top: float, low: float, channel: str) -> float:
+    """How much of a channel's strongest evidence a hit's score carries, in [0, 1] (1 for other channels)."""
+    if channel in LEXICAL:
+        return max(float(score), 0.0) / top if top > 0 else 1.0
+    if channel in SIMILARITY:
+        return (float(score) - low) / (top - low) if top > low else 1.0
+    return 1.0
+
+
+def channel_votes(ranking: Sequence[tuple[str, float]], *, channel: str, k: int = RRF_K) -> dict[str, float]:
+    """A channel's vote for each doc it ranks, in [0, 1]: ``(k + 1) / (k + rank)`` (RRF's term scaled so the
+    first doc gets 1) times the hit's :func:`evidence_share` (a doc repeated counts once, first).
+
+    Both channels of a question thus vote on the same footing: by rank, and by how close the hit's own
+    score comes to the channel's best. Scaling only the lexical votes (as before) left dense's mid-list hits
+    worth nearly their full rank term while full-text's were worth half, so dense outvoted full-text's
+    stronger evidence.
+    """
     votes: dict[str, float] = {}
     top = ranking[0][1] if ranking else 0.0
+    low = ranking[-1][1] if ranking else 0.0
     for rank, (doc_id, score) in enumerate(ranking, start=1):
-        if doc_id in votes:
-            continue
-        vote = (k + 1) / (k + rank)
-        if lexical and top > 0:
-            vote *= max(float(score), 0.0) / top
-        votes[doc_id] = vote
+        if doc_id not in votes:
+            votes[doc_id] = (k + 1) / (k + rank) * evidence_share(score, top=top, low=low, channel=channel)
     return votes
 
 
@@ -95,19 +112,10 @@ def relevance(
     names = sorted(rankings)
     totals: dict[str, float] = {}
     best: dict[str, int] = {}
-    ranked_by: dict[str, set[str]] = {}
+    ranked_by: dict[str, dict[str, float]] = {}
     for name in names:
-        ranking = rankings[name]
-        top = ranking[0][1] if ranking else 0.0
-        scaled = name in LEXICAL and top > 0
-        seen = ranked_by[name] = set()
-        for rank, (doc_id, score) in enumerate(ranking, start=1):
-            if doc_id in seen:
-                continue
-            seen.add(doc_id)
-            vote = (k + 1) / (k + rank)
-            if scaled:
-                vote *= max(float(score), 0.0) / top
+        votes = ranked_by[name] = channel_votes(rankings[name], channel=name, k=k)
+        for rank, (doc_id, vote) in enumerate(votes.items(), start=1):
             totals[doc_id] = totals.get(doc_id, 0.0) + vote
             if rank < best.get(doc_id, rank + 1):
                 best[doc_id] = rank

@@ -4,7 +4,7 @@ Three buckets are ranked independently: ``memories`` (no attached query), ``exam
 (query-bearing memories) and ``entities`` (catalog docs). For each bucket every active channel yields
 its own ranking of that bucket's eligible docs, to a depth that depends only on the bucket's cap
 (``max(2 * cap, 30)``); the rankings are fused into a relevance in [0, 1] (core.search.fusion.relevance:
-RRF with k = 60, normalised, lexical channels weighted by their share of the top score, dense blind to
+RRF with k = 60, normalised, each vote scaled by the evidence its hit carries, dense blind to
 memories without a vector); graph hops lift it (``with_hops``); ``min_score`` then filters and the cap
 slices. Graph seeds are a bucket's own fused top hits. So a bucket depends on the corpus, the inputs and
 its own cap, never on the other caps.
