@@ -5,8 +5,9 @@ rank is worth 1, averaged over the channels that ran (so 1 means first everywher
 same in any query), and each channel's vote scaled by the evidence its hit carries (:func:`evidence_share`):
 a lexical hit by its BM25 score relative to the channel's top hit (a doc sharing only common words with the
 question no longer sits level with one sharing its rare words), a dense hit by where its cosine sits
-between the channel's last hit and its first. Graph hops are added by :func:`with_hops`, bounded by the seed they hang off. :func:`rrf` is the
-plain form, kept as the baseline the tests and benchmarks compare against.
+between the channel's last hit and its first. Graph hops (and replies, core.search.replies) are added by
+:func:`with_hops`, bounded by the seed they hang off. :func:`rrf` is the plain form, kept as the baseline the
+tests and benchmarks compare against.
 """
 
 from __future__ import annotations
