@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import BigInteger, DateTime, Float, ForeignKeyConstraint, Index, Integer, String, Text, func
+from sqlalchemy import BigInteger, DateTime, Float, ForeignKeyConstraint, Index, Integer, String, Text, func, text
 from sqlalchemy.dialects.postgresql import ARRAY, JSONB
 from sqlalchemy.orm import Mapped, mapped_column
 
@@ -18,7 +18,15 @@ class Memory(TenantScoped, Base):
         Index("ix_memories_tenant_seq", "tenant_id", "change_seq"),
         Index("ix_memories_tenant_created", "tenant_id", "created_at"),
         Index("ix_memories_entities", "entities", postgresql_using="gin"),
-        Index("ix_memories_tenant_run", "tenant_id", "run_id"),
+        # Episode order (core.search.replies; migration 0015): a run, or one explicit event time without a run.
+        Index("ix_memories_tenant_run_order", "tenant_id", "run_id", "occurred_at", "created_at"),
+        Index(
+            "ix_memories_tenant_instant",
+            "tenant_id",
+            "occurred_at",
+            "created_at",
+            postgresql_where=text("run_id IS NULL AND occurred_at <> created_at"),
+        ),
     )
 
     id: Mapped[str] = mapped_column(String(200), primary_key=True)

@@ -5,8 +5,9 @@ Three buckets are ranked independently: ``memories`` (no attached query), ``exam
 its own ranking of that bucket's eligible docs, to a depth that depends only on the bucket's cap
 (``max(2 * cap, 30)``); the rankings are fused into a relevance in [0, 1] (core.search.fusion.relevance:
 RRF with k = 60, normalised, each vote scaled by the evidence its hit carries, dense blind to
-memories without a vector); graph hops lift it (``with_hops``); ``min_score`` then filters and the cap
-slices. Graph seeds are a bucket's own fused top hits. So a bucket depends on the corpus, the inputs and
+memories without a vector); graph hops lift it (``with_hops``), and so do replies: the memory after a hit
+that asks something, in its episode (core.search.replies); ``min_score`` then filters and the cap slices.
+Graph seeds and the hits whose replies count are a bucket's own fused top hits. So a bucket depends on the corpus, the inputs and
 its own cap, never on the other caps.
 
 Channels: 1 entity BM25Plus (when ``entities`` or ``query`` is given), 2 full-text and 3 dense (when a
@@ -46,7 +47,7 @@ from core.errors import BadRequest
 from core.memories.models import Memory
 from core.memories.visibility import visible_clause
 from core.refs import MEMORY_PREFIX
-from core.search import entity_channel, facts, graph, hits, sql
+from core.search import entity_channel, facts, graph, hits, replies, sql
 from core.search.catalog import last_snapshot, load_snapshot, snapshot_memo
 from core.search.clock import ChannelClock
 from core.search.dense import ENTITIES, DenseSearch, DenseUnavailable, dense_model
@@ -532,8 +533,9 @@ def _feedback(state: SearchState, ranking: Ranking, bucket: str) -> list[str]:
 
 
 def fuse(state: SearchState) -> dict[str, Ranking]:
-    """Each bucket's eligible rankings fused into relevance, lifted by graph hops from its fused top hits,
-    then ``min_score`` and the cap; the entities bucket likewise (without hops)."""
+    """Each bucket's eligible rankings fused into relevance, lifted by graph hops from its fused top hits and
+    by the replies to the questions among its first ``cap`` hits, then ``min_score`` and the cap; the entities
+    bucket likewise (without hops)."""
     request, eligibility = state.request, state.eligibility
     out: dict[str, Ranking] = {bucket: [] for bucket in state.caps}
     live = list(state.eligible)
@@ -547,15 +549,24 @@ def fuse(state: SearchState) -> dict[str, Ranking]:
         # its top hits without the graph and the graph's hops: the former are loaded with the graph's query,
         # in the same round trip (the latter, rarely needed, when hydrating).
         likely = [d for bucket in live for d, _ in fused[bucket][: state.caps[bucket]]]
+        # The hits a caller would see that ask something lend their relevance to the memory replying to them.
+        asking = {bucket: fused[bucket][: state.caps[bucket]] for bucket in live}
+        asking_ids = {bucket: [d for d, _ in ranking] for bucket, ranking in asking.items()}
+        tenant_id = state.caller.tenant_id
         with state.clock.timing("graph"):
-            edges, rows = sql.run_many(
+            edges, rows, answered = sql.run_many(
                 state.session,
                 [
                     graph.query(seeds=seeds, eligibility=eligibility),
-                    hits.memories_query(tenant_id=state.caller.tenant_id, memory_ids=likely),
+                    hits.memories_query(tenant_id=tenant_id, memory_ids=likely),
+                    replies.query(tenant_id=tenant_id, seeds=asking_ids),
                 ],
             )
             hops = graph.from_rows(edges, seeds=seeds, eligibility=eligibility, seed_scores=seed_scores)
+            answers = replies.from_rows(
+                answered, seeds=asking_ids, seed_scores={bucket: dict(ranking) for bucket, ranking in asking.items()}
+            )
+            hops = {bucket: replies.merged(hops[bucket], answers[bucket]) for bucket in live}
         state.loaded.update(hits.memories_from_rows(rows))
         eligibility.check(d for ranking in hops.values() for d, _ in ranking)
         for bucket in live:
