@@ -21,40 +21,36 @@ from typing import Any
 
 from sqlalchemy import Executable, text
 
-from core.search import sql
+from core.search import hits, sql
 
 # What marks a memory that asks something: a question mark (ASCII, full-width, Arabic).
 QUESTION_MARKS = "?？؟"
 _ASKS = f"s.content ~ '[{QUESTION_MARKS}]'"
+_REPLY = ", ".join(f"m.{column}" for column in hits.HitMemory._fields)
 
-# One row per seed that asks something and has a next memory in its episode: (seed id, reply id). Each seed
-# is read by its primary key (the LIMIT keeps the planner from joining the seeds to a scan of the tenant when
-# the table has no statistics yet), then probes an index that leads with its episode and follows its order
-# (migration 0015): two index descents per seed, whatever the size of its run or of the tenant.
+# One row per seed that asks something and has a next memory in its episode: (seed id, the reply's hit columns),
+# so a reply lifted into the hits needs no query of its own to be shown. Each seed is read by its primary key
+# (the LIMIT keeps the planner from joining the seeds to a scan of the tenant when the table has no statistics
+# yet), then probes the index that leads with its kind of episode and follows its order (migration 0015): two
+# index descents per seed, whatever the size of its run or of the tenant. One statement with two references
+# to the table: the search plans every statement afresh (core.db), and each reference costs planning time.
 REPLIES_SQL = f"""
-WITH s AS MATERIALIZED (
-    SELECT s.tenant_id, s.id, s.run_id, s.occurred_at, s.created_at
-    FROM unnest(CAST(:seeds AS text[])) AS seed(id) CROSS JOIN LATERAL (
-        SELECT * FROM memories AS s WHERE s.tenant_id = :tenant AND s.id = seed.id LIMIT 1
-    ) AS s
-    WHERE {_ASKS}
-)
-SELECT s.id, n.id FROM s CROSS JOIN LATERAL (
-    SELECT m.id FROM memories AS m
-    WHERE m.tenant_id = s.tenant_id AND m.run_id = s.run_id AND m.status <> 'forgotten'
-      AND (m.occurred_at, m.created_at, m.id) > (s.occurred_at, s.created_at, s.id)
-    ORDER BY m.occurred_at, m.created_at, m.id LIMIT 1
+SELECT s.id, n.* FROM unnest(CAST(:seeds AS text[])) AS seed(id) CROSS JOIN LATERAL (
+    SELECT s.tenant_id, s.id, s.run_id, s.occurred_at, s.created_at FROM memories AS s
+    WHERE s.tenant_id = :tenant AND s.id = seed.id AND {_ASKS}
+      AND (s.run_id IS NOT NULL OR s.occurred_at <> s.created_at)
+    LIMIT 1
+) AS s CROSS JOIN LATERAL (
+    (SELECT {_REPLY} FROM memories AS m
+     WHERE s.run_id IS NOT NULL AND m.tenant_id = s.tenant_id AND m.run_id = s.run_id
+       AND m.status <> 'forgotten' AND (m.occurred_at, m.created_at, m.id) > (s.occurred_at, s.created_at, s.id)
+     ORDER BY m.occurred_at, m.created_at, m.id LIMIT 1)
+    UNION ALL
+    (SELECT {_REPLY} FROM memories AS m
+     WHERE s.run_id IS NULL AND m.tenant_id = s.tenant_id AND m.run_id IS NULL AND m.occurred_at = s.occurred_at
+       AND m.occurred_at <> m.created_at AND m.status <> 'forgotten' AND (m.created_at, m.id) > (s.created_at, s.id)
+     ORDER BY m.created_at, m.id LIMIT 1)
 ) AS n
-WHERE s.run_id IS NOT NULL
-UNION ALL
-SELECT s.id, n.id FROM s CROSS JOIN LATERAL (
-    SELECT m.id FROM memories AS m
-    WHERE m.tenant_id = s.tenant_id AND m.run_id IS NULL AND m.occurred_at = s.occurred_at
-      AND m.occurred_at <> m.created_at AND m.status <> 'forgotten'
-      AND (m.created_at, m.id) > (s.created_at, s.id)
-    ORDER BY m.created_at, m.id LIMIT 1
-) AS n
-WHERE s.run_id IS NULL AND s.occurred_at <> s.created_at
 """
 
 
@@ -73,7 +69,7 @@ def from_rows(
 ) -> dict[str, list[tuple[str, float]]]:
     """Per bucket: [(reply id, its question's relevance)] best first (ties by the question's rank, then id).
     A reply that is itself among the seeds (a question answered by a question) is lifted like any other."""
-    reply_of = {seed: reply for seed, reply in rows}
+    reply_of = {row[0]: row[1] for row in rows}
     out: dict[str, list[tuple[str, float]]] = {}
     for bucket, bucket_seeds in seeds.items():
         scores = seed_scores.get(bucket, {})
@@ -88,6 +84,11 @@ def from_rows(
         ordered = sorted(best.items(), key=lambda item: (-item[1][0], -item[1][1], item[0]))
         out[bucket] = [(reply, value) for reply, (value, _) in ordered]
     return out
+
+
+def loaded(rows: Sequence[Any]) -> dict[str, Any]:
+    """The replies of the rows of :func:`query`, readable as memories for hits (core.search.hits)."""
+    return hits.memories_from_rows([row[1:] for row in rows])
 
 
 def merged(*rankings: Sequence[tuple[str, float]]) -> list[tuple[str, float]]:

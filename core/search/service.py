@@ -7,8 +7,8 @@ its own ranking of that bucket's eligible docs, to a depth that depends only on 
 RRF with k = 60, normalised, each vote scaled by the evidence its hit carries, dense blind to
 memories without a vector); graph hops lift it (``with_hops``), and so do replies: the memory after a hit
 that asks something, in its episode (core.search.replies); ``min_score`` then filters and the cap slices.
-Graph seeds and the hits whose replies count are a bucket's own fused top hits. So a bucket depends on the corpus, the inputs and
-its own cap, never on the other caps.
+Graph seeds and the hits whose replies count are a bucket's own fused top hits. So a bucket depends on the
+corpus, the inputs and its own cap, never on the other caps.
 
 Channels: 1 entity BM25Plus (when ``entities`` or ``query`` is given), 2 full-text and 3 dense (when a
 ``question`` is given; dense ranks a memory bucket with the bucket's first ``FEEDBACK_DOCS`` eligible
@@ -568,6 +568,7 @@ def fuse(state: SearchState) -> dict[str, Ranking]:
             )
             hops = {bucket: replies.merged(hops[bucket], answers[bucket]) for bucket in live}
         state.loaded.update(hits.memories_from_rows(rows))
+        state.loaded.update(replies.loaded(answered))
         eligibility.check(d for ranking in hops.values() for d, _ in ranking)
         for bucket in live:
             fused[bucket] = with_hops(fused[bucket], eligibility.pick(hops[bucket], bucket, depths[bucket]))
