@@ -6,7 +6,9 @@ its own ranking of that bucket's eligible docs, to a depth that depends only on 
 (``max(2 * cap, 30)``); the rankings are fused into a relevance in [0, 1] (core.search.fusion.relevance:
 RRF with k = 60, normalised, each vote scaled by the evidence its hit carries, dense blind to
 memories without a vector); graph hops lift it (``with_hops``), and so do replies: the memory after a hit
-that asks something, in its episode (core.search.replies); ``min_score`` then filters and the cap slices.
+that asks something, in its episode (core.search.replies); a question naming someone re-scores the first
+``depth`` hits by the names their own text says (core.search.names); ``min_score`` then filters and the cap
+slices.
 Graph seeds and the hits whose replies count are a bucket's own fused top hits. So a bucket depends on the
 corpus, the inputs and its own cap, never on the other caps.
 
@@ -56,6 +58,7 @@ from core.search.fulltext import ENTITY_KINDS
 from core.search.fusion import relevance, with_hops
 from core.search.index import catch_up_before_search
 from core.search.modes import ordered_buckets
+from core.search.names import question_names, with_names
 from core.search.rankings import (
     FIRST_LOOK,
     MAX_SCAN,
@@ -72,6 +75,7 @@ from core.search.rankings import (
     head_query,
     read_head,
 )
+from core.search.render import render_memory
 from core.search.schemas import SearchRequest, SearchResponse
 from core.tenancy.context import Caller
 
@@ -534,8 +538,9 @@ def _feedback(state: SearchState, ranking: Ranking, bucket: str) -> list[str]:
 
 def fuse(state: SearchState) -> dict[str, Ranking]:
     """Each bucket's eligible rankings fused into relevance, lifted by graph hops from its fused top hits and
-    by the replies to the questions among its first ``cap`` hits, then ``min_score`` and the cap; the entities
-    bucket likewise (without hops)."""
+    by the replies to the questions among its first ``cap`` hits, its first ``depth`` hits re-scored by the
+    question's names (core.search.names), then ``min_score`` and the cap; the entities bucket likewise
+    (without hops or names)."""
     request, eligibility = state.request, state.eligibility
     out: dict[str, Ranking] = {bucket: [] for bucket in state.caps}
     live = list(state.eligible)
@@ -547,8 +552,11 @@ def fuse(state: SearchState) -> dict[str, Ranking]:
         seed_scores = {bucket: dict(fused[bucket][: graph.SEEDS]) for bucket in live}
         # A new ranking only raises the fused score of the docs it holds, so a bucket's final hits are among
         # its top hits without the graph and the graph's hops: the former are loaded with the graph's query,
-        # in the same round trip (the latter, rarely needed, when hydrating).
-        likely = [d for bucket in live for d, _ in fused[bucket][: state.caps[bucket]]]
+        # in the same round trip (the latter, rarely needed, when hydrating). A question with names re-ranks
+        # each bucket's first ``depth`` hits by their text: those are loaded then.
+        names = question_names(request.question_text)
+        pools = depths if names else {bucket: state.caps[bucket] for bucket in live}
+        likely = [d for bucket in live for d, _ in fused[bucket][: pools[bucket]]]
         # The hits a caller would see that ask something lend their relevance to the memory replying to them.
         asking = {bucket: fused[bucket][: state.caps[bucket]] for bucket in live}
         asking_ids = {bucket: [d for d, _ in ranking] for bucket, ranking in asking.items()}
@@ -572,6 +580,8 @@ def fuse(state: SearchState) -> dict[str, Ranking]:
         eligibility.check(d for ranking in hops.values() for d, _ in ranking)
         for bucket in live:
             fused[bucket] = with_hops(fused[bucket], eligibility.pick(hops[bucket], bucket, depths[bucket]))
+        if names:
+            _rerank_by_names(state, fused, names=names, depths=depths)
     for bucket in live:
         out[bucket] = above(fused[bucket], request.min_score)[: state.caps[bucket]]
     state.buckets = out
@@ -580,6 +590,25 @@ def fuse(state: SearchState) -> dict[str, Ranking]:
         blind["dense"] = state.dense.blind(ENTITIES, [])
     state.entities = above(relevance(state.entity_rankings, blind=blind), request.min_score)[: request.max_entities]
     return out
+
+
+def _rerank_by_names(
+    state: SearchState, fused: dict[str, Ranking], *, names: list[str], depths: dict[str, int]
+) -> None:
+    """Each bucket's first ``depth`` hits re-scored by the question's names their own text says
+    (core.search.names); the texts not loaded yet (graph hops that rose into them) are read in one query."""
+    pools = {bucket: fused[bucket][: depths[bucket]] for bucket in fused}
+    missing = [d for pool in pools.values() for d, _ in pool if d not in state.loaded]
+    if missing:
+        state.loaded.update(hits.load_memories(state.session, tenant_id=state.caller.tenant_id, memory_ids=missing))
+    loaded = state.loaded
+
+    def text_of(memory_id: str) -> str | None:
+        memory = loaded.get(memory_id)
+        return None if memory is None else render_memory(memory)
+
+    for bucket, pool in pools.items():
+        fused[bucket] = with_names(pool, names=names, text_of=text_of)
 
 
 def _fused(state: SearchState, rankings: dict[str, Ranking], bucket: str) -> Ranking:
