@@ -5,8 +5,8 @@ idea for all the colours?" ranks first for a question about the colours, and the
 catch the eye and make people smile") shares none of its words. So a hit that asks something (its text
 holds a question mark) lends its relevance to the next memory of its episode, the one that replies, as
 an association of weight 1 would: through :func:`core.search.fusion.with_hops`, which lifts the reply by
-at most half the question's relevance. A reply is never ranked above the question it follows by this
-alone, and a memory that is not a reply is not moved.
+at most half the question's relevance: a reply that nothing else found scores at most half its question,
+and a memory that is not a reply is not moved.
 
 Episodes are those whose memories lend each other context (core.search.index.episode_of): a run, else
 the memories given one same explicit event time. The next memory is the next by event time, then save
