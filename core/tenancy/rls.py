@@ -37,6 +37,7 @@ SYSTEM_POLICY = "engram_system_mode"
 # in, has no BYPASSRLS; the app role is a member that does not inherit it (only `SET ROLE` reaches it).
 SYSTEM_ROLE = "engram_system"
 
+
 def tenant_tables(connection: Connection) -> list[str]:
     """Every ordinary or partitioned table of the current schema with a ``tenant_id`` column."""
     return list(
@@ -127,9 +128,7 @@ def ensure_system_role(connection: Connection) -> None:
             )
         connection.execute(text(f"CREATE ROLE {SYSTEM_ROLE} NOLOGIN"))
     if _may_manage_roles(connection):
-        connection.execute(
-            text(f"ALTER ROLE {SYSTEM_ROLE} NOLOGIN NOSUPERUSER NOBYPASSRLS NOCREATEDB NOCREATEROLE")
-        )
+        connection.execute(text(f"ALTER ROLE {SYSTEM_ROLE} NOLOGIN NOSUPERUSER NOBYPASSRLS NOCREATEDB NOCREATEROLE"))
     grant_app_role(connection, role=SYSTEM_ROLE)
 
 
@@ -151,18 +150,24 @@ _LEAKPROOF_FUNCTIONS = (
 )
 
 
+def not_leakproof(connection: Connection) -> list[str]:
+    """The functions above that are not (yet) declared leakproof."""
+    return list(
+        connection.execute(
+            text(
+                "SELECT s FROM unnest(CAST(:signatures AS text[])) AS s "
+                "LEFT JOIN pg_proc p ON p.oid = to_regprocedure(s) WHERE p.oid IS NULL OR NOT p.proleakproof"
+            ),
+            {"signatures": list(_LEAKPROOF_FUNCTIONS)},
+        ).scalars()
+    )
+
+
 def declare_leakproof_functions(connection: Connection) -> bool:
     """Let the hot conditions above serve as index and join conditions under row-level security (superuser
     only); False when they stay as they are (a managed PostgreSQL: entity lookups then scan the tenant's
     rows, and the dense channel's join hashes them)."""
-    missing = connection.execute(
-        text(
-            "SELECT count(*) FROM unnest(CAST(:signatures AS text[])) AS s "
-            "JOIN pg_proc p ON p.oid = to_regprocedure(s) WHERE NOT p.proleakproof"
-        ),
-        {"signatures": list(_LEAKPROOF_FUNCTIONS)},
-    ).scalar()
-    if not missing:
+    if not not_leakproof(connection):
         return True
     if not connection.execute(text("SELECT rolsuper FROM pg_roles WHERE rolname = current_user")).scalar():
         log.warning("not a superuser: array operators and substr stay non-leakproof, slower under RLS")
@@ -206,9 +211,7 @@ def ensure_app_role(connection: Connection, *, app_url: str) -> bool:
         if password:
             secret = str(connection.execute(text("SELECT quote_literal(:p)"), {"p": str(password)}).scalar())
         connection.execute(
-            text(
-                f"ALTER ROLE {role} LOGIN NOSUPERUSER NOBYPASSRLS NOCREATEDB NOCREATEROLE NOINHERIT PASSWORD {secret}"
-            )
+            text(f"ALTER ROLE {role} LOGIN NOSUPERUSER NOBYPASSRLS NOCREATEDB NOCREATEROLE NOINHERIT PASSWORD {secret}")
         )
         _join_system_role(connection, role=role)
         managed = True
@@ -223,10 +226,11 @@ def _join_system_role(connection: Connection, *, role: str) -> None:
     """Let `role` switch to :data:`SYSTEM_ROLE` (`SET ROLE`) without inheriting it: a role that inherited
     it would have the system policy applied to all its statements (still gated by ``engram.system``, but
     paid by every tenant query). NOINHERIT on the app role says the same on servers before 16."""
-    if role == "CURRENT_USER" and connection.execute(
+    may_set = connection.execute(
         text("SELECT rolsuper OR pg_has_role(current_user, :r, 'MEMBER') FROM pg_roles WHERE rolname = current_user"),
         {"r": SYSTEM_ROLE},
-    ).scalar():
+    ).scalar()
+    if role == "CURRENT_USER" and may_set:
         return  # a superuser may set any role; a member already may
     if int(str(connection.execute(text("SHOW server_version_num")).scalar())) >= 160000:
         grant = f"GRANT {SYSTEM_ROLE} TO {role} WITH INHERIT FALSE, SET TRUE"
