@@ -10,10 +10,10 @@ import hmac
 import threading
 import time
 
-from fastapi import Request, Response
+from fastapi import Request
 from starlette.concurrency import run_in_threadpool
 
-from api.ratelimit import INVALID_KEY_BUDGET, Verdict, key_budget, limiter
+from api.ratelimit import INVALID_KEY_BUDGET, Verdict, key_budget, limiter, remember_verdict
 from core.config import get_settings
 from core.db import system_session
 from core.errors import Forbidden, RateLimited, Unauthorized
@@ -121,6 +121,8 @@ def _admit(caller: Caller, request: Request) -> Verdict | None:
             f"rate limit of {settings.rate_limit_per_second:g} requests/s for this key exceeded",
             headers=verdict.headers(),
         )
+    if verdict is not None:
+        remember_verdict(request.scope, verdict)
     if _writes(request):
         caller.require_write()
     return verdict
@@ -140,9 +142,10 @@ def caller_from_request(request: Request) -> Caller:
     return caller
 
 
-async def require_caller(request: Request, response: Response) -> Caller:
+async def require_caller(request: Request) -> Caller:
     """FastAPI dependency. A cached key is answered on the event loop; only a miss goes to the threadpool
-    (a sync dependency would cost a thread hop on every request)."""
+    (a sync dependency would cost a thread hop on every request). The budget's RateLimit header fields are
+    added to whatever response the request ends with by api.observe.RequestContext."""
     token = bearer_token(request)
     if token is None:
         raise Unauthorized("missing API key: send 'Authorization: Bearer <api_key>'")
@@ -151,14 +154,12 @@ async def require_caller(request: Request, response: Response) -> Caller:
     caller = _cached(token)
     if caller is None:
         caller = await run_in_threadpool(_lookup, token, request)
-    verdict = _admit(caller, request)
-    if verdict is not None:
-        response.headers.update(verdict.headers())
+    _admit(caller, request)
     return caller
 
 
-async def require_admin(request: Request, response: Response) -> Caller:
-    caller = await require_caller(request, response)
+async def require_admin(request: Request) -> Caller:
+    caller = await require_caller(request)
     if not caller.is_admin:
         raise Forbidden("this call needs an admin key")
     return caller

@@ -8,7 +8,10 @@ One plain ASGI middleware (like BodyGuard: no extra task per request). It
   since Starlette's last-resort handler sits outside user middleware and would drop the header);
 - records request count and duration per route template (``/v1/memories/{memory_id}``, never the raw path,
   so a scrape stays small whatever ids callers use);
-- writes one access log line per request when ``ENGRAM_ACCESS_LOG`` is on.
+- writes one access log line per request when ``ENGRAM_ACCESS_LOG`` is on;
+- adds the key's ``RateLimit-*`` header fields to every answer of a request the key's budget admitted
+  (api.auth leaves the verdict on the scope): a route's own ``Response``, a 4xx raised after admission, a
+  streamed body, an unhandled error, alike.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import uuid
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from api.errors import error_response
+from api.ratelimit import header_fields
 from core.config import get_settings
 from core.logging import request_id_scope
 from core.metrics import HTTP_REQUEST_SECONDS, HTTP_REQUESTS
@@ -70,7 +74,7 @@ class RequestContext:
                 started = True
                 status = message["status"]
                 headers = [h for h in message.get("headers", []) if h[0].lower() != HEADER]
-                message = {**message, "headers": [*headers, id_header]}
+                message = {**message, "headers": [*headers, *header_fields(scope), id_header]}
             await send(message)
 
         with request_id_scope(request_id):

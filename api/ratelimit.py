@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from limits import RateLimitItem, RateLimitItemPerSecond
 from limits.storage import RedisStorage
 from limits.strategies import SlidingWindowCounterRateLimiter
+from starlette.types import Scope
 
 from core.config import get_settings
 
@@ -45,6 +46,24 @@ class Verdict:
         if not self.allowed:
             headers["Retry-After"] = str(max(1, self.reset_seconds))
         return headers
+
+
+# Where an admitted request's verdict waits for its response (api.observe adds the header fields to it).
+SCOPE_KEY = "engram.ratelimit"
+
+
+def remember_verdict(scope: Scope, verdict: Verdict) -> None:
+    """Keep the key's budget on the request, so every answer to it says the budget: a route's own Response,
+    an error raised after admission, a streamed body."""
+    scope[SCOPE_KEY] = verdict
+
+
+def header_fields(scope: Scope) -> list[tuple[bytes, bytes]]:
+    """The RateLimit header fields of the request's admitted verdict, as ASGI headers (none if unmetered)."""
+    verdict = scope.get(SCOPE_KEY)
+    if verdict is None:
+        return []
+    return [(name.lower().encode("latin-1"), value.encode("latin-1")) for name, value in verdict.headers().items()]
 
 
 class RedisRateLimiter:

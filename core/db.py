@@ -1,13 +1,14 @@
 """Engines, the one session factory, and the places where tenancy is applied.
 
 Tenancy is enforced twice. In the application: every table that holds tenant data inherits
-:class:`TenantScoped`; a session opened with :func:`tenant_session` carries its tenant id in
-``session.info`` and the ``do_orm_execute`` hook below adds ``tenant_id = :tenant`` to every ORM SELECT,
-UPDATE and DELETE touching such a table. In PostgreSQL: the service connects as the app role
-(:data:`APP_ROLE`, no ownership, no BYPASSRLS), every tenant table has a forced row-level security policy
-on the transaction-local settings ``engram.tenant_id`` / ``engram.system``, and the ``after_begin`` hook
-sets them at the start of every transaction of a session, so a raw statement that forgets the tenant
-condition still sees one tenant only, and a pooled connection carries nothing into the next transaction.
+:class:`TenantScoped`; a session opened with :func:`tenant_session` carries its tenant id in ``session.info``
+and the ``do_orm_execute`` hook below adds ``tenant_id = :tenant`` to every ORM SELECT, UPDATE and DELETE
+touching such a table. In PostgreSQL: the service connects as the app role (:data:`APP_ROLE`, no ownership, no
+BYPASSRLS), every tenant table has a forced row-level security policy on the transaction-local setting
+``engram.tenant_id`` (system mode: ``engram.system`` under the system role, see core.tenancy.rls), and the
+``after_begin`` hook sets them at the start of every transaction of a session, so a raw statement that forgets
+the tenant condition still sees one tenant only, and a pooled connection carries nothing into the next
+transaction.
 A session with neither a tenant nor the explicit system mode of :func:`system_session` sees no tenant
 data at all (fail closed).
 """
@@ -37,6 +38,7 @@ from sqlalchemy.orm import (
 )
 
 from core.config import get_settings
+from core.tenancy.rls import SYSTEM_ROLE
 
 
 class Base(DeclarativeBase):
@@ -223,13 +225,19 @@ def system_connection() -> Iterator[Connection]:
 
 
 # Transaction-local (`true`): PostgreSQL drops them at COMMIT or ROLLBACK, so a pooled connection never
-# carries one transaction's tenant into the next. Literals, not parameters: the simple protocol is one
-# round trip, and a tenant id is an int.
-_SYSTEM_MODE = "SELECT set_config('engram.system', 'on', true)"
+# carries one transaction's tenant (or the system role) into the next. Literals, not parameters: the
+# simple protocol is one round trip, and a tenant id is an int. System mode is the system role (whose
+# policy alone reads `engram.system`) with the setting on: the app role's own policy is the tenant
+# equality and nothing else, which is what keeps a tenant's statements cheap (core.tenancy.rls).
+_SYSTEM_MODE = f"SELECT set_config('role', '{SYSTEM_ROLE}', true), set_config('engram.system', 'on', true)"
 
 
 def _tenant_mode(tenant_id: int) -> str:
-    return f"SELECT set_config('engram.tenant_id', '{int(tenant_id)}', true), set_config('engram.system', '', true)"
+    return f"SELECT set_config('engram.tenant_id', '{int(tenant_id)}', true)"
+
+
+# Leaving system mode inside a transaction (scope_to_tenant): back to the connecting role, setting off.
+_LEAVE_SYSTEM_MODE = "set_config('role', 'none', true), set_config('engram.system', '', true)"
 
 
 @event.listens_for(Session, "after_begin")
@@ -249,15 +257,19 @@ def _set_mode(connection: Connection, statement: str) -> None:
     When it is about to, this sends ``BEGIN; <statement>`` as one simple query through libpq instead:
     the server is then in the transaction, so psycopg sends no `BEGIN` (it decides by the server's
     transaction status, as it does for COMMIT and ROLLBACK), and the setting cost no extra round trip.
-    Otherwise (already in a transaction, or a connection with its own isolation options) the statement
+    Otherwise (already in a transaction, or a connection that is read-only or deferrable) the statement
     goes through psycopg as usual. Never prepared either way: it has no parameters.
     """
     driver: Any = connection.connection.driver_connection
-    plain_begin = driver.isolation_level is None and driver.read_only is None and driver.deferrable is None
+    plain_begin = driver.read_only is None and driver.deferrable is None
     if driver.autocommit or not plain_begin or driver.pgconn.transaction_status != pq.TransactionStatus.IDLE:
         driver.execute(statement, prepare=False)
         return
-    result = driver.pgconn.exec_(f"BEGIN; {statement}".encode())
+    # SQLAlchemy names the isolation level on every pooled connection (READ COMMITTED by default,
+    # REPEATABLE READ for a search's snapshot): psycopg would begin with it, and so does this.
+    level = driver.isolation_level
+    begin = "BEGIN" if level is None else f"BEGIN ISOLATION LEVEL {level.name.replace('_', ' ')}"
+    result = driver.pgconn.exec_(f"{begin}; {statement}".encode())
     if result.status != pq.ExecStatus.TUPLES_OK:
         message = (result.error_message or b"").decode(errors="replace")
         raise psycopg.OperationalError(f"could not start the transaction: {message}")
@@ -297,5 +309,5 @@ def scope_to_tenant(session: Session, tenant_id: int) -> Session:
     session.info.pop("all_tenants", None)
     session.info["tenant_id"] = tenant_id
     if session.in_transaction() and session.get_transaction() is not None:
-        _set_mode(session.connection(), _tenant_mode(tenant_id))
+        _set_mode(session.connection(), f"{_tenant_mode(tenant_id)}, {_LEAVE_SYSTEM_MODE}")
     return session

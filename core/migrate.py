@@ -15,7 +15,7 @@ from alembic.config import Config
 from sqlalchemy import text
 
 from core.db import app_database_url, get_owner_engine
-from core.tenancy.rls import apply_row_security, declare_array_operators_leakproof, ensure_app_role
+from core.tenancy.rls import apply_row_security, declare_leakproof_functions, ensure_app_role
 
 MIGRATIONS_DIR = Path(__file__).parent / "migrations"
 # Serialises concurrent `migrate` runs (api + worker starting together) on one database.
@@ -43,5 +43,5 @@ def upgrade(revision: str = "head") -> None:
         changed = apply_row_security(connection)
         if changed:
             log.info("row-level security applied to %s", ", ".join(changed))
-        declare_array_operators_leakproof(connection)
+        declare_leakproof_functions(connection)
         ensure_app_role(connection, app_url=app_database_url())

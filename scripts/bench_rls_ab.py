@@ -1,7 +1,8 @@
 """What row-level security costs, A/B in one process: the same searches and saves alternate between the old
 path (the schema owner, a superuser that RLS does not bind, no per-transaction setting) and the new one
 (the app role under the forced policies, `set_config` at each transaction's start), with a middle
-variant (the owner with the `set_config` round trip but no policy) that splits the cost in two.
+variant (the owner with the `set_config`, which rides on `BEGIN`, but no policy) that splits the cost in
+two. docs/benchmarks.md has the figures and what each statement costs.
 
 Alternating call by call puts both paths under the same machine load, which on shared cores moves wall
 figures by 2x between separate runs. Usage (a throwaway embedded stack, as `engram bench search`):

@@ -32,6 +32,61 @@ def test_successful_responses_carry_ratelimit_headers(client, tenant):
     assert 0 <= remaining < limit and int(response.headers["RateLimit-Reset"]) >= 0
 
 
+def _budget_fields(response) -> tuple[int, int, int]:  # type: ignore[no-untyped-def]
+    """The response's RateLimit-Limit, -Remaining and -Reset (KeyError when one is missing); each once."""
+    names = [name.lower() for name in response.headers.keys()]
+    for name in ("ratelimit-limit", "ratelimit-remaining", "ratelimit-reset"):
+        assert names.count(name) == 1, (response.request.url, names)
+    headers = response.headers
+    return int(headers["RateLimit-Limit"]), int(headers["RateLimit-Remaining"]), int(headers["RateLimit-Reset"])
+
+
+def test_every_answer_to_a_metered_key_carries_its_budget(client, tenant):
+    """Whatever a route returns (a model, its own JSONResponse, markdown, an error raised after admission,
+    MCP's JSON-RPC), the answer says the key's budget."""
+    auth = tenant.headers()
+    saved = client.post("/v1/memories", json={"content": "the fiscal year starts in April"}, headers=auth)
+    assert saved.status_code == 201  # a route returning its own JSONResponse
+    memory_id = saved.json()["memory_id"]
+    mcp_call = {"jsonrpc": "2.0", "id": 1, "method": "tools/list"}
+    answers = {
+        "save": saved,
+        "get": client.get(f"/v1/memories/{memory_id}", headers=auth),
+        "list": client.get("/v1/memories", headers=auth),
+        "search": client.post("/v1/search", json={"question": "fiscal year", "mode": "hybrid"}, headers=auth),
+        "export": client.get("/v1/memories:export", headers=auth),
+        "jobs": client.get("/v1/jobs", headers=auth),
+        "missing": client.get("/v1/memories/999999999", headers=auth),
+        "invalid": client.post("/v1/memories", json={"content": ""}, headers=auth),
+        "unknown field": client.post("/v1/search", json={"question": "x", "nope": 1}, headers=auth),
+        "mcp": client.post("/mcp", json=mcp_call, headers={**auth, "Accept": "application/json, text/event-stream"}),
+    }
+    statuses = {name: response.status_code for name, response in answers.items()}
+    assert statuses == {
+        "save": 201,
+        "get": 200,
+        "list": 200,
+        "search": 200,
+        "export": 200,
+        "jobs": 200,
+        "missing": 404,
+        "invalid": 422,
+        "unknown field": 422,
+        "mcp": 200,
+    }
+    budgets = {name: _budget_fields(response) for name, response in answers.items()}
+    limits = {limit for limit, _, _ in budgets.values()}
+    assert len(limits) == 1, budgets  # one key, one budget
+    (limit,) = limits
+    assert all(0 <= remaining < limit and reset >= 0 for _, remaining, reset in budgets.values()), budgets
+
+
+def test_unmetered_answers_carry_no_budget(client):
+    """A request no key's budget admitted says none: health, and a refused key."""
+    for response in (client.get("/healthz"), client.get("/v1/memories", headers={"Authorization": "Bearer egk_x"})):
+        assert not {name.lower() for name in response.headers.keys()} & {"ratelimit-limit", "ratelimit-remaining"}
+
+
 def test_budget_is_shared_by_separate_limiters(stack, tenant):
     """Two limiters with their own Redis connections (as two API replicas have) spend one budget."""
     item = RateLimitItemPerSecond(5, 30, namespace="engram-test")

@@ -76,7 +76,7 @@ class McpEndpoint:
         try:
             await run_in_threadpool(caller_from_request, request)
         except EngramError as exc:
-            headers = {"WWW-Authenticate": "Bearer"} if exc.status == 401 else None
+            headers = {"WWW-Authenticate": "Bearer"} if exc.status == 401 else dict(getattr(exc, "headers", {}))
             await error_response(exc.status, exc.message, code=exc.code, headers=headers)(scope, receive, send)
             return
         if self._manager is None:

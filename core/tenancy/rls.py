@@ -1,14 +1,24 @@
-"""Row-level security: the PostgreSQL half of tenant isolation, and the app role it applies to.
+"""Row-level security: the PostgreSQL half of tenant isolation, and the roles it applies to.
 
-Every table with a ``tenant_id`` column (and ``tenants`` itself, by ``id``) gets one forced policy: a row
-is visible and writable when its tenant is the transaction's ``engram.tenant_id``, or when the
-transaction runs in the named system mode (``engram.system = 'on'``). Both settings are transaction-local
-and set by core.db at the start of each transaction. The policy reads them through scalar subqueries, so
-PostgreSQL evaluates them once per statement (an InitPlan), not once per row.
+Every table with a ``tenant_id`` column (and ``tenants`` itself, by ``id``) has row-level security enabled
+and forced, with two policies:
 
-Tables are found in the live catalog, so a table a later migration adds is covered by the next
-`engram migrate` without anyone remembering to list it. Applying is idempotent and takes no lock on a
-table that already has its policy.
+- ``engram_tenant_isolation`` (every role): a row is visible and writable when its tenant is the
+  transaction's ``engram.tenant_id`` setting. A plain equality on a stable expression, nothing else: the
+  planner puts it in one equivalence class with the statement's own ``tenant_id = :tenant`` and checks it
+  once per statement (a one-time filter), so a tenant's query pays no per-row filter, no InitPlans to
+  plan, and keeps its row estimates; a statement that forgets its tenant condition gets this one as its
+  index condition.
+- ``engram_system_mode`` (only :data:`SYSTEM_ROLE` and the schema owner): every row, when the transaction
+  runs in the named system mode (``engram.system = 'on'``). The app role enters it by switching to
+  :data:`SYSTEM_ROLE` for the transaction (``SET LOCAL ROLE``) with the setting on; it is a member of that
+  role without inheriting it, so outside system mode this policy does not even apply to it (and its
+  statements are not burdened with it). The owner keeps the setting alone for data migrations.
+
+Both settings (and the role switch) are transaction-local, set by core.db at the start of each
+transaction. Tables are found in the live catalog, so a table a later migration adds is covered by the
+next `engram migrate` without anyone remembering to list it. Applying is idempotent and takes no lock on a
+table that already has its policies.
 """
 
 from __future__ import annotations
@@ -17,19 +27,15 @@ import logging
 
 from sqlalchemy import text
 from sqlalchemy.engine import Connection, make_url
+from sqlalchemy.exc import DBAPIError
 
 log = logging.getLogger("engram.tenancy")
 
 POLICY = "engram_tenant_isolation"
-
-_FUNCTIONS = """
-CREATE OR REPLACE FUNCTION engram_current_tenant() RETURNS bigint
-    LANGUAGE sql STABLE PARALLEL SAFE
-    AS $$ SELECT NULLIF(current_setting('engram.tenant_id', true), '')::bigint $$;
-CREATE OR REPLACE FUNCTION engram_system_mode() RETURNS boolean
-    LANGUAGE sql STABLE PARALLEL SAFE
-    AS $$ SELECT coalesce(current_setting('engram.system', true), '') = 'on' $$;
-"""
+SYSTEM_POLICY = "engram_system_mode"
+# The role a transaction of the app role switches to for the named system mode: owns nothing, cannot log
+# in, has no BYPASSRLS; the app role is a member that does not inherit it (only `SET ROLE` reaches it).
+SYSTEM_ROLE = "engram_system"
 
 
 def tenant_tables(connection: Connection) -> list[str]:
@@ -45,60 +51,128 @@ def tenant_tables(connection: Connection) -> list[str]:
     )
 
 
-def _policy_sql(table: str, column: str) -> str:
-    condition = f"{column} = (SELECT engram_current_tenant()) OR (SELECT engram_system_mode())"
-    return f'CREATE POLICY {POLICY} ON "{table}" USING ({condition}) WITH CHECK ({condition})'
+# The settings written out, not through SQL functions (0010's engram_current_tenant() and
+# engram_system_mode()): PostgreSQL inlines a function's body again (parses and analyses its text) for
+# every tenant table of every statement it plans, which measured as much as the rest of the policy's cost.
+# NULLIF: a setting once set in a session reads '' after its transaction, not NULL.
+_CURRENT_TENANT = "NULLIF(current_setting('engram.tenant_id', true), '')::bigint"
+_SYSTEM_MODE_ON = "coalesce(current_setting('engram.system', true), '') = 'on'"
 
 
-def apply_row_security(connection: Connection) -> list[str]:
-    """Enable, force and police every tenant table that lacks it; returns the tables changed."""
-    policed = set(
+def _policy_sql(table: str, column: str) -> list[str]:
+    tenant = f"{column} = {_CURRENT_TENANT}"
+    system = _SYSTEM_MODE_ON
+    return [
+        f'CREATE POLICY {POLICY} ON "{table}" USING ({tenant}) WITH CHECK ({tenant})',
+        f'CREATE POLICY {SYSTEM_POLICY} ON "{table}" TO {SYSTEM_ROLE}, CURRENT_USER USING ({system}) '
+        f"WITH CHECK ({system})",
+    ]
+
+
+def _policed_tables(connection: Connection) -> set[str]:
+    """Tables with row security enabled and forced and both policies in their current form."""
+    return set(
         connection.execute(
             text(
-                "SELECT p.tablename FROM pg_policies p JOIN pg_class c ON c.relname = p.tablename "
-                "AND c.relnamespace = current_schema()::regnamespace "
-                "WHERE p.schemaname = current_schema() AND p.policyname = :p "
-                "AND c.relrowsecurity AND c.relforcerowsecurity"
+                "SELECT c.relname FROM pg_class c "
+                "JOIN pg_policy t ON t.polrelid = c.oid AND t.polname = :tenant "
+                "JOIN pg_policy s ON s.polrelid = c.oid AND s.polname = :system "
+                "WHERE c.relnamespace = current_schema()::regnamespace AND c.relrowsecurity "
+                "AND c.relforcerowsecurity AND pg_get_expr(t.polqual, t.polrelid) NOT LIKE '%engram_system_mode%'"
             ),
-            {"p": POLICY},
+            {"tenant": POLICY, "system": SYSTEM_POLICY},
         ).scalars()
     )
+
+
+def apply_row_security(connection: Connection, *, replace: bool = False) -> list[str]:
+    """Enable, force and police every tenant table that lacks it (every one with `replace`); returns the
+    tables changed. Run by the owner; creates :data:`SYSTEM_ROLE` first if it is missing."""
+    policed = set() if replace else _policed_tables(connection)
     targets = [(table, "tenant_id") for table in tenant_tables(connection)] + [("tenants", "id")]
     changed: list[str] = []
     if all(table in policed for table, _ in targets):
         return changed  # nothing to do, and nothing an app role running `migrate` may not do
-    connection.execute(text(_FUNCTIONS))
+    ensure_system_role(connection)
     for table, column in targets:
         if table in policed:
             continue
         connection.execute(text(f'ALTER TABLE "{table}" ENABLE ROW LEVEL SECURITY'))
         connection.execute(text(f'ALTER TABLE "{table}" FORCE ROW LEVEL SECURITY'))
-        connection.execute(text(f'DROP POLICY IF EXISTS {POLICY} ON "{table}"'))
-        connection.execute(text(_policy_sql(table, column)))
+        for name in (POLICY, SYSTEM_POLICY):
+            connection.execute(text(f'DROP POLICY IF EXISTS {name} ON "{table}"'))
+        for statement in _policy_sql(table, column):
+            connection.execute(text(statement))
         changed.append(table)
     return changed
 
 
-# PostgreSQL uses a condition as an index condition under row-level security only when its operator is
-# LEAKPROOF; the array operators are not declared so, which turns the GIN-indexed entity lookups
-# (`entities && ...`, `entities @> ...`) into scans of the tenant's rows (measured: 0.4 ms -> 16 ms at 20k
-# memories). They only compare elements and report nothing about the rows they see, and the app role
-# cannot create functions of its own, so declaring them leakproof opens nothing. Only a superuser may.
-_ARRAY_OPERATORS = ("arrayoverlap(anyarray, anyarray)", "arraycontains(anyarray, anyarray)")
+def _role_exists(connection: Connection, name: str) -> bool:
+    return bool(connection.execute(text("SELECT 1 FROM pg_roles WHERE rolname = :r"), {"r": name}).scalar())
 
 
-def declare_array_operators_leakproof(connection: Connection) -> bool:
-    """Let the GIN array operators serve as index conditions under row-level security (superuser only);
-    False when they stay as they are (a managed PostgreSQL: entity lookups then scan the tenant's rows)."""
-    missing = connection.execute(
-        text("SELECT count(*) FROM pg_proc WHERE proname IN ('arrayoverlap', 'arraycontains') AND NOT proleakproof")
-    ).scalar()
-    if not missing:
+def _may_manage_roles(connection: Connection) -> bool:
+    return bool(
+        connection.execute(text("SELECT rolsuper OR rolcreaterole FROM pg_roles WHERE rolname = current_user")).scalar()
+    )
+
+
+def ensure_system_role(connection: Connection) -> None:
+    """Create (or align) :data:`SYSTEM_ROLE`: no login, no BYPASSRLS, owns nothing, the app role's grants.
+    Without the right to manage roles it must exist already (deploy/README.md shows how to create it)."""
+    if not _role_exists(connection, SYSTEM_ROLE):
+        if not _may_manage_roles(connection):
+            raise RuntimeError(
+                f"role {SYSTEM_ROLE!r} is missing and {connection.execute(text('SELECT current_user')).scalar()!r} "
+                "may not create roles: create it as deploy/README.md shows, then run `engram migrate` again"
+            )
+        connection.execute(text(f"CREATE ROLE {SYSTEM_ROLE} NOLOGIN"))
+    if _may_manage_roles(connection):
+        connection.execute(text(f"ALTER ROLE {SYSTEM_ROLE} NOLOGIN NOSUPERUSER NOBYPASSRLS NOCREATEDB NOCREATEROLE"))
+    grant_app_role(connection, role=SYSTEM_ROLE)
+
+
+# PostgreSQL uses a condition as an index condition under row-level security only when it is LEAKPROOF
+# (every function it calls on a column is). Two kinds of hot conditions are not, by default:
+# - the array operators of the GIN-indexed entity lookups (`entities && ...`, `entities @> ...`), which
+#   then scan the tenant's rows (measured: 0.4 ms -> 16 ms at 20k memories);
+# - `substr(text, integer)`, in the join of the dense channel's nearest neighbours to their memories
+#   (`memories.id = substr(e.canonical_id, 8)`): not leakproof, the join cannot probe memories' primary
+#   key below the policy, and the planner hashes the tenant's whole memories table instead (measured at
+#   100k memories: 36 ms against 4.9 ms for that statement, a question search +230%).
+# They only compare or cut their arguments, raise no error that depends on a row's content (substr without
+# a length has no error case), and report nothing about the rows they see; the app role cannot create
+# functions of its own, so declaring them leakproof opens nothing. Only a superuser may.
+_LEAKPROOF_FUNCTIONS = (
+    "arrayoverlap(anyarray, anyarray)",
+    "arraycontains(anyarray, anyarray)",
+    "substr(text, integer)",
+)
+
+
+def not_leakproof(connection: Connection) -> list[str]:
+    """The functions above that are not (yet) declared leakproof."""
+    return list(
+        connection.execute(
+            text(
+                "SELECT s FROM unnest(CAST(:signatures AS text[])) AS s "
+                "LEFT JOIN pg_proc p ON p.oid = to_regprocedure(s) WHERE p.oid IS NULL OR NOT p.proleakproof"
+            ),
+            {"signatures": list(_LEAKPROOF_FUNCTIONS)},
+        ).scalars()
+    )
+
+
+def declare_leakproof_functions(connection: Connection) -> bool:
+    """Let the hot conditions above serve as index and join conditions under row-level security (superuser
+    only); False when they stay as they are (a managed PostgreSQL: entity lookups then scan the tenant's
+    rows, and the dense channel's join hashes them)."""
+    if not not_leakproof(connection):
         return True
     if not connection.execute(text("SELECT rolsuper FROM pg_roles WHERE rolname = current_user")).scalar():
-        log.warning("not a superuser: array operators stay non-leakproof, entity lookups scan under RLS")
+        log.warning("not a superuser: array operators and substr stay non-leakproof, slower under RLS")
         return False
-    for signature in _ARRAY_OPERATORS:
+    for signature in _LEAKPROOF_FUNCTIONS:
         connection.execute(text(f"ALTER FUNCTION {signature} LEAKPROOF"))
     return True
 
@@ -115,6 +189,7 @@ def ensure_app_role(connection: Connection, *, app_url: str) -> bool:
     role_name = url.username
     owner = connection.execute(text("SELECT current_user")).scalar()
     if not role_name or role_name == owner:
+        _join_system_role(connection, role="CURRENT_USER")
         privileged = connection.execute(
             text(
                 "SELECT r.rolsuper OR r.rolbypassrls OR c.relowner = r.oid FROM pg_roles r, pg_class c "
@@ -125,15 +200,10 @@ def ensure_app_role(connection: Connection, *, app_url: str) -> bool:
             log.warning("the service connects as %r, which row-level security does not bind", owner)
         return False
     role = _quote_ident(connection, role_name)
-    may_manage = bool(
-        connection.execute(
-            text("SELECT rolsuper OR rolcreaterole FROM pg_roles WHERE rolname = current_user")
-        ).scalar()
-    )
+    may_manage = _may_manage_roles(connection)
     managed = False
     if may_manage:
-        exists = connection.execute(text("SELECT 1 FROM pg_roles WHERE rolname = :r"), {"r": role_name}).scalar()
-        if not exists:
+        if not _role_exists(connection, role_name):
             connection.execute(text(f"CREATE ROLE {role} LOGIN"))
         password = url.password
         # Literal, not a bind parameter: utility statements take none. quote_literal escapes it.
@@ -141,15 +211,36 @@ def ensure_app_role(connection: Connection, *, app_url: str) -> bool:
         if password:
             secret = str(connection.execute(text("SELECT quote_literal(:p)"), {"p": str(password)}).scalar())
         connection.execute(
-            text(f"ALTER ROLE {role} LOGIN NOSUPERUSER NOBYPASSRLS NOCREATEDB NOCREATEROLE PASSWORD {secret}")
+            text(f"ALTER ROLE {role} LOGIN NOSUPERUSER NOBYPASSRLS NOCREATEDB NOCREATEROLE NOINHERIT PASSWORD {secret}")
         )
+        _join_system_role(connection, role=role)
         managed = True
     else:
         log.warning("role %r may not manage roles: create %r as deploy/README.md shows", owner, role_name)
-    exists = connection.execute(text("SELECT 1 FROM pg_roles WHERE rolname = :r"), {"r": role_name}).scalar()
-    if exists:
+    if _role_exists(connection, role_name):
         grant_app_role(connection, role=role)
     return managed
+
+
+def _join_system_role(connection: Connection, *, role: str) -> None:
+    """Let `role` switch to :data:`SYSTEM_ROLE` (`SET ROLE`) without inheriting it: a role that inherited
+    it would have the system policy applied to all its statements (still gated by ``engram.system``, but
+    paid by every tenant query). NOINHERIT on the app role says the same on servers before 16."""
+    may_set = connection.execute(
+        text("SELECT rolsuper OR pg_has_role(current_user, :r, 'MEMBER') FROM pg_roles WHERE rolname = current_user"),
+        {"r": SYSTEM_ROLE},
+    ).scalar()
+    if role == "CURRENT_USER" and may_set:
+        return  # a superuser may set any role; a member already may
+    if int(str(connection.execute(text("SHOW server_version_num")).scalar())) >= 160000:
+        grant = f"GRANT {SYSTEM_ROLE} TO {role} WITH INHERIT FALSE, SET TRUE"
+    else:
+        grant = f"GRANT {SYSTEM_ROLE} TO {role}"
+    try:
+        with connection.begin_nested():
+            connection.execute(text(grant))
+    except DBAPIError as error:
+        log.warning("could not grant %s to %s (%s): see deploy/README.md", SYSTEM_ROLE, role, error)
 
 
 def grant_app_role(connection: Connection, *, role: str) -> None:

@@ -12,7 +12,7 @@ Revises: 0008
 import sqlalchemy as sa
 from alembic import op
 
-from core.tenancy.rls import POLICY, apply_row_security, tenant_tables
+from core.tenancy.rls import POLICY, SYSTEM_POLICY, apply_row_security, tenant_tables
 
 revision = "0010"
 down_revision = "0009"
@@ -31,6 +31,7 @@ def downgrade() -> None:
     connection = op.get_bind()
     for table in [*tenant_tables(connection), "tenants"]:
         op.execute(f'DROP POLICY IF EXISTS {POLICY} ON "{table}"')
+        op.execute(f'DROP POLICY IF EXISTS {SYSTEM_POLICY} ON "{table}"')  # created by apply_row_security since 0014
         op.execute(f'ALTER TABLE "{table}" NO FORCE ROW LEVEL SECURITY')
         op.execute(f'ALTER TABLE "{table}" DISABLE ROW LEVEL SECURITY')
     op.execute("DROP FUNCTION IF EXISTS engram_current_tenant()")
