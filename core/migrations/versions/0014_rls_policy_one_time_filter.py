@@ -15,7 +15,7 @@ Downgrade restores the single policy of 0010; the role `engram_system` is left i
 the cluster, not to this database; it cannot log in and owns nothing).
 
 Revision ID: 0014
-Revises: 0012
+Revises: 0013
 """
 
 from alembic import op
@@ -23,7 +23,7 @@ from alembic import op
 from core.tenancy.rls import POLICY, SYSTEM_POLICY, apply_row_security, tenant_tables
 
 revision = "0014"
-down_revision = "0012"
+down_revision = "0013"
 branch_labels = None
 depends_on = None
 

@@ -9,13 +9,13 @@ leads with the episode and follows its order; the one for dated memories without
 notes saved at their save time (most of a tenant) cost it nothing on write.
 
 Revision ID: 0015
-Revises: 0013
+Revises: 0014
 """
 
 from alembic import op
 
 revision = "0015"
-down_revision = "0013"
+down_revision = "0014"
 branch_labels = None
 depends_on = None
 
