@@ -8,7 +8,9 @@ writes the tenant's embeddings. Every written row is stamped with the version it
 (migration 0013), so bringing a matrix from version V to a newer one reads exactly the rows stamped above
 V: under a steady write load a search reads the few vectors saved since the last one, not the corpus.
 
-Vectors travel in pgvector's binary form (``vector_send``) on a binary cursor: no float parsing.
+Vectors travel in pgvector's binary form (``vector_send``) on a binary cursor: no float parsing. They come
+with the stats row of the same snapshot, so a matrix is labelled with exactly the version it holds, and
+concurrent writes never make a refresh look like a deletion.
 
 A matrix is never changed once published (searches in other threads may be reading it). Rows added by a
 refresh are written past the end of the rows an older matrix uses, in a buffer the two share, when the
@@ -39,11 +41,17 @@ MEMORY_KIND = "memory"
 # in place and copies the matrix only every so often.
 _MIN_HEADROOM = 64
 
-_ROWS = (
-    "SELECT canonical_id, doc_kind, vector_send(embedding) FROM embeddings"
-    " WHERE tenant_id = %(tenant)s AND model = %(model)s AND dims = %(dims)s"
-)
-_ROWS_SINCE = _ROWS + " AND stamp > %(since)s"
+# The rows come with the stats row of the same snapshot (one statement): the version they make up to and
+# the count of stored vectors, so a matrix is labelled with exactly the version it holds and a vector
+# deleted since the base shows as a count that does not add up, whatever commits meanwhile.
+_ROWS = """
+SELECT e.canonical_id, e.doc_kind, vector_send(e.embedding), s.docs, s.version
+FROM search_embedding_stats AS s
+LEFT JOIN embeddings AS e ON e.tenant_id = s.tenant_id AND e.model = s.model AND e.dims = %(dims)s{since}
+WHERE s.tenant_id = %(tenant)s AND s.model = %(model)s
+"""
+_ROWS_ALL = _ROWS.format(since="")
+_ROWS_SINCE = _ROWS.format(since=" AND e.stamp > %(since)s")
 
 
 class VectorStats(NamedTuple):
@@ -169,56 +177,60 @@ _cache: BoundedCache[TenantMatrix] = BoundedCache(
 )
 
 
-def _read(session: Session, sql: str, params: dict[str, Any], dims: int) -> dict[bool, tuple[list[str], np.ndarray]]:
-    """Rows by side (True: memories): their ids and vectors."""
+class _Read(NamedTuple):
+    sides: dict[bool, tuple[list[str], np.ndarray]]  # by side (True: memories), ids and vectors
+    docs: int
+    version: int
+
+
+def _read(session: Session, sql: str, params: dict[str, Any], dims: int) -> _Read:
     with driver_connection(session).cursor(binary=True) as cursor:
-        rows = cursor.execute(sql, params).fetchall()
-    out: dict[bool, tuple[list[str], np.ndarray]] = {}
+        rows = [row for row in cursor.execute(sql, params).fetchall()]
+    docs, version = (int(rows[0][3]), int(rows[0][4])) if rows else (0, 0)
+    rows = [row for row in rows if row[0] is not None]
+    sides: dict[bool, tuple[list[str], np.ndarray]] = {}
     for memory_side in (True, False):
         picked = [row for row in rows if (row[1] == MEMORY_KIND) is memory_side]
-        out[memory_side] = ([row[0] for row in picked], decode_vectors([row[2] for row in picked], dims))
-    return out
+        sides[memory_side] = ([row[0] for row in picked], decode_vectors([row[2] for row in picked], dims))
+    return _Read(sides=sides, docs=docs, version=version)
 
 
-def load_matrix(session: Session, *, tenant_id: int, model: str, dims: int, version: int) -> TenantMatrix:
-    """The tenant's vectors of ``model`` and ``dims`` read whole, labelled ``version`` (the caller read it
-    before, so the rows may be newer: a later refresh reads those again, which changes nothing)."""
-    sides = _read(session, _ROWS, {"tenant": tenant_id, "model": model, "dims": dims}, dims)
+def load_matrix(session: Session, *, tenant_id: int, model: str, dims: int) -> TenantMatrix:
+    """The tenant's vectors of ``model`` and ``dims`` read whole, at the version of the same snapshot."""
+    read = _read(session, _ROWS_ALL, {"tenant": tenant_id, "model": model, "dims": dims}, dims)
     return TenantMatrix(
-        version=version,
-        memories=side_of(sides[True][0], sides[True][1], dims=dims),
-        entities=side_of(sides[False][0], sides[False][1], dims=dims),
+        version=read.version,
+        memories=side_of(*read.sides[True], dims=dims),
+        entities=side_of(*read.sides[False], dims=dims),
     )
 
 
 def refreshed_matrix(
-    session: Session, base: TenantMatrix, *, tenant_id: int, model: str, dims: int, version: int, docs: int
+    session: Session, base: TenantMatrix, *, tenant_id: int, model: str, dims: int
 ) -> TenantMatrix | None:
-    """``base`` brought up to ``version`` from the rows stamped after its version, or None when the result
-    would not hold exactly the tenant's ``docs`` vectors (one was deleted): then it is read whole again."""
+    """``base`` brought up to the current version from the rows stamped after its own, or None when the result
+    would not hold exactly the tenant's stored vectors (one was deleted since): then it is read whole again."""
     params = {"tenant": tenant_id, "model": model, "dims": dims, "since": base.version}
-    sides = _read(session, _ROWS_SINCE, params, dims)
-    memories = merged(base.memories, *sides[True])
-    entities = merged(base.entities, *sides[False])
-    if memories.n + entities.n != docs:
+    read = _read(session, _ROWS_SINCE, params, dims)
+    memories = merged(base.memories, *read.sides[True])
+    entities = merged(base.entities, *read.sides[False])
+    if memories.n + entities.n != read.docs:
         return None
-    return TenantMatrix(version=version, memories=memories, entities=entities)
+    return TenantMatrix(version=read.version, memories=memories, entities=entities)
 
 
-def tenant_matrix(
-    session: Session, *, tenant_id: int, model: str, dims: int, version: int, docs: int | None = None
-) -> TenantMatrix:
-    """The tenant's matrix at embeddings ``version``: cached, else refreshed from an older cached one (when
-    ``docs``, the tenant's vector count, is known), else read whole."""
+def tenant_matrix(session: Session, *, tenant_id: int, model: str, dims: int, version: int) -> TenantMatrix:
+    """The tenant's matrix at embeddings ``version`` (the caller's read of it) or newer: cached, else refreshed
+    from an older cached one with the rows written since, else read whole."""
     key = (tenant_id, model, dims)
     hit = _cache.get(key)
-    if hit is not None and hit.version == version:
+    if hit is not None and hit.version >= version:
         return hit
     matrix = None
-    if hit is not None and hit.version < version and docs is not None:
-        matrix = refreshed_matrix(session, hit, tenant_id=tenant_id, model=model, dims=dims, version=version, docs=docs)
+    if hit is not None:
+        matrix = refreshed_matrix(session, hit, tenant_id=tenant_id, model=model, dims=dims)
     if matrix is None:
-        matrix = load_matrix(session, tenant_id=tenant_id, model=model, dims=dims, version=version)
+        matrix = load_matrix(session, tenant_id=tenant_id, model=model, dims=dims)
     latest = _cache.get(key)
     if latest is None or latest.version <= matrix.version:
         _cache.put(key, matrix)

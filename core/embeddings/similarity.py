@@ -87,7 +87,7 @@ class LinkPlan:
 def _committed(session: Session, *, tenant_id: int, model: str, dims: int) -> Side:
     """The memory side of the tenant's shared matrix (core.embeddings.matrix), as committed so far."""
     stats = vector_stats(session, tenant_id=tenant_id, model=model)
-    matrix = tenant_matrix(session, tenant_id=tenant_id, model=model, dims=dims, version=stats.version, docs=stats.docs)
+    matrix = tenant_matrix(session, tenant_id=tenant_id, model=model, dims=dims, version=stats.version)
     return matrix.memories
 
 

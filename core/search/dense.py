@@ -258,7 +258,7 @@ class DenseSearch:
         if self._exact:
             single_threaded_blas()
             self._matrix = tenant_matrix(
-                session, tenant_id=tenant_id, model=self._model, dims=self._dims, version=version, docs=docs
+                session, tenant_id=tenant_id, model=self._model, dims=self._dims, version=version
             )
             if not self._matrix.memories.ids and not self._matrix.entities.ids:
                 raise DenseUnavailable(
