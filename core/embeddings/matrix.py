@@ -157,12 +157,13 @@ def merged(side: Side, ids: list[str], vectors: np.ndarray) -> Side:
                     buffer.rows[doc_id] = n
                 buffer.used = side.n + len(new_ids)
                 return Side([*side.ids, *new_ids], [*side.memory_ids, *_stripped(new_ids)], buffer)
-    all_ids = [*side.ids, *(doc_id for doc_id in new_ids if side.row(doc_id) is None)]
+    added = [doc_id for doc_id in new_ids if side.row(doc_id) is None]
+    all_ids = [*side.ids, *added]
     data = np.zeros((len(all_ids) + max(_MIN_HEADROOM, len(all_ids) // 4), fresh.shape[1]), dtype=np.float32)
     data[: side.n] = side.matrix
     rows = {doc_id: n for n, doc_id in enumerate(all_ids)}
     data[[rows[doc_id] for doc_id in new_ids]] = fresh
-    return Side(all_ids, _stripped(all_ids), _Buffer(data=data, rows=rows, used=len(all_ids)))
+    return Side(all_ids, [*side.memory_ids, *_stripped(added)], _Buffer(data=data, rows=rows, used=len(all_ids)))
 
 
 def _matrix_bytes(matrix: TenantMatrix) -> int:
