@@ -43,7 +43,10 @@ def load_snapshot(session: Session, *, tenant_id: int, version: int | None = Non
     hit = _snapshots.get(tenant_id)
     if hit is not None and hit[0] == version and hit[2] is loader:
         return hit[1]
-    snapshot = loader(session, tenant_id)
+    # Version 0: no catalog write ever (every one moves the version), so the catalog is empty; a tenant that
+    # keeps memories only is not charged the loader's seven queries at its first search. Each tenant gets its
+    # own empty snapshot object, so memos never cross tenants.
+    snapshot = CatalogSnapshot() if version == 0 else loader(session, tenant_id)
     _snapshots.put(tenant_id, (version, snapshot, loader))
     return snapshot
 
