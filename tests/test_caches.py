@@ -121,5 +121,16 @@ def test_catalog_snapshots_are_bounded_by_bytes_and_take_their_memo_along(monkey
         assert CACHE_EVICTIONS.labels("catalog_snapshots")._value.get() == evictions + 1
         assert catalog._snapshots.get(-1) is None and catalog._snapshots.get(-2) is not None
         assert catalog.snapshot_memo(first) == {}  # a fresh memo: the old one went with its snapshot
+        # A snapshot replaced by a newer version of its tenant's catalog takes its memo along too.
+        from core.entities import store
+
+        monkeypatch.setattr(store, "load_snapshot", lambda _session, _tenant_id: shop())
+        empty = catalog.load_snapshot(None, tenant_id=-3, version=0)  # type: ignore[arg-type]
+        assert catalog.catalog_entities(empty) == 0  # version 0: no catalog, the loader is not asked
+        catalog.snapshot_memo(empty)["shown"] = {"shop": False}
+        assert id(empty) in catalog._memos.keys()
+        newer = catalog.load_snapshot(None, tenant_id=-3, version=5)  # type: ignore[arg-type]
+        assert catalog.catalog_entities(newer) == 1_001
+        assert id(empty) not in catalog._memos.keys()
     finally:
         catalog.clear_cache()

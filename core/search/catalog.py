@@ -48,6 +48,8 @@ def load_snapshot(session: Session, *, tenant_id: int, version: int | None = Non
     # own empty snapshot object, so memos never cross tenants.
     snapshot = CatalogSnapshot() if version == 0 else loader(session, tenant_id)
     _snapshots.put(tenant_id, (version, snapshot, loader))
+    if hit is not None and hit[1] is not snapshot:
+        _drop_memo(tenant_id, hit)  # the replaced snapshot's memo is counted with it: it goes too
     return snapshot
 
 
