@@ -136,8 +136,10 @@ class Settings(BaseSettings):
     dense_similarity_floor: float | None = Field(default=None, ge=-1.0, le=1.0)
     # Tenants' full-text index handles one process keeps open (least recently used evicted; core.caches).
     fulltext_max_open_indexes: int = 1_000
-    # Tenants whose catalog snapshot (and what search derives from it) one process keeps.
-    catalog_cache_tenants: int = 64
+    # Tenants whose catalog snapshot (and what search derives from it) one process keeps, and the MB they
+    # may take (estimated per catalog entity, core.search.catalog): a reload costs a warm search ~2-5 ms.
+    catalog_cache_tenants: int = 1_000
+    catalog_cache_max_mb: int = 256
     # Tenants' in-process vector matrices (exact dense path) one process keeps: at most this many tenants
     # and this many MB of vectors (a 1,000-memory tenant at 384 dims is ~1.6 MB).
     dense_cache_max_tenants: int = 1_000

@@ -69,4 +69,6 @@ def test_bench_tenants_reports_warm_and_cold_latency_rss_and_open_files(tmp_path
     assert by_metric["non_2xx"][0]["value"] == 0 and by_metric["searches"][0]["value"] == 80
     # Every tenant touched is cold once: the cold count is the number of distinct tenants searched.
     assert 1 <= by_metric["tenants_touched"][0]["value"] <= 12
+    # A tenant's first search with a question after one without is counted apart, once per tenant at most.
+    assert 0 <= by_metric["first_questions"][0]["value"] <= by_metric["tenants_touched"][0]["value"]
     assert by_metric["rss_mb"][0]["value"] > 10 and by_metric["open_files"][0]["value"] > 0

@@ -96,3 +96,41 @@ def test_evicting_a_tenants_vector_matrix_keeps_its_answers(client, make_tenant,
     after = search(client, first, body)
     assert before["channels"]["dense"] and not before["degraded"]
     assert [(h["id"], h["score"]) for h in after["memories"]] == [(h["id"], h["score"]) for h in before["memories"]]
+
+
+def test_catalog_snapshots_are_bounded_by_bytes_and_take_their_memo_along(monkeypatch):
+    """Catalog snapshots are weighed by their entities; one evicted to fit the MB bound drops what search
+    memoised on it (a later search of that tenant reloads both, as after any eviction)."""
+    from core.config import get_settings
+    from core.entities.canonical import CatalogSnapshot
+    from core.search import catalog
+
+    def shop() -> CatalogSnapshot:  # 1 datasource + 50 models of 19 columns: 1,001 entities, ~0.8 MB counted
+        models = [{"name": f"m{i}", "columns": [f"c{j}" for j in range(19)]} for i in range(50)]
+        return CatalogSnapshot.from_dicts([{"name": "shop", "models": models}])
+
+    monkeypatch.setattr(get_settings(), "catalog_cache_max_mb", 1)
+    first, second = shop(), shop()
+    assert catalog.catalog_entities(first) == 1_001
+    catalog.clear_cache()  # only these two snapshots are weighed
+    try:
+        catalog._snapshots.put(-1, (1, first, None))
+        catalog.snapshot_memo(first)["shown"] = {"shop.m1": True}
+        evictions = CACHE_EVICTIONS.labels("catalog_snapshots")._value.get()
+        catalog._snapshots.put(-2, (1, second, None))
+        assert CACHE_EVICTIONS.labels("catalog_snapshots")._value.get() == evictions + 1
+        assert catalog._snapshots.get(-1) is None and catalog._snapshots.get(-2) is not None
+        assert catalog.snapshot_memo(first) == {}  # a fresh memo: the old one went with its snapshot
+        # A snapshot replaced by a newer version of its tenant's catalog takes its memo along too.
+        from core.entities import store
+
+        monkeypatch.setattr(store, "load_snapshot", lambda _session, _tenant_id: shop())
+        empty = catalog.load_snapshot(None, tenant_id=-3, version=0)  # type: ignore[arg-type]
+        assert catalog.catalog_entities(empty) == 0  # version 0: no catalog, the loader is not asked
+        catalog.snapshot_memo(empty)["shown"] = {"shop": False}
+        assert id(empty) in catalog._memos.keys()
+        newer = catalog.load_snapshot(None, tenant_id=-3, version=5)  # type: ignore[arg-type]
+        assert catalog.catalog_entities(newer) == 1_001
+        assert id(empty) not in catalog._memos.keys()
+    finally:
+        catalog.clear_cache()

@@ -330,6 +330,30 @@ def test_snapshot_required_rebuilds(tmp_path: Path) -> None:
     assert _ids(idx.search("beta", limit=5)) == ["memory:2"]
 
 
+def test_state_is_fsynced_only_when_it_goes_back(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A state moving forward after a (durable) commit may be lost in a crash, costing a replay, so it is not
+    fsynced; a state going back (a wipe) or to a new generation over an existing one must not be lost."""
+    import os
+
+    synced: list[int] = []
+    real_fsync = os.fsync
+
+    def fsync(fd: int) -> None:
+        synced.append(fd)
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    idx = FulltextIndex(tmp_path / "t")  # a new directory: nothing older to go back to
+    idx.catch_up(lambda since: ([_upsert("memory:1", "alpha", seq=1)], 1), current_seq=1)
+    idx.apply([_upsert("memory:2", "beta", seq=2)], upto_seq=2)
+    assert synced == [] and FulltextIndex(tmp_path / "t").applied_seq == 2
+    idx.reset()  # back to 0: a lost write would leave seq 2 over an emptied index
+    assert len(synced) == 1 and idx.applied_seq == 0
+    (tmp_path / "t" / "index" / "meta.json").write_text("{not json")
+    FulltextIndex(tmp_path / "t")  # recreated with a new generation over the old state
+    assert len(synced) == 2
+
+
 # -- benchmark (prints figures; run with -s; no timed assertions) ----------------------------------
 
 

@@ -150,3 +150,20 @@ def test_dense_layout_is_kept_across_writes_that_touch_none_of_its_memories(clie
     out = search(client, tenant, question)
     assert member not in layout().members
     same_as_fresh(out)
+
+
+def test_a_tenant_without_a_catalog_sees_its_first_datasource_at_once(client, tenant, tmp_path):
+    """A tenant that never wrote its catalog (version 0) is searched with an empty catalog without reading
+    it, and its full-text catch-ups skip the catalog's tables while it has no datasource; its first catalog
+    write moves the version and adds a datasource, so the next search resolves and finds the new entity."""
+    from tests.test_catalog_support import sqlite_source
+
+    save(client, tenant, {"content": "orders are counted once per customer"})
+    before = search(client, tenant, {"entities": ["shop"], "question": "orders counted"})
+    assert before["resolved_input_entities"] == [] and any("shop" in w for w in before["warnings"])
+    with sqlite_source(tmp_path) as (url, _):
+        response = client.post("/v1/datasources", json={"name": "shop", "url": url}, headers=tenant.headers())
+        assert response.status_code == 201, response.text
+    after = search(client, tenant, {"entities": ["shop"], "question": "orders counted"})
+    assert after["resolved_input_entities"] == ["shop"]
+    assert "shop" in [hit["id"] for hit in search(client, tenant, {"question": "shop datasource"})["entities"]]

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from typing import Any, Literal
 
 from sqlalchemy import text
@@ -43,8 +43,13 @@ def load_snapshot(session: Session, *, tenant_id: int, version: int | None = Non
     hit = _snapshots.get(tenant_id)
     if hit is not None and hit[0] == version and hit[2] is loader:
         return hit[1]
-    snapshot = loader(session, tenant_id)
+    # Version 0: no catalog write ever (every one moves the version), so the catalog is empty; a tenant that
+    # keeps memories only is not charged the loader's seven queries at its first search. Each tenant gets its
+    # own empty snapshot object, so memos never cross tenants.
+    snapshot = CatalogSnapshot() if version == 0 else loader(session, tenant_id)
     _snapshots.put(tenant_id, (version, snapshot, loader))
+    if hit is not None and hit[1] is not snapshot:
+        _drop_memo(tenant_id, hit)  # the replaced snapshot's memo is counted with it: it goes too
     return snapshot
 
 
@@ -189,7 +194,37 @@ _memos: BoundedCache[tuple[CatalogSnapshot, dict[str, Any]]] = BoundedCache(
     "catalog_memos", max_entries=lambda: get_settings().catalog_cache_tenants
 )
 _docs_lock = threading.Lock()
-# Per tenant: (catalog version, the snapshot the loader gave for it, that loader).
+
+# Bytes a tenant's cached catalog takes per catalog entity: the snapshot with its lookup indexes ~300
+# (tracemalloc, 1k and 10k entities) and what search memoises on it, mostly the rendered docs (kind and
+# text, ~500 when the whole catalog is rendered). A tenant with an empty catalog counts as one entity.
+ENTITY_BYTES = 800
+
+
+def catalog_entities(snapshot: CatalogSnapshot) -> int:
+    """Datasources, models and their leaves (columns, measures, aggregations) of a snapshot."""
+    return sum(
+        1 + sum(1 + len(model.leaf_names()) for model in datasource.models.values())
+        for datasource in snapshot.datasources.values()
+    )
+
+
+def _snapshot_bytes(entry: tuple[int, CatalogSnapshot, Any]) -> int:
+    return ENTITY_BYTES * max(1, catalog_entities(entry[1]))
+
+
+def _drop_memo(_tenant_id: Hashable, entry: tuple[int, CatalogSnapshot, Any]) -> None:
+    """A snapshot evicted takes its memo along (the memo's bytes are counted with the snapshot)."""
+    # Memos are keyed by the id of their snapshot, which each entry keeps alive: the id is not reused.
+    _memos.pop(id(entry[1]))
+
+
+# Per tenant: (catalog version, the snapshot the loader gave for it, that loader); bounded by tenants and
+# by the estimated bytes of the snapshots with their memos.
 _snapshots: BoundedCache[tuple[int, CatalogSnapshot, Any]] = BoundedCache(
-    "catalog_snapshots", max_entries=lambda: get_settings().catalog_cache_tenants
+    "catalog_snapshots",
+    max_entries=lambda: get_settings().catalog_cache_tenants,
+    max_bytes=lambda: get_settings().catalog_cache_max_mb * 2**20,
+    weigh=_snapshot_bytes,
+    on_evict=_drop_memo,
 )
