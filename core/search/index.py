@@ -40,7 +40,7 @@ from core.refs import MEMORY_PREFIX
 from core.search.catalog import catalog_changes
 from core.search.filters import any_of, has_query
 from core.search.fulltext import DocChange, FulltextIndex
-from core.search.render import render_memory
+from core.search.render import render_memory_content
 from core.tenancy.models import Tenant
 
 # How many memories before and after a memory of the same run lend it their text.
@@ -206,7 +206,7 @@ def _memory_changes(session: Session, *, since: int) -> list[DocChange]:
 
 
 def _rendered(content: str) -> str:
-    return render_memory(Memory(content=content))
+    return render_memory_content(content)
 
 
 def current_change_seq(tenant_id: int) -> int:

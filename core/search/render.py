@@ -20,7 +20,13 @@ from core.memories.models import Memory
 
 
 def render_memory(memory: Memory) -> str:
-    return memory.content
+    return render_memory_content(memory.content)
+
+
+def render_memory_content(content: str) -> str:
+    """A memory's text from its content alone (what render_memory makes of it), for rows read without
+    building an ORM object per row."""
+    return content
 
 
 def content_hash(text: str) -> str:
