@@ -368,6 +368,10 @@ def test_shared_matrix_reads_exactly_the_rows_written_since_its_version(client, 
             hashes={"memory:" + b: "f" * 64, "memory:extra-doc": "e" * 64},
             vectors=np.stack([replaced, np.ones(embedder.dims, dtype=np.float32)]),
         )
+    # While another thread refreshes this tenant's matrix, a search takes the one before instead of waiting.
+    stripe = shared._REFRESHING[hash((tenant.tenant_id, embedder.name, embedder.dims)) % len(shared._REFRESHING)]
+    with stripe:
+        assert current() is first
     reads: list[str] = []
     original = shared._read
 

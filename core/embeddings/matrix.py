@@ -220,22 +220,42 @@ def refreshed_matrix(
     return TenantMatrix(version=read.version, memories=memories, entities=entities)
 
 
+# One refresh of a tenant's matrix at a time (locks striped by key): a search that finds one running uses the
+# matrix before it instead of waiting, or of copying the same rows into a fork of its own.
+_REFRESHING = [threading.Lock() for _ in range(64)]
+
+
 def tenant_matrix(session: Session, *, tenant_id: int, model: str, dims: int, version: int) -> TenantMatrix:
     """The tenant's matrix at embeddings ``version`` (the caller's read of it) or newer: cached, else refreshed
-    from an older cached one with the rows written since, else read whole."""
+    from an older cached one with the rows written since, else read whole.
+
+    While another thread of this process refreshes the tenant's matrix, the cached one before it is returned
+    as it is (never waited for): it lacks at most the vectors written meanwhile, and a doc without a vector
+    is a blind spot of the dense channel, never held against it (core.search.fusion), as for a search
+    started a moment earlier.
+    """
     key = (tenant_id, model, dims)
     hit = _cache.get(key)
     if hit is not None and hit.version >= version:
         return hit
-    matrix = None
-    if hit is not None:
-        matrix = refreshed_matrix(session, hit, tenant_id=tenant_id, model=model, dims=dims)
-    if matrix is None:
-        matrix = load_matrix(session, tenant_id=tenant_id, model=model, dims=dims)
-    latest = _cache.get(key)
-    if latest is None or latest.version <= matrix.version:
+    lock = _REFRESHING[hash(key) % len(_REFRESHING)]
+    if not lock.acquire(blocking=False):
+        if hit is not None:
+            return hit
+        return load_matrix(session, tenant_id=tenant_id, model=model, dims=dims)  # cold and busy: no waiting
+    try:
+        latest = _cache.get(key)
+        if latest is not None and latest.version >= version:
+            return latest
+        matrix = None
+        if latest is not None:
+            matrix = refreshed_matrix(session, latest, tenant_id=tenant_id, model=model, dims=dims)
+        if matrix is None:
+            matrix = load_matrix(session, tenant_id=tenant_id, model=model, dims=dims)
         _cache.put(key, matrix)
-    return matrix
+        return matrix
+    finally:
+        lock.release()
 
 
 def cached_keys() -> list[Any]:
