@@ -113,8 +113,9 @@ def test_fulltext_started_before_the_head_still_reads_your_writes(client, tenant
 
 
 def test_dense_layout_is_kept_across_writes_that_touch_none_of_its_memories(client, tenant):
-    """The exact path's layout (query rows, run neighbours) survives a plain note saved; a write to a memory
-    in a run rebuilds it; either way the search ranks as with a layout made afresh."""
+    """The exact path's layout (query rows, run neighbours) survives a plain note saved, and is extended when a
+    plain note's vector adds a row; a write to a memory in a run rebuilds it; either way the search ranks as
+    with a layout made afresh."""
     from core.search import dense
 
     for i in range(6):
@@ -149,6 +150,15 @@ def test_dense_layout_is_kept_across_writes_that_touch_none_of_its_memories(clie
     assert client.delete(f"/v1/memories/{member}", headers=tenant.headers()).status_code == 200
     out = search(client, tenant, question)
     assert member not in layout().members
+    same_as_fresh(out)
+    # A plain note whose vector lands (sync_embed) adds a matrix row: the layout is extended, not rebuilt.
+    base = layout()
+    plain = save(client, tenant, {"content": "crane schedule printed for the harbour office", "sync_embed": True})
+    out = search(client, tenant, question)
+    extended = layout()
+    assert extended.n == base.n + 1 and extended.lineage == base.lineage
+    assert extended.rows["example_queries"] is base.rows["example_queries"] and plain not in extended.members
+    assert plain in ids(out["memories"])
     same_as_fresh(out)
 
 

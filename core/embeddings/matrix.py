@@ -22,6 +22,7 @@ Matrices are cached per (tenant, model, dims) in a cache bounded by tenants and 
 
 from __future__ import annotations
 
+import itertools
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -78,12 +79,18 @@ def vector_stats(session: Session, *, tenant_id: int, model: str) -> VectorStats
 
 @dataclass
 class _Buffer:
-    """Rows shared by the matrices of one lineage; ``used`` rows of ``data`` are claimed."""
+    """Rows shared by the matrices of one lineage; ``used`` rows of ``data`` are claimed. A lineage starts
+    with a matrix read whole; a refresh keeps every row where it was (appending, or copying in order), so
+    within one lineage row ``r`` is the same doc in every matrix that has it."""
 
     data: np.ndarray
     rows: dict[str, int]
     used: int
+    lineage: int
     lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+_lineages = itertools.count(1)
 
 
 class Side:
@@ -97,6 +104,11 @@ class Side:
         self.memory_ids = memory_ids
         self.n = len(ids)
         self._buffer = buffer
+
+    @property
+    def lineage(self) -> int:
+        """Sides of one lineage agree on the doc of every row they both have (see _Buffer)."""
+        return self._buffer.lineage
 
     @property
     def matrix(self) -> np.ndarray:
@@ -138,7 +150,8 @@ def side_of(ids: list[str], vectors: np.ndarray, *, dims: int, headroom: int = 0
     data = np.zeros((len(ids) + headroom, dims), dtype=np.float32)
     if ids:
         data[: len(ids)] = unit_rows(vectors)
-    return Side(list(ids), _stripped(ids), _Buffer(data=data, rows={d: n for n, d in enumerate(ids)}, used=len(ids)))
+    rows = {d: n for n, d in enumerate(ids)}
+    return Side(list(ids), _stripped(ids), _Buffer(data=data, rows=rows, used=len(ids), lineage=next(_lineages)))
 
 
 def merged(side: Side, ids: list[str], vectors: np.ndarray) -> Side:
@@ -163,7 +176,8 @@ def merged(side: Side, ids: list[str], vectors: np.ndarray) -> Side:
     data[: side.n] = side.matrix
     rows = {doc_id: n for n, doc_id in enumerate(all_ids)}
     data[[rows[doc_id] for doc_id in new_ids]] = fresh
-    return Side(all_ids, [*side.memory_ids, *_stripped(added)], _Buffer(data=data, rows=rows, used=len(all_ids)))
+    buffer = _Buffer(data=data, rows=rows, used=len(all_ids), lineage=side.lineage)
+    return Side(all_ids, [*side.memory_ids, *_stripped(added)], buffer)
 
 
 def _matrix_bytes(matrix: TenantMatrix) -> int:

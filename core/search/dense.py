@@ -115,6 +115,24 @@ class _Layout:
     has_context: bool
     # The memories it was made from (those carrying a query, a run id or an explicit event time, not forgotten).
     members: frozenset[str] = frozenset()
+    # The matrix rows it covers: the first ``n`` of the memory side of ``lineage`` (core.embeddings.matrix).
+    lineage: int = 0
+    n: int = 0
+
+
+def _extended(layout: _Layout, *, n: int, version: int, change_seq: int) -> _Layout:
+    """``layout`` over ``n`` rows, the rows past its own being plain memories: each in the memories bucket,
+    in no run and nobody's neighbour."""
+    if n == layout.n:
+        return replace(layout, version=version, change_seq=change_seq)
+    added = np.arange(layout.n, n, dtype=np.int64)
+    rows = dict(layout.rows)
+    neighbours = dict(layout.neighbours)
+    rows[MEMORIES] = np.concatenate([layout.rows[MEMORIES], added])
+    neighbours[MEMORIES] = np.concatenate(
+        [layout.neighbours[MEMORIES], np.full((len(added), 2 * CONTEXT_TURNS), -1, dtype=np.int64)]
+    )
+    return replace(layout, version=version, change_seq=change_seq, rows=rows, neighbours=neighbours, n=n)
 
 
 _layouts: BoundedCache[_Layout] = BoundedCache(
@@ -140,16 +158,26 @@ def _still_holds(session: Session, layout: _Layout, *, tenant_id: int) -> bool:
 
 def _layout(session: Session, *, tenant_id: int, model: str, matrix: TenantMatrix, change_seq: int) -> _Layout:
     """The matrix's memory layout, from one query, cached per (embeddings version, change seq); a newer
-    change seq whose writes touch none of its memories keeps it."""
+    change seq whose writes touch none of its memories keeps it, and rows added since of plain memories
+    extend it."""
     key = (tenant_id, model)
+    side = matrix.memories
     hit = _layouts.get(key)
     if hit is not None and hit.version == matrix.version and hit.change_seq == change_seq:
         return hit
-    if hit is not None and hit.version == matrix.version and hit.change_seq < change_seq:
-        if _still_holds(session, hit, tenant_id=tenant_id):
-            kept = replace(hit, change_seq=change_seq)
-            _layouts.put(key, kept)
-            return kept
+    if (
+        hit is not None
+        and hit.lineage == side.lineage
+        and hit.n <= side.n
+        and hit.change_seq <= change_seq
+        and not any(memory_id in hit.members for memory_id in side.memory_ids[hit.n :])
+        and (hit.change_seq == change_seq or _still_holds(session, hit, tenant_id=tenant_id))
+    ):
+        # Every row it lacks is a plain memory (no member of it, and no member changed since): extended in
+        # place of being rebuilt, as under a stream of plain saves whose vectors keep landing.
+        kept = _extended(hit, n=side.n, version=matrix.version, change_seq=change_seq)
+        _layouts.put(key, kept)
+        return kept
     found = session.execute(
         select(Memory.id, Memory.run_id, has_query(), Memory.occurred_at, Memory.created_at)
         .where(
@@ -158,7 +186,6 @@ def _layout(session: Session, *, tenant_id: int, model: str, matrix: TenantMatri
         )
         .order_by(Memory.run_id, Memory.occurred_at, Memory.created_at, Memory.id)
     ).all()
-    side = matrix.memories
     mask = np.zeros(side.n, dtype=bool)
     neighbours = np.full((side.n, 2 * CONTEXT_TURNS), -1, dtype=np.int64)
     runs: dict[str, list[int]] = {}
@@ -186,8 +213,12 @@ def _layout(session: Session, *, tenant_id: int, model: str, matrix: TenantMatri
         neighbours={bucket: neighbours[bucket_rows] for bucket, bucket_rows in rows.items()},
         has_context=bool((neighbours >= 0).any()),
         members=frozenset(row[0] for row in found),
+        lineage=side.lineage,
+        n=side.n,
     )
-    _layouts.put(key, layout)
+    latest = _layouts.get(key)
+    if latest is None or latest.lineage != layout.lineage or latest.n <= layout.n:
+        _layouts.put(key, layout)  # never replaces one covering more rows of the same matrix
     return layout
 
 
