@@ -25,6 +25,11 @@ from core.config import get_settings
 log = logging.getLogger("engram.ratelimit")
 
 _RETRY_REDIS_AFTER_SECONDS = 5.0
+# An admitted request's RateLimit-Remaining comes from the window read from Redis at most this long ago, less
+# the requests this process admitted since: one Redis call per request (the hit) instead of two. The budget
+# itself is enforced by the hit, exactly and across replicas; a refusal always reads the window afresh.
+_STATS_MAX_AGE_SECONDS = 1.0
+_STATS_MAX_KEYS = 10_000
 # A client address may fail authentication this often per minute before it gets 429 without a lookup.
 INVALID_KEYS_PER_MINUTE = 120
 
@@ -72,6 +77,8 @@ class RedisRateLimiter:
         self._limiter: SlidingWindowCounterRateLimiter | None = None
         self._url = ""
         self._down_until = 0.0
+        # identifier key -> [read at (monotonic), remaining then, reset time (epoch), admitted here since]
+        self._windows: dict[str, list[float]] = {}
 
     def _get(self) -> SlidingWindowCounterRateLimiter | None:
         if time.monotonic() < self._down_until:
@@ -100,14 +107,32 @@ class RedisRateLimiter:
         limiter = self._get()
         if limiter is None:
             return None
+        key = item.key_for(identifier)
         try:
             allowed = limiter.hit(item, identifier)
-            stats = limiter.get_window_stats(item, identifier)
+            window = self._recent_window(key) if allowed else None
+            if window is None:
+                stats = limiter.get_window_stats(item, identifier)
+                window = [time.monotonic(), float(stats.remaining), stats.reset_time, 0.0]
+                with self._lock:
+                    if len(self._windows) >= _STATS_MAX_KEYS:
+                        self._windows.clear()
+                    self._windows[key] = window
         except Exception as error:  # noqa: BLE001 - any storage failure must let the request through
             self._failed(error)
             return None
-        reset = max(0, math.ceil(stats.reset_time - time.time()))
-        return Verdict(allowed=allowed, limit=item.amount, remaining=stats.remaining, reset_seconds=reset)
+        remaining = max(0, int(window[1] - window[3]))
+        reset = max(0, math.ceil(window[2] - time.time()))
+        return Verdict(allowed=allowed, limit=item.amount, remaining=remaining, reset_seconds=reset)
+
+    def _recent_window(self, key: str) -> list[float] | None:
+        """The window of `key` read less than _STATS_MAX_AGE_SECONDS ago, counting this admission; else None."""
+        with self._lock:
+            window = self._windows.get(key)
+            if window is None or time.monotonic() - window[0] >= _STATS_MAX_AGE_SECONDS:
+                return None
+            window[3] += 1
+            return list(window)
 
     def exhausted(self, item: RateLimitItem, identifier: str) -> Verdict | None:
         """The refusal for `identifier` when its budget is spent (without spending), else None."""

@@ -100,6 +100,28 @@ def test_budget_is_shared_by_separate_limiters(stack, tenant):
     assert 1 <= int(refused.headers()["Retry-After"]) <= 30
 
 
+def test_admitted_requests_read_the_window_once_a_second(stack, tenant, monkeypatch):
+    """An admitted request costs one Redis call (the hit): its RateLimit-Remaining is the window read less than
+    a second ago less the requests admitted here since, so it still counts down; a refusal reads the window
+    afresh (exact Remaining 0 and Retry-After)."""
+    from limits.strategies import SlidingWindowCounterRateLimiter
+
+    item = RateLimitItemPerSecond(4, 30, namespace="engram-test")
+    limiter = RedisRateLimiter()
+    reads: list[int] = []
+    real = SlidingWindowCounterRateLimiter.get_window_stats
+
+    def counted(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        reads.append(1)
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(SlidingWindowCounterRateLimiter, "get_window_stats", counted)
+    verdicts = [limiter.hit(item, f"window-{tenant.name}") for _ in range(6)]
+    assert [v.allowed for v in verdicts if v is not None] == [True] * 4 + [False] * 2
+    assert [v.remaining for v in verdicts if v is not None] == [3, 2, 1, 0, 0, 0]
+    assert len(reads) == 3  # the first admission and the two refusals
+
+
 def test_429_is_per_key(client, tenant, member_key, tight_budget):
     other = member_key("other@example.com")  # spends one of the admin key's 3
     statuses = [client.get("/v1/memories", headers=tenant.headers()).status_code for _ in range(4)]
