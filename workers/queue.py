@@ -48,9 +48,11 @@ class CeleryJobQueue:
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
 
-    def send(self, job_ids: list[str]) -> None:
+    def send(self, job_ids: list[str], routes: dict[str, tuple[str, dict[str, Any] | None]] | None = None) -> None:
+        """Publish these jobs; ``routes`` (kind and request context per job) when the caller read them already
+        (the outbox relay's claim returns them), else they are looked up."""
         if not self._background:
-            self._publish(job_ids)
+            self._publish(job_ids, routes)
             return
         self._ensure_thread()
         self._pending.put(job_ids)
@@ -69,8 +71,9 @@ class CeleryJobQueue:
             except Exception as exc:
                 log.warning("could not publish %d job(s) (%s); reconcile will", len(job_ids), exc)
 
-    def _publish(self, job_ids: list[str]) -> None:
-        routes = _job_routes(job_ids)
+    def _publish(self, job_ids: list[str], routes: dict[str, tuple[str, dict[str, Any] | None]] | None = None) -> None:
+        if routes is None:
+            routes = _job_routes(job_ids)
         with self._app.producer_or_acquire() as producer:
             for job_id in job_ids:
                 kind, context = routes.get(job_id, (None, None))

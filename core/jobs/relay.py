@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
+from typing import Any
 
 import psycopg
 from sqlalchemy import text
@@ -21,24 +22,30 @@ log = logging.getLogger(__name__)
 CHANNEL = "engram_jobs"
 _BATCH = 500
 
+# The claimed rows come back with what publishing needs (the kind names the task, the stored request
+# context its headers), so a batch costs one statement, not a claim and a lookup.
 _CLAIM = text(
     "UPDATE jobs SET dispatched_at = now() WHERE id IN ("
     " SELECT id FROM jobs WHERE state = 'queued' AND dispatched_at IS NULL"
-    " ORDER BY created_at LIMIT :n FOR UPDATE SKIP LOCKED) RETURNING id"
+    " ORDER BY created_at LIMIT :n FOR UPDATE SKIP LOCKED) RETURNING id, kind, payload -> 'context'"
 )
+# job id -> (kind, stored request context)
+Routes = dict[str, tuple[str, dict[str, Any] | None]]
 _RELEASE = text("UPDATE jobs SET dispatched_at = NULL WHERE id = ANY(:ids) AND state = 'queued'")
 
 
-def relay_once(publish: Callable[[list[str]], None]) -> int:
+def relay_once(publish: Callable[[list[str], Routes], None]) -> int:
     """Claim and publish every undispatched queued job; returns how many were published."""
     total = 0
     while True:
         with system_connection() as connection:
-            ids = list(connection.execute(_CLAIM, {"n": _BATCH}).scalars())
-        if not ids:
+            rows = connection.execute(_CLAIM, {"n": _BATCH}).all()
+        if not rows:
             return total
+        ids = [row[0] for row in rows]
+        routes: Routes = {row[0]: (row[1], row[2] if isinstance(row[2], dict) else None) for row in rows}
         try:
-            publish(ids)
+            publish(ids, routes)
         except Exception:
             with system_connection() as connection:
                 connection.execute(_RELEASE, {"ids": ids})
@@ -49,7 +56,7 @@ def relay_once(publish: Callable[[list[str]], None]) -> int:
 class OutboxRelay:
     """A daemon thread running relay_once whenever a job is committed (and every `interval` seconds)."""
 
-    def __init__(self, *, dsn: str, publish: Callable[[list[str]], None], interval: float = 1.0):
+    def __init__(self, *, dsn: str, publish: Callable[[list[str], Routes], None], interval: float = 1.0):
         self._dsn = dsn
         self._publish = publish
         self._interval = interval
