@@ -161,7 +161,8 @@ def merged(side: Side, ids: list[str], vectors: np.ndarray) -> Side:
     last = {doc_id: n for n, doc_id in enumerate(ids)}
     fresh = unit_rows(vectors[list(last.values())])
     new_ids = list(last)
-    if all(side.row(doc_id) is None for doc_id in new_ids):
+    added = [doc_id for doc_id in new_ids if side.row(doc_id) is None]
+    if len(added) == len(new_ids):
         buffer = side._buffer
         with buffer.lock:
             if buffer.used == side.n and side.n + len(new_ids) <= buffer.data.shape[0]:
@@ -170,7 +171,6 @@ def merged(side: Side, ids: list[str], vectors: np.ndarray) -> Side:
                     buffer.rows[doc_id] = n
                 buffer.used = side.n + len(new_ids)
                 return Side([*side.ids, *new_ids], [*side.memory_ids, *_stripped(new_ids)], buffer)
-    added = [doc_id for doc_id in new_ids if side.row(doc_id) is None]
     all_ids = [*side.ids, *added]
     data = np.zeros((len(all_ids) + max(_MIN_HEADROOM, len(all_ids) // 4), fresh.shape[1]), dtype=np.float32)
     data[: side.n] = side.matrix
@@ -200,7 +200,7 @@ class _Read(NamedTuple):
 
 def _read(session: Session, sql: str, params: dict[str, Any], dims: int) -> _Read:
     with driver_connection(session).cursor(binary=True) as cursor:
-        rows = [row for row in cursor.execute(sql, params).fetchall()]
+        rows = cursor.execute(sql, params).fetchall()
     docs, version = (int(rows[0][3]), int(rows[0][4])) if rows else (0, 0)
     rows = [row for row in rows if row[0] is not None]
     sides: dict[bool, tuple[list[str], np.ndarray]] = {}

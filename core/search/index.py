@@ -41,7 +41,6 @@ from core.search.catalog import catalog_changes
 from core.search.filters import any_of, has_query
 from core.search.fulltext import DocChange, FulltextIndex
 from core.search.render import render_memory_content
-from core.tenancy.models import Tenant
 
 # How many memories before and after a memory of the same run lend it their text.
 CONTEXT_TURNS = 2
@@ -100,7 +99,7 @@ def fetch_changes(tenant_id: int, since: int) -> tuple[list[DocChange], int]:
     """Every doc change of the tenant after ``since``, and the seq they bring the index to."""
     with tenant_session(tenant_id) as session:
         session.connection(execution_options={"isolation_level": "REPEATABLE READ"})
-        high_water = int(session.scalar(select(Tenant.change_seq).where(Tenant.id == tenant_id)) or 0)
+        high_water = _change_seq(session, tenant_id)
         changes = _memory_changes(session, since=since)
         changes.extend(
             DocChange(doc_id=doc_id, doc_kind=_kind_of_doc(doc_id), text=None, deleted=True, seq=seq)
@@ -187,14 +186,17 @@ def _memory_changes(session: Session, *, since: int) -> list[DocChange]:
         for run in by_episode.values():
             for n, row in enumerate(run):
                 window = [*range(n - CONTEXT_TURNS, n), *range(n + 1, n + 1 + CONTEXT_TURNS)]
-                context[row.id] = [_rendered(run[k].content) for k in window if 0 <= k < len(run)]
+                context[row.id] = [render_memory_content(run[k].content) for k in window if 0 <= k < len(run)]
     changes = []
     for memory_id, row in rows.items():
         deleted = row.status == "forgotten"
         text = None
         if not deleted:
             text = memory_fulltext_text(
-                content=_rendered(row.content), entities=row.entities, tags=row.tags, context=context.get(memory_id, [])
+                content=render_memory_content(row.content),
+                entities=row.entities,
+                tags=row.tags,
+                context=context.get(memory_id, []),
             )
         kind = memory_doc_kind(row[-1])
         changes.append(
@@ -205,20 +207,18 @@ def _memory_changes(session: Session, *, since: int) -> list[DocChange]:
     return changes
 
 
-def _rendered(content: str) -> str:
-    return render_memory_content(content)
+def _change_seq(session: Session, tenant_id: int) -> int:
+    """The tenant's change seq in the session's transaction, read through the driver directly: every search
+    asks it first, and the ORM's compile and result machinery cost twice the statement itself."""
+    driver: Any = session.connection().connection.driver_connection
+    row = driver.execute("SELECT change_seq FROM tenants WHERE id = %s", (tenant_id,)).fetchone()
+    return int(row[0] or 0) if row is not None else 0
 
 
 def current_change_seq(tenant_id: int) -> int:
-    """The tenant's committed change seq, read on a connection held only for that statement.
-
-    Every search asks this first, so it goes to the driver directly (in the tenant's transaction, under its
-    row-level security): the ORM's compile and result machinery cost twice the statement itself.
-    """
+    """The tenant's committed change seq, read on a connection held only for that statement."""
     with tenant_session(tenant_id) as session:
-        driver: Any = session.connection().connection.driver_connection
-        row = driver.execute("SELECT change_seq FROM tenants WHERE id = %s", (tenant_id,)).fetchone()
-    return int(row[0] or 0) if row is not None else 0
+        return _change_seq(session, tenant_id)
 
 
 def catch_up_before_search(tenant_id: int) -> FulltextIndex:
