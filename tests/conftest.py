@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import httpx
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
@@ -186,13 +187,7 @@ class WorkerProcess:
         return self.log_path.read_text(errors="replace")
 
     def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+        stop_process(self.process)
         self._log.close()
 
 
@@ -203,6 +198,26 @@ def worker(stack: Stack) -> Iterator[WorkerProcess]:
     process = WorkerProcess(stack)
     yield process
     process.stop()
+
+
+def stop_process(process: subprocess.Popen[bytes], *, timeout: float = 20.0) -> None:
+    """Terminate a child the test started, killing it when it does not exit within ``timeout``."""
+    if process.poll() is not None:
+        return
+    process.terminate()
+    try:
+        process.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+
+
+def answers_health(url: str) -> bool:
+    """Whether the engram API at ``url`` answers /healthz with 200 within a second."""
+    try:
+        return httpx.get(f"{url}/healthz", timeout=1).status_code == 200
+    except httpx.HTTPError:
+        return False
 
 
 def wait_for(predicate: Callable[[], object], *, timeout: float = 30.0, interval: float = 0.1) -> object:

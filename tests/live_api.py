@@ -12,9 +12,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-import httpx
-
 from core.embedded import free_port
+from tests.conftest import answers_health, stop_process
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -35,20 +34,10 @@ def running_api(env: dict[str, str]) -> Iterator[str]:
         try:
             url = f"http://127.0.0.1:{port}"
             deadline = time.monotonic() + 60
-            while True:
-                try:
-                    if httpx.get(url + "/healthz", timeout=1).status_code == 200:
-                        break
-                except httpx.HTTPError:
-                    pass
+            while not answers_health(url):
                 assert process.poll() is None and time.monotonic() < deadline, log.read_text()
                 time.sleep(0.2)
             yield url
         finally:
-            process.terminate()
-            try:
-                process.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
+            stop_process(process, timeout=30)
     log.unlink(missing_ok=True)

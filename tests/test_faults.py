@@ -23,7 +23,7 @@ import pytest
 from sqlalchemy import text
 
 from core.embedded import EmbeddedRedis, free_port
-from tests.conftest import REPO, WorkerProcess, make_temp_dir, wait_for
+from tests.conftest import REPO, WorkerProcess, answers_health, make_temp_dir, stop_process, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -67,13 +67,7 @@ class Drill:
         self._spawn("api", ["api", "--port", str(self.port), "--no-migrate"])
         self._spawn("beat", ["beat"])
         self.url = f"http://127.0.0.1:{self.port}"
-        wait_for(self._healthy, timeout=60)
-
-    def _healthy(self) -> bool:
-        try:
-            return httpx.get(f"{self.url}/healthz", timeout=1).status_code == 200
-        except httpx.HTTPError:
-            return False
+        wait_for(lambda: answers_health(self.url), timeout=60)
 
     def _spawn(self, name: str, args: list[str]) -> None:
         log = open(self.base / f"{name}.log", "wb")  # noqa: SIM115
@@ -91,12 +85,7 @@ class Drill:
         for worker in self.workers:
             worker.stop()
         for process in self.processes:
-            if process.poll() is None:
-                process.terminate()
-                try:
-                    process.wait(timeout=20)
-                except subprocess.TimeoutExpired:
-                    process.kill()
+            stop_process(process)
         self.redis.stop()
 
 

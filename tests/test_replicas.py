@@ -26,7 +26,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.conftest import REPO, WorkerProcess, wait_for
+from tests.conftest import REPO, WorkerProcess, answers_health, stop_process, wait_for
 
 
 class Replica:
@@ -45,22 +45,10 @@ class Replica:
         self.process = subprocess.Popen(
             [sys.executable, "-m", "api.cli", *args], cwd=REPO, env=env, stdout=self._log, stderr=subprocess.STDOUT
         )
-        wait_for(self._healthy, timeout=60)
-
-    def _healthy(self) -> bool:
-        try:
-            return httpx.get(f"{self.url}/healthz", timeout=1).status_code == 200
-        except httpx.HTTPError:
-            return False
+        wait_for(lambda: answers_health(self.url), timeout=60)
 
     def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+        stop_process(self.process)
         self._log.close()
 
 
@@ -86,9 +74,8 @@ class Deployment:
             replica.stop()
         for worker in self.workers:
             worker.stop()
-        if self.beat is not None and self.beat.poll() is None:
-            self.beat.terminate()
-            self.beat.wait(timeout=20)
+        if self.beat is not None:
+            stop_process(self.beat)
 
 
 @pytest.fixture(scope="module")
