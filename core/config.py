@@ -80,6 +80,9 @@ class Settings(BaseSettings):
 
     # Outbox: jobs queued longer than this without running are dispatched again by reconcile.
     outbox_redispatch_seconds: float = 30.0
+    # While saves keep coming, the outbox relay publishes at most one round per this many seconds, so the
+    # embed jobs of a stream travel and run together (core.jobs.batches); a lone save is published at once.
+    outbox_linger_seconds: float = 0.2
     reconcile_interval_seconds: float = 15.0
     # A failed job attempt is retried after base * 2^(attempt-1) seconds, capped at the max, with jitter
     # (core.jobs.runner.backoff_seconds); after max_attempts it fails. The defaults ride out an outage of

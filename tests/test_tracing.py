@@ -67,7 +67,7 @@ def test_a_save_is_one_trace_spanning_api_and_worker(client, tenant, exporter):
                 job = session.query(Job).filter(Job.tenant_id == tenant.tenant_id, Job.kind == "embed").one()
                 job_id, context = job.id, job.payload["context"]
             assert context["request_id"] == "trace-me-1" and context["traceparent"]
-            relay_once(CeleryJobQueue(celery_app, background=False).send)
+            relay_once(CeleryJobQueue(celery_app, background=False).publish)
 
             def finished() -> bool:
                 with system_session() as session:

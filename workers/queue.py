@@ -5,11 +5,11 @@ from __future__ import annotations
 import logging
 import queue
 import threading
-from typing import Any
 
 from celery import Celery
 from sqlalchemy import select
 
+from core.jobs.batches import Message
 from core.tracing import publishing_context
 
 log = logging.getLogger(__name__)
@@ -24,14 +24,20 @@ def job_task_name(kind: str) -> str:
     return f"engram.job.{kind}"
 
 
-def _job_routes(job_ids: list[str]) -> dict[str, tuple[str, dict[str, Any] | None]]:
-    """Each job's kind (its task name) and stored request context, in one query per published batch."""
+def _single_messages(job_ids: list[str]) -> list[Message]:
+    """One message per job, with its kind (the task name) and stored request context, read in one query."""
     from core.db import system_session
     from core.jobs.models import Job
 
     with system_session() as session:
         rows = session.execute(select(Job.id, Job.kind, Job.payload["context"]).where(Job.id.in_(job_ids))).all()
-    return {job_id: (kind, context if isinstance(context, dict) else None) for job_id, kind, context in rows}
+    found = {job_id: (kind, context if isinstance(context, dict) else None) for job_id, kind, context in rows}
+    messages = []
+    for job_id in job_ids:
+        # A row not (yet) visible goes under the generic name; the worker skips it if it never lands.
+        kind, context = found.get(job_id, ("", None))
+        messages.append(Message(kind=kind, job_ids=(job_id,), context=context))
+    return messages
 
 
 class CeleryJobQueue:
@@ -48,14 +54,29 @@ class CeleryJobQueue:
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
 
-    def send(self, job_ids: list[str], routes: dict[str, tuple[str, dict[str, Any] | None]] | None = None) -> None:
-        """Publish these jobs; ``routes`` (kind and request context per job) when the caller read them already
-        (the outbox relay's claim returns them), else they are looked up."""
+    def send(self, job_ids: list[str]) -> None:
+        """Publish these jobs, one message each (their kinds and contexts are looked up)."""
         if not self._background:
-            self._publish(job_ids, routes)
+            self.publish(_single_messages(job_ids))
             return
         self._ensure_thread()
         self._pending.put(job_ids)
+
+    def publish(self, messages: list[Message]) -> None:
+        """Publish these messages now: a message of one job carries its id, of several the list of them."""
+        with self._app.producer_or_acquire() as producer:
+            for message in messages:
+                name = job_task_name(message.kind) if message.kind else RUN_JOB_TASK
+                request_id = (message.context or {}).get("request_id")
+                argument: str | list[str] = message.job_ids[0] if len(message.job_ids) == 1 else list(message.job_ids)
+                with publishing_context(message.context):
+                    self._app.send_task(
+                        name,
+                        args=[argument],
+                        producer=producer,
+                        retry=False,
+                        headers={REQUEST_ID_HEADER: request_id} if request_id else None,
+                    )
 
     def _ensure_thread(self) -> None:
         with self._lock:
@@ -67,27 +88,9 @@ class CeleryJobQueue:
         while True:
             job_ids = self._pending.get()
             try:
-                self._publish(job_ids)
+                self.publish(_single_messages(job_ids))
             except Exception as exc:
                 log.warning("could not publish %d job(s) (%s); reconcile will", len(job_ids), exc)
-
-    def _publish(self, job_ids: list[str], routes: dict[str, tuple[str, dict[str, Any] | None]] | None = None) -> None:
-        if routes is None:
-            routes = _job_routes(job_ids)
-        with self._app.producer_or_acquire() as producer:
-            for job_id in job_ids:
-                kind, context = routes.get(job_id, (None, None))
-                # A row not (yet) visible goes under the generic name; the worker skips it if it never lands.
-                name = job_task_name(kind) if kind else RUN_JOB_TASK
-                request_id = (context or {}).get("request_id")
-                with publishing_context(context):
-                    self._app.send_task(
-                        name,
-                        args=[job_id],
-                        producer=producer,
-                        retry=False,
-                        headers={REQUEST_ID_HEADER: request_id} if request_id else None,
-                    )
 
     def drain(self, timeout: float = 5.0) -> None:
         """Wait until queued publications are attempted (tests, shutdown)."""

@@ -14,7 +14,7 @@ import core.schema  # noqa: F401 - every table known to the ORM
 from core.config import get_settings
 from core.db import system_session
 from core.jobs.models import JOB_KINDS
-from core.jobs.runner import run_job
+from core.jobs.runner import run_jobs
 from core.jobs.service import jobs_to_redispatch, set_job_queue
 from core.logging import REQUEST_ID
 from core.native import single_threaded_blas
@@ -65,7 +65,13 @@ def start_outbox_relay(**_: object) -> None:
     from core.jobs.relay import OutboxRelay
 
     dsn = get_engine().url.render_as_string(hide_password=False).replace("postgresql+psycopg://", "postgresql://")
-    OutboxRelay(dsn=dsn, publish=CeleryJobQueue(app, background=False).send).start()
+    settings = get_settings()
+    OutboxRelay(
+        dsn=dsn,
+        publish=CeleryJobQueue(app, background=False).publish,
+        linger=settings.outbox_linger_seconds,
+        max_docs=max(1, settings.embed_job_max_docs),
+    ).start()
 
 
 @task_prerun.connect
@@ -79,10 +85,11 @@ def _leave_request_context(**_: object) -> None:
     REQUEST_ID.set(None)
 
 
-def _run_job(task: Any, job_id: str) -> str:
+def _run_job(task: Any, job_ids: str | list[str]) -> str:
+    """Run the job (or the jobs, when the relay batched them) a message carries."""
     settings = get_settings()
-    outcome = run_job(
-        job_id,
+    outcomes = run_jobs(
+        [job_ids] if isinstance(job_ids, str) else list(job_ids),
         session_factory=system_session,
         max_attempts=settings.job_max_attempts,
         running_lease=timedelta(seconds=settings.job_running_lease_seconds),
@@ -91,9 +98,12 @@ def _run_job(task: Any, job_id: str) -> str:
     )
     # A short wait rides on a delayed message; a long one (hours) is left to reconcile, which dispatches the
     # job when its retry is due (dispatched_at): the broker would redeliver a message held that long anyway.
-    if outcome.state == "retry" and outcome.retry_in < settings.broker_visibility_timeout_seconds / 2:
-        raise task.retry(countdown=outcome.retry_in)
-    return outcome.state
+    # The retried message carries every job again; those that finished meanwhile are skipped.
+    waits = [outcome.retry_in for outcome in outcomes.values() if outcome.state == "retry"]
+    if waits and min(waits) < settings.broker_visibility_timeout_seconds / 2:
+        raise task.retry(countdown=min(waits))
+    states = sorted({outcome.state for outcome in outcomes.values()})
+    return ",".join(states)
 
 
 _JOB_TASK_OPTIONS: dict[str, Any] = {

@@ -7,7 +7,10 @@ How a committed job reaches a worker. There are three paths; exactly one is the 
    rows that are ``queued`` with no ``dispatched_at`` (``FOR UPDATE SKIP LOCKED``, so two relays never
    publish one row) and publishes them to Celery. Writers never touch the broker, and a job committed
    while Redis is down is published when it returns. Anything that wants a job (re)run sets it
-   ``queued`` with ``dispatched_at`` NULL and lets the relay take it.
+   ``queued`` with ``dispatched_at`` NULL and lets the relay take it. Jobs it claims together that may
+   run together (a tenant's embed jobs, core.jobs.batches) go out as one message, and while writes keep
+   coming it lingers between rounds (``ENGRAM_OUTBOX_LINGER_SECONDS``) so a stream of saves travels in a
+   few messages a second; the runner claims a message's jobs in one statement and runs them as one batch.
 2. The after-commit hook (core.jobs.service.dispatch_outbox) is only a shortcut: a process that installed
    a :class:`~core.jobs.service.JobQueue` (workers for the jobs they enqueue, the API and the in-process
    client) also publishes its own committed job ids at once. It may be absent or fail; nothing relies on
@@ -17,6 +20,6 @@ How a committed job reaches a worker. There are three paths; exactly one is the 
    running lease, and jobs whose retry (``dispatched_at`` in the future) has come due.
 
 Modules: ``models`` (the row), ``service`` (enqueue, outbox hook, retry, reconcile query), ``relay``,
-``runner`` (claim, run, backoff), ``handlers`` (the table of what each kind does), ``queries`` (reads
-for the API and dashboard).
+``batches`` (which jobs travel and run together), ``runner`` (claim, run, backoff), ``handlers`` (the
+table of what each kind does), ``queries`` (reads for the API and dashboard).
 """

@@ -5,7 +5,7 @@ Every kind is named here, explicitly; no handler registers itself by being impor
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from sqlalchemy.orm import Session
@@ -17,25 +17,35 @@ from core.jobs.models import Job
 from core.jobs.service import PermanentJobError, enqueue
 
 Handler = Callable[[Session, Job], dict[str, Any] | None]
+# Runs several jobs of a kind that share a batch key (core.jobs.batches) as one call.
+BatchHandler = Callable[[Session, Sequence[Job]], dict[str, Any] | None]
 
 
 def run_embed(session: Session, job: Job) -> dict[str, Any]:
+    return run_embeds(session, [job])
+
+
+def run_embeds(session: Session, jobs: Sequence[Job]) -> dict[str, Any]:
+    """Embed the docs of these jobs (one tenant, one model: core.jobs.batches) together."""
     from core.embeddings.chaos import embedder_for_settings
     from core.embeddings.refresh import embed_docs
 
-    if job.tenant_id is None:
+    tenant_id = jobs[0].tenant_id
+    if tenant_id is None:
         raise PermanentJobError("embed job without a tenant")
-    doc_ids = job.payload.get("doc_ids")
-    if not isinstance(doc_ids, list):
-        raise PermanentJobError("embed job payload has no doc_ids list")
     settings = get_settings()
-    doc_ids = _split_embed_job(session, job, [str(d) for d in doc_ids], size=max(1, settings.embed_job_max_docs))
-    scope_to_tenant(session, job.tenant_id)
+    doc_ids: list[str] = []
+    for job in jobs:
+        listed = job.payload.get("doc_ids")
+        if not isinstance(listed, list):
+            raise PermanentJobError("embed job payload has no doc_ids list")
+        doc_ids += _split_embed_job(session, job, [str(d) for d in listed], size=max(1, settings.embed_job_max_docs))
+    scope_to_tenant(session, tenant_id)
     return embed_docs(
         session,
-        tenant_id=job.tenant_id,
-        doc_ids=doc_ids,
-        embedder=embedder_for_settings(job.payload.get("model")),
+        tenant_id=tenant_id,
+        doc_ids=list(dict.fromkeys(doc_ids)),
+        embedder=embedder_for_settings(jobs[0].payload.get("model")),
         batch_size=settings.embedding_batch_size,
         # Suggestions (similar_existing) are for a sync_embed save's response: a job's result never shows them.
         suggestions=False,
@@ -77,3 +87,4 @@ HANDLERS: dict[str, Handler] = {
     "refresh_samples": catalog_jobs.run_refresh_samples_job,
     "ingest_cleanup": catalog_jobs.run_ingest_cleanup_job,
 }
+BATCH_HANDLERS: dict[str, BatchHandler] = {"embed": run_embeds}

@@ -1,8 +1,13 @@
-"""Running one job: claim its row, call the handler of its kind, record the outcome and the retry schedule.
+"""Running jobs: claim their rows, call the handler of their kind, record the outcome and the retry schedule.
 
-The runner sits above the domains: it reads the handler table of core.jobs.handlers, which names each
+The runner sits above the domains: it reads the handler tables of core.jobs.handlers, which name each
 kind's function explicitly. Domains only add job rows (core.jobs.service.enqueue) and never import the
 runner, so no import leads back from a job's handler to the code that runs it.
+
+A message may carry several jobs (the outbox relay puts a tenant's embed jobs that queued together into
+one). They are claimed in one statement; jobs that share a batch key (core.jobs.batches) run as one call of
+their kind's batch handler in one transaction, every other job alone. Each job keeps its own row, attempts,
+lease and history: a batch is only how they travel and run, never what an operator sees.
 """
 
 from __future__ import annotations
@@ -11,16 +16,17 @@ import logging
 import random
 import threading
 import traceback
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Hashable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-from sqlalchemy import literal, text, update
+from sqlalchemy import literal, select, text, update
 from sqlalchemy.dialects.postgresql import JSONB
 
-from core.jobs.handlers import HANDLERS
+from core.jobs.batches import HEAD_COLUMNS, JobHead, batch_key
+from core.jobs.handlers import BATCH_HANDLERS, HANDLERS
 from core.jobs.models import Job
 from core.jobs.service import PermanentJobError, now
 
@@ -28,13 +34,44 @@ log = logging.getLogger(__name__)
 _ATTEMPT_ERROR_CHARS = 2_000
 _ATTEMPT_TRACEBACK_CHARS = 4_000
 
+# Claim every job of the message that may run now, in one statement: queued and due (no retry waiting), or
+# running past its lease (its worker died). A job running within its lease, finished, or waiting out a retry
+# is left alone, so a duplicate message never runs a job twice at once or inflates its attempts. Row locks
+# make a concurrent claim of the same row wait and then see the row this one wrote.
+_CLAIM = text(
+    "UPDATE jobs SET state = 'running', attempts = attempts + 1, started_at = :now, updated_at = :now"
+    " WHERE id = ANY(:ids) AND ("
+    "  (state = 'queued' AND (dispatched_at IS NULL OR dispatched_at <= :now))"
+    "  OR (state = 'running' AND updated_at <= :lease_cutoff))"
+    f" RETURNING {HEAD_COLUMNS}, attempts"
+)
+# A heartbeat renews only the attempts it started (same state and attempt number).
+_RENEW = text(
+    "UPDATE jobs SET updated_at = :now FROM unnest(CAST(:ids AS text[]), CAST(:attempts AS integer[])) AS a(id, n)"
+    " WHERE jobs.id = a.id AND jobs.attempts = a.n AND jobs.state = 'running'"
+)
+
 
 @dataclass(frozen=True)
 class RunOutcome:
     state: str  # succeeded | retry | failed | skipped
-    attempts: int
+    attempts: int  # the attempt this run was (0 when skipped)
     error: str | None = None
     retry_in: float = 0.0
+
+
+@dataclass(frozen=True)
+class _Claimed:
+    head: JobHead
+    attempts: int
+
+    @property
+    def id(self) -> str:
+        return self.head.id
+
+    @property
+    def kind(self) -> str:
+        return self.head.kind
 
 
 def backoff_seconds(attempt: int, *, base: float, cap: float) -> float:
@@ -56,99 +93,191 @@ def run_job(
     retry_base_seconds: float = 2.0,
     retry_max_seconds: float = 4 * 3600.0,
 ) -> RunOutcome:
-    """Run one job once: claim it, call its handler in its own transaction, record the outcome.
+    """Run one job once (see :func:`run_jobs`)."""
+    return run_jobs(
+        [job_id],
+        session_factory=session_factory,
+        max_attempts=max_attempts,
+        running_lease=running_lease,
+        retry_base_seconds=retry_base_seconds,
+        retry_max_seconds=retry_max_seconds,
+    )[job_id]
 
-    A second delivery of a job that is running now (within its lease) or whose retry is not yet due is
-    skipped, so duplicate messages never run a job twice at once or inflate its attempts. While the
-    handler runs, a heartbeat renews the lease (``updated_at``) every quarter of it: a job whose
-    worker died stops renewing, and reconcile dispatches it again once the lease lapses.
+
+def run_jobs(
+    job_ids: list[str],
+    *,
+    session_factory: Callable[[], Any],
+    max_attempts: int,
+    running_lease: timedelta = timedelta(seconds=20),
+    retry_base_seconds: float = 2.0,
+    retry_max_seconds: float = 4 * 3600.0,
+) -> dict[str, RunOutcome]:
+    """Run these jobs once: claim the ones that may run, run them (batched where their kind allows), each
+    batch in its own transaction, and record every job's outcome. Returns the outcome of every id.
+
+    While a batch runs, a heartbeat renews its jobs' lease (``updated_at``) every quarter of it: jobs whose
+    worker died stop renewing, and reconcile dispatches them again once the lease lapses.
     """
+    job_ids = list(dict.fromkeys(job_ids))
     with session_factory() as session:
-        job = session.get(Job, job_id, with_for_update=True)
-        if job is None or job.state in ("succeeded", "failed"):
-            return RunOutcome(state="skipped", attempts=job.attempts if job else 0)
-        if job.state == "running" and job.updated_at > now() - running_lease:
-            return RunOutcome(state="skipped", attempts=job.attempts)
-        if job.state == "queued" and job.dispatched_at is not None and job.dispatched_at > now():
-            return RunOutcome(state="skipped", attempts=job.attempts)
-        job.state = "running"
-        job.attempts += 1
-        job.started_at = job.updated_at = now()
-        attempts, kind = job.attempts, job.kind
-    fn = HANDLERS.get(kind)
-    heartbeat = _heartbeat(job_id, attempts, session_factory=session_factory, every=running_lease.total_seconds() / 4)
-    try:
-        if fn is None:
-            raise LookupError(f"no handler for job kind {kind!r}")
-        with heartbeat, session_factory() as session:
-            job = session.get(Job, job_id)
-            result = fn(session, job)
-            job.state = "succeeded"
-            job.result = result
-            job.error = None
-            job.finished_at = job.updated_at = now()
-        return RunOutcome(state="succeeded", attempts=attempts)
-    except Exception as exc:
-        error = f"{type(exc).__name__}: {exc}"
-        # Everything else (provider errors, a database restart) is retried with backoff.
-        final = (
-            attempts >= max_attempts
-            or isinstance(exc, PermanentJobError | LookupError)
-            or getattr(exc, "retryable", True) is False
+        at = now()
+        rows = session.execute(_CLAIM, {"ids": job_ids, "now": at, "lease_cutoff": at - running_lease}).all()
+    outcomes = {job_id: RunOutcome(state="skipped", attempts=0) for job_id in job_ids}
+    claimed = {row[0]: _Claimed(head=JobHead(*row[:5]), attempts=row[5]) for row in rows}
+    for batch in _batches([claimed[job_id] for job_id in job_ids if job_id in claimed]):
+        outcomes.update(
+            _run_batch(
+                batch,
+                session_factory=session_factory,
+                max_attempts=max_attempts,
+                running_lease=running_lease,
+                retry_base_seconds=retry_base_seconds,
+                retry_max_seconds=retry_max_seconds,
+            )
         )
-        log.warning("job %s (%s) attempt %d failed: %s", job_id, kind, attempts, traceback.format_exc())
-        retry_in = 0.0 if final else backoff_seconds(attempts, base=retry_base_seconds, cap=retry_max_seconds)
-        failed = {
-            "attempt": attempts,
-            "error": error[:_ATTEMPT_ERROR_CHARS],
-            "at": now().isoformat(),
-            # The end of the stack is where it failed; operators read it on the dashboard's job page.
-            "traceback": traceback.format_exc()[-_ATTEMPT_TRACEBACK_CHARS:],
-        }
-        with session_factory() as session:
+    return outcomes
+
+
+def _batches(claimed: list[_Claimed]) -> Iterator[list[_Claimed]]:
+    """The claimed jobs in the groups that run together: by batch key, else one by one."""
+    groups: dict[Hashable, list[_Claimed]] = {}
+    for job in claimed:
+        key = batch_key(job.head)
+        if key is None or job.kind not in BATCH_HANDLERS:
+            yield [job]
+        else:
+            groups.setdefault(key, []).append(job)
+    yield from groups.values()
+
+
+def _run_batch(
+    batch: list[_Claimed],
+    *,
+    session_factory: Callable[[], Any],
+    max_attempts: int,
+    running_lease: timedelta,
+    retry_base_seconds: float,
+    retry_max_seconds: float,
+) -> dict[str, RunOutcome]:
+    """Run one batch (jobs of one kind and batch key) in one transaction; record each job's outcome."""
+    kind = batch[0].kind
+    ids = [job.id for job in batch]
+    heartbeat = _heartbeat(batch, session_factory=session_factory, every=running_lease.total_seconds() / 4)
+    try:
+        with heartbeat, session_factory() as session:
+            jobs = session.scalars(select(Job).where(Job.id.in_(ids))).all()
+            if not jobs:  # deleted meanwhile (its tenant was): nothing left to run or record
+                return {job_id: RunOutcome(state="skipped", attempts=0) for job_id in ids}
+            jobs = sorted(jobs, key=lambda job: ids.index(job.id))
+            result = _handle(session, kind, jobs)
+            finished = now()
+            for job in jobs:
+                job.state = "succeeded"
+                job.result = result if len(jobs) == 1 else {**(result or {}), "batch_jobs": len(jobs)}
+                job.error = None
+                job.finished_at = job.updated_at = finished
+        return {job.id: RunOutcome(state="succeeded", attempts=job.attempts) for job in batch}
+    except Exception as exc:
+        return _record_failure(
+            batch,
+            exc,
+            session_factory=session_factory,
+            max_attempts=max_attempts,
+            retry_base_seconds=retry_base_seconds,
+            retry_max_seconds=retry_max_seconds,
+        )
+
+
+def _handle(session: Any, kind: str, jobs: list[Job]) -> dict[str, Any] | None:
+    if len(jobs) > 1:
+        return BATCH_HANDLERS[kind](session, jobs)
+    fn = HANDLERS.get(kind)
+    if fn is None:
+        raise LookupError(f"no handler for job kind {kind!r}")
+    (job,) = jobs
+    return fn(session, job)
+
+
+def _record_failure(
+    batch: list[_Claimed],
+    exc: Exception,
+    *,
+    session_factory: Callable[[], Any],
+    max_attempts: int,
+    retry_base_seconds: float,
+    retry_max_seconds: float,
+) -> dict[str, RunOutcome]:
+    """Each job of a failed batch: failed for good (its last attempt, or an error retrying cannot fix), else
+    queued again after its backoff. A batch's jobs wait the same backoff (of its furthest attempt), so the
+    message that retries them finds them all due."""
+    kind = batch[0].kind
+    error = f"{type(exc).__name__}: {exc}"
+    permanent = isinstance(exc, PermanentJobError | LookupError) or getattr(exc, "retryable", True) is False
+    formatted = traceback.format_exc()
+    log.warning("job(s) %s (%s) failed: %s", ", ".join(job.id for job in batch), kind, formatted)
+    furthest = max(job.attempts for job in batch)
+    retry_in = backoff_seconds(furthest, base=retry_base_seconds, cap=retry_max_seconds)
+    outcomes: dict[str, RunOutcome] = {}
+    at = now()
+    due = at + timedelta(seconds=retry_in)
+    with session_factory() as session:
+        for job in batch:
+            final = permanent or job.attempts >= max_attempts
+            failed = {
+                "attempt": job.attempts,
+                "error": error[:_ATTEMPT_ERROR_CHARS],
+                "at": at.isoformat(),
+                # The end of the stack is where it failed; operators read it on the dashboard's job page.
+                "traceback": formatted[-_ATTEMPT_TRACEBACK_CHARS:],
+            }
             # dispatched_at of a queued job is when its next delivery is due: reconcile leaves it alone
             # until then, and an early duplicate message is skipped.
             # Only this attempt's own row: if the job was re-dispatched meanwhile (lease expired) and another
             # attempt already finished it, a late failure here must not reopen it.
             session.execute(
                 update(Job)
-                .where(Job.id == job_id, Job.state == "running", Job.attempts == attempts)
+                .where(Job.id == job.id, Job.state == "running", Job.attempts == job.attempts)
                 .values(
                     state="failed" if final else "queued",
                     error=error[:10_000],
                     # Every attempt's error, not only the last: an outage's story is in the sequence.
                     attempt_errors=Job.attempt_errors.op("||")(literal([failed], JSONB)),
-                    updated_at=now(),
-                    dispatched_at=None if final else now() + timedelta(seconds=retry_in),
-                    finished_at=now() if final else None,
+                    updated_at=at,
+                    dispatched_at=None if final else due,
+                    finished_at=at if final else None,
                 )
             )
-        return RunOutcome(state="failed" if final else "retry", attempts=attempts, error=error, retry_in=retry_in)
+            outcomes[job.id] = RunOutcome(
+                state="failed" if final else "retry",
+                attempts=job.attempts,
+                error=error,
+                retry_in=0.0 if final else retry_in,
+            )
+    return outcomes
 
 
 @contextmanager
-def _heartbeat(job_id: str, attempts: int, *, session_factory: Callable[[], Any], every: float) -> Iterator[None]:
-    """Renew a running attempt's lease every ``every`` seconds from a thread, until the block ends.
+def _heartbeat(batch: list[_Claimed], *, session_factory: Callable[[], Any], every: float) -> Iterator[None]:
+    """Renew the running attempts' lease every ``every`` seconds from a thread, until the block ends.
 
-    Only this attempt's row is touched (state running, same attempts), in a short transaction of its own
-    that gives up on a row lock after 2 s: the handler's own transaction may hold the row.
+    Only these attempts' rows are touched (state running, same attempts), in a short transaction of its own
+    that gives up on a row lock after 2 s: the handler's own transaction may hold the rows.
     """
     stop = threading.Event()
+    ids = [job.id for job in batch]
+    params = {"ids": ids, "attempts": [job.attempts for job in batch]}
 
     def beat() -> None:
         while not stop.wait(every):
             try:
                 with session_factory() as session:
                     session.execute(text("SET LOCAL lock_timeout = '2s'"))
-                    session.execute(
-                        update(Job)
-                        .where(Job.id == job_id, Job.state == "running", Job.attempts == attempts)
-                        .values(updated_at=now())
-                    )
+                    session.execute(_RENEW, {**params, "now": now()})
             except Exception:  # a missed beat only shortens the lease; the next one may land
-                log.warning("heartbeat of job %s failed", job_id, exc_info=True)
+                log.warning("heartbeat of job(s) %s failed", ", ".join(ids), exc_info=True)
 
-    thread = threading.Thread(target=beat, name=f"job-heartbeat-{job_id}", daemon=True)
+    thread = threading.Thread(target=beat, name=f"job-heartbeat-{batch[0].id}", daemon=True)
     thread.start()
     try:
         yield
