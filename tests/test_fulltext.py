@@ -385,7 +385,8 @@ def test_benchmark_100k_docs(tmp_path: Path) -> None:
         return " ".join(rng.choices(vocab, weights=weights, k=rng.randint(8, 20))) + " order_amount"
 
     snapshot = [_upsert(f"d{i}", doc_text(), seq=i + 1, kind=rng.choice(kinds)) for i in range(size)]
-    idx = FulltextIndex(tmp_path / "bench")
+    # Commits every catch-up (no changes held in memory): the cost of a commit, and of adopting one.
+    idx = FulltextIndex(tmp_path / "bench", delta_min_docs=10 * size)
     started = time.perf_counter()
     idx.catch_up(lambda since: (snapshot, size))
     build = time.perf_counter() - started
@@ -403,8 +404,11 @@ def test_benchmark_100k_docs(tmp_path: Path) -> None:
         filtered.append(time.perf_counter() - started)
 
     seq = size
-    other = FulltextIndex(tmp_path / "bench")  # another process's view of the same directory
-    incremental, behind, current = [], [], []
+    other = FulltextIndex(tmp_path / "bench", delta_min_docs=10 * size)  # another process's view
+    # A third process that keeps what it catches up in memory (core.search.delta).
+    held = FulltextIndex(tmp_path / "bench")
+    changes: list[DocChange] = []
+    incremental, behind, current, in_memory = [], [], [], []
     for i in range(100):
         seq += 1
         change = _upsert(f"new{i}", doc_text(), seq=seq)
@@ -420,6 +424,19 @@ def test_benchmark_100k_docs(tmp_path: Path) -> None:
         other.catch_up(lambda since: ([], since), current_seq=seq)
         current.append(time.perf_counter() - started)
     assert _ids(other.search(change.text or "", limit=1)) == [change.doc_id]
+    for i in range(100):
+        seq += 1
+        change = _upsert(f"held{i}", doc_text(), seq=seq)
+        changes.append(change)
+        started = time.perf_counter()
+        held.catch_up(lambda since, upto=seq: ([c for c in changes if c.seq > since], upto), current_seq=seq)
+        in_memory.append(time.perf_counter() - started)
+    assert _ids(held.search(change.text or "", limit=1)) == [change.doc_id]
+    with_delta = []
+    for query in queries[:200]:
+        started = time.perf_counter()
+        held.search(query, limit=50)
+        with_delta.append(time.perf_counter() - started)
 
     index = tantivy.Index.open(str(tmp_path / "bench" / "index"))
     started = time.perf_counter()
@@ -433,6 +450,8 @@ def test_benchmark_100k_docs(tmp_path: Path) -> None:
         f"incremental catch_up of 1 doc: {_percentiles(incremental)}; "
         f"catch_up of a reader one commit behind (state.json + reload): {_percentiles(behind)}; "
         f"catch_up when current: {_percentiles(current)}; "
+        f"catch_up of 1 doc kept in memory: {_percentiles(in_memory)}; "
+        f"query limit 50 over 100 docs in memory: {_percentiles(with_delta)}; "
         f"writer open {writer_open * 1e3:.2f} ms; segments after 100 incremental commits: "
         f"{index.searcher().num_segments}"
     )

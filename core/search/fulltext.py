@@ -11,9 +11,12 @@ from the database before answering. A missing, corrupt or incompatible directory
 empty with ``applied_seq`` 0, and a catch-up from 0 is a full rebuild.
 
 Writers: tantivy allows one IndexWriter per directory, across processes (a second one fails with
-LockBusy). Opening a writer costs about a millisecond, so no writer is kept open: ``catch_up``
-takes the flock, opens a writer, applies, commits, waits for merges and drops it. Commit dominates
-the cost of an incremental apply (fsyncs), not the writer.
+LockBusy). Opening a writer costs about a millisecond, so no writer is kept open: a commit takes the
+flock, opens a writer, applies, commits, waits for merges and drops it. The commit dominates (~8 ms
+of CPU for one doc), so an index of at least ``DELTA_MIN_READER_DOCS`` docs holds what a catch-up
+fetches in memory (core.search.delta: searched with the reader, scored with its statistics) and
+commits it only once it is many docs; a smaller index commits every catch-up. What one process
+holds in memory the others fetch from the database themselves.
 
 Text analysis: one analyzer (tantivy's simple tokenizer, which splits on every non-alphanumeric
 character, hence on ``_`` and ``.``; lowercase; English Porter stemmer) is registered on the index
@@ -39,6 +42,7 @@ from pathlib import Path
 import tantivy
 
 from core.errors import Unavailable
+from core.search.delta import Bm25Stats, Delta
 
 # 3: a memory with run context indexes its own text twice (core.search.index.memory_fulltext_text).
 SCHEMA_VERSION = 3
@@ -55,6 +59,13 @@ WRITER_HEAP_BYTES = 50_000_000
 # go (a hung process) must cost the waiters an error, not their threads.
 LOCK_WAIT_SECONDS = 30.0
 _FLOCK_POLL_MIN, _FLOCK_POLL_MAX = 0.002, 0.05
+# Changes after the reader stay in memory (core.search.delta) while the committed reader has at least this
+# many docs (below, each catch-up commits: a small index's statistics would move too much under a delta),
+# until they are more than a sixteenth of it (at least DELTA_MIN_FOLD, at most DELTA_MAX_DOCS): then they
+# are committed together.
+DELTA_MIN_READER_DOCS = 256
+DELTA_MIN_FOLD = 32
+DELTA_MAX_DOCS = 512
 
 
 @dataclass(frozen=True)
@@ -117,9 +128,12 @@ DOC_ID_CACHE_MAX = 200_000
 class FulltextIndex:
     """One tenant's full-text index in ``path``; safe to use from many threads and processes."""
 
-    def __init__(self, path: Path, *, lock_wait: float = LOCK_WAIT_SECONDS) -> None:
+    def __init__(
+        self, path: Path, *, lock_wait: float = LOCK_WAIT_SECONDS, delta_min_docs: int = DELTA_MIN_READER_DOCS
+    ) -> None:
         self.path = Path(path)
         self.lock_wait = lock_wait
+        self.delta_min_docs = delta_min_docs
         # Threads of this process queue here first (a bounded wait without polling), so at most one of
         # them polls the cross-process flock.
         self._writer_gate = threading.Lock()
@@ -135,6 +149,12 @@ class FulltextIndex:
         # Doc id by doc address for the current reader (addresses change only when it reloads): reading a
         # stored doc for every hit cost more than the search itself.
         self._doc_ids: dict[tuple[int, int], str] = {}
+        # The changes after the reader, held in memory (core.search.delta); the reader's doc count and
+        # BM25 statistics (read when a search first scores the delta), and a count of reader moves.
+        self._delta = Delta(base_seq=0, seq=0)
+        self._reader_docs = 0
+        self._stats: Bm25Stats | None = None
+        self._reader_moves = 0
         self._index = self._open()
 
     # -- state -----------------------------------------------------------------------------
@@ -189,19 +209,30 @@ class FulltextIndex:
         flock itself has no timeout, so the lock is polled without blocking; raises IndexBusy when the
         wait runs out.
         """
+        with self._gated() as deadline, self._flocked(deadline):
+            yield
+
+    @contextlib.contextmanager
+    def _gated(self) -> Iterator[float]:
+        """Exclusive across this process's threads, waiting at most ``lock_wait``; yields the deadline."""
         deadline = time.monotonic() + self.lock_wait
         if not self._writer_gate.acquire(timeout=self.lock_wait):
             raise IndexBusy("the search index is busy; retry shortly")
         try:
-            self.path.mkdir(parents=True, exist_ok=True)
-            with open(self._lock_file, "a+") as handle:
-                _flock_until(handle.fileno(), deadline)
-                try:
-                    yield
-                finally:
-                    fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
+            yield deadline
         finally:
             self._writer_gate.release()
+
+    @contextlib.contextmanager
+    def _flocked(self, deadline: float) -> Iterator[None]:
+        """Exclusive across processes (the caller holds the gate)."""
+        self.path.mkdir(parents=True, exist_ok=True)
+        with open(self._lock_file, "a+") as handle:
+            _flock_until(handle.fileno(), deadline)
+            try:
+                yield
+            finally:
+                fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
 
     # -- opening and recovery ----------------------------------------------------------------
 
@@ -213,6 +244,7 @@ class FulltextIndex:
                 # The reader was reloaded after the state was read, so it reflects at least this.
                 self._generation = state.generation
                 self._reader_seq = state.applied_seq
+                self._delta = Delta(base_seq=state.applied_seq, seq=state.applied_seq)
                 return index
         with self._locked():
             return self._open_or_recreate_locked()
@@ -235,6 +267,9 @@ class FulltextIndex:
         index.config_reader("manual")
         index.reload()
         self._doc_ids = {}
+        self._reader_docs = index.searcher().num_docs
+        self._stats = None
+        self._reader_moves += 1
 
     def _open_or_recreate_locked(self) -> tantivy.Index:
         """Under the lock: open a sound index with its state, else recreate it empty at seq 0."""
@@ -249,6 +284,7 @@ class FulltextIndex:
             self._write_state(state)
         self._generation = state.generation
         self._reader_seq = 0
+        self._delta = Delta(base_seq=0, seq=0)
         return index
 
     def _ensure_current_locked(self) -> _State:
@@ -323,51 +359,68 @@ class FulltextIndex:
         """Bring the index up to the database and the reader up to the index.
 
         ``current_seq`` is the database's change seq when the caller knows it: if the index already
-        reflects it, no lock is taken and no writer is opened. Otherwise, under the exclusive lock,
-        re-read the applied seq, call ``fetch_changes(applied_seq)`` -> (changes after it, the
-        high-water seq they bring the index to), apply and commit. From seq 0 the index is wiped
-        first, so ``fetch_changes(0)`` must return the full current snapshot. Returns the seq.
+        reflects it, no lock is taken and nothing is fetched. Otherwise, under the lock, call
+        ``fetch_changes(seq)`` -> (changes after it, the high-water seq they bring the index to). A large
+        enough index keeps them in memory (core.search.delta) and commits them once they are many;
+        otherwise they are committed at once. From seq 0 the index is wiped first, so ``fetch_changes(0)``
+        must return the full current snapshot. Returns the seq reflected.
         """
         if current_seq is not None:
-            if current_seq <= self._reader_seq:
-                return self._reader_seq
-            state = self._read_state()
-            fresh = state is not None and state.generation == self._generation
-            if state is not None and fresh and state.applied_seq >= current_seq:
-                with self._mutex:
-                    if state.applied_seq > self._reader_seq:
-                        self._refresh_reader_locked(state.applied_seq)
-                return state.applied_seq
-        # Searches keep reading the current reader while this fetches, applies and commits: only moving
-        # the reader takes the mutex.
-        with self._locked():
-            state = self._ensure_current_locked()
-            since = state.applied_seq
-            if current_seq is not None and since >= current_seq:
-                # Another writer caught up while this one waited for the lock: nothing to fetch.
-                if since > self._reader_seq:
-                    self._refresh_reader(since)
-                return since
-            try:
-                changes, high_water = fetch_changes(since)
-            except SnapshotRequired:
-                since = 0
-                changes, high_water = fetch_changes(0)
-            applied = self._apply_locked(state, changes, upto_seq=high_water, wipe=since == 0)
-            self._refresh_reader(applied)
-        return applied
+            if current_seq <= self.seq:
+                return self.seq
+            self._adopt_committed()
+            if current_seq <= self.seq:
+                return self.seq
+        # Searches keep reading the current reader and delta while this fetches, applies and commits:
+        # only moving them takes the mutex.
+        with self._gated() as deadline:
+            if current_seq is not None:
+                self._adopt_committed()
+                if current_seq <= self.seq:
+                    # Another thread or process caught up while this one waited: nothing to fetch.
+                    return self.seq
+            if self._holds_delta():
+                try:
+                    changes, high_water = fetch_changes(self.seq)
+                except SnapshotRequired:
+                    pass  # a full rebuild, committed below
+                else:
+                    delta = self._delta.merged(
+                        changes, upto_seq=high_water, analyze=self._analyzer.analyze, in_reader=self._in_reader
+                    )
+                    if len(delta) <= self._fold_at():
+                        with self._mutex:
+                            # (A commit by another process may have moved the reader meanwhile.)
+                            self._delta = delta.after(self._reader_seq, in_reader=self._in_reader)
+                        return self.seq
+                    with self._flocked(deadline):
+                        state = self._ensure_current_locked()
+                        if state.generation == self._generation and state.applied_seq >= delta.base_seq:
+                            applied = self._apply_locked(state, delta.changes(), upto_seq=delta.seq, wipe=False)
+                            self._refresh_reader(applied)
+                            return self.seq
+            with self._flocked(deadline):
+                state = self._ensure_current_locked()
+                since = state.applied_seq
+                if current_seq is not None and since >= current_seq:
+                    if since > self._reader_seq:
+                        self._refresh_reader(since)
+                    return self.seq
+                try:
+                    changes, high_water = fetch_changes(since)
+                except SnapshotRequired:
+                    since = 0
+                    changes, high_water = fetch_changes(0)
+                applied = self._apply_locked(state, changes, upto_seq=high_water, wipe=since == 0)
+                self._refresh_reader(applied)
+        return self.seq
 
     def refresh(self, current_seq: int) -> int:
         """Move the reader to the newest committed catch-up when that reaches ``current_seq``; never
-        takes the lock and never fetches. Returns the seq the reader reflects (it may stay behind)."""
-        if current_seq <= self._reader_seq:
-            return self._reader_seq
-        state = self._read_state()
-        if state is not None and state.generation == self._generation and state.applied_seq > self._reader_seq:
-            with self._mutex:
-                if state.applied_seq > self._reader_seq:
-                    self._refresh_reader_locked(state.applied_seq)
-        return self._reader_seq
+        takes the lock and never fetches. Returns the seq reflected (it may stay behind)."""
+        if current_seq > self.seq:
+            self._adopt_committed()
+        return self.seq
 
     def reset(self) -> None:
         """Wipe every doc and set the applied seq to 0; the next catch_up rebuilds from scratch."""
@@ -375,6 +428,35 @@ class FulltextIndex:
             state = self._ensure_current_locked()
             self._apply_locked(state, [], upto_seq=0, wipe=True)
             self._refresh_reader(0)
+
+    @property
+    def seq(self) -> int:
+        """The change seq this process reflects: its reader and the changes it holds in memory."""
+        return max(self._reader_seq, self._delta.seq)
+
+    def _adopt_committed(self) -> None:
+        """Move the reader to what is committed on disk when that is newer (a commit of another process, or
+        of this one's other thread); never locks."""
+        state = self._read_state()
+        if state is not None and state.generation == self._generation and state.applied_seq > self._reader_seq:
+            with self._mutex:
+                if state.applied_seq > self._reader_seq:
+                    self._refresh_reader_locked(state.applied_seq)
+
+    def _holds_delta(self) -> bool:
+        """Whether changes may stay in memory: the reader is large enough and reflects the committed index."""
+        if self._reader_docs < self.delta_min_docs:
+            return False
+        state = self._read_state()
+        return state is not None and state.generation == self._generation and state.applied_seq == self._reader_seq
+
+    def _fold_at(self) -> int:
+        """How many changed docs the delta may hold before they are committed."""
+        return min(DELTA_MAX_DOCS, max(DELTA_MIN_FOLD, self._reader_docs // 16))
+
+    def _in_reader(self, doc_id: str) -> bool:
+        """Whether the current reader holds a version of ``doc_id``."""
+        return self._index.searcher().doc_freq("doc_id", doc_id) > 0
 
     def _refresh_reader(self, seq: int) -> None:
         with self._mutex:
@@ -385,7 +467,16 @@ class FulltextIndex:
         # write path unconditionally: a wipe-and-rebuild can end at the seq the reader already had.
         self._index.reload()
         self._doc_ids = {}
+        searcher = self._index.searcher()
+        self._reader_docs = searcher.num_docs
+        self._stats = None
+        self._reader_moves += 1
+        went_back = seq < self._reader_seq
         self._reader_seq = seq
+        if went_back:
+            self._delta = Delta(base_seq=seq, seq=seq)
+        else:
+            self._delta = self._delta.after(seq, in_reader=lambda doc_id: searcher.doc_freq("doc_id", doc_id) > 0)
 
     # -- reading -----------------------------------------------------------------------------
 
@@ -402,7 +493,8 @@ class FulltextIndex:
             return []
         clauses = [(tantivy.Occur.Should, tantivy.Query.term_query(self._schema, "text", term)) for term in terms]
         literal = text.strip()
-        if len(literal) <= MAX_EXACT_ID_CHARS and not any(ch.isspace() for ch in literal):
+        exact_literal = len(literal) <= MAX_EXACT_ID_CHARS and not any(ch.isspace() for ch in literal)
+        if exact_literal:
             exact = tantivy.Query.term_query(self._schema, "doc_id", literal)
             clauses.append((tantivy.Occur.Should, tantivy.Query.boost_query(exact, EXACT_ID_BOOST)))
         query = tantivy.Query.boolean_query(clauses)
@@ -415,23 +507,56 @@ class FulltextIndex:
                     (tantivy.Occur.Must, tantivy.Query.boost_query(kinds, 0.0)),
                 ]
             )
-        with self._mutex:  # the searcher and the doc ids of its reader, together
-            searcher, doc_ids = self._index.searcher(), self._doc_ids
+        with self._mutex:  # the searcher, the doc ids of its reader and the changes on top of it, together
+            searcher, doc_ids, delta = self._index.searcher(), self._doc_ids, self._delta
+            stats, moves = self._stats, self._reader_moves
+        # The reader's hits without the docs the delta changed (as many more asked for as it may drop).
         hits = []
-        for hit_score, address in searcher.search(query, limit, count=False).hits:
+        for hit_score, address in searcher.search(query, limit + delta.shadowed, count=False).hits:
             key = (address.segment_ord, address.doc)
             doc_id = doc_ids.get(key)
             if doc_id is None:
                 doc_id = searcher.doc(address)["doc_id"][0]
                 if len(doc_ids) < DOC_ID_CACHE_MAX:
                     doc_ids[key] = doc_id
-            hits.append((doc_id, float(hit_score)))
-        return sorted(hits, key=lambda hit: (-hit[1], hit[0]))
+            if doc_id not in delta.docs:
+                hits.append((doc_id, float(hit_score)))
+        exact_match = exact_literal and literal in delta.docs
+        if any(term in delta.postings for term in terms) or exact_match:
+            if stats is None:
+                stats = self._bm25_stats(searcher, terms, moves, delta)
+            hits += delta.search(
+                terms,
+                doc_freq=lambda term: searcher.doc_freq("text", term),
+                stats=stats,
+                doc_kinds=doc_kinds,
+                exact_id=(literal, EXACT_ID_BOOST, searcher.doc_freq("doc_id", literal)) if exact_match else None,
+            )
+        return sorted(hits, key=lambda hit: (-hit[1], hit[0]))[:limit]
+
+    def _bm25_stats(self, searcher: tantivy.Searcher, terms: list[str], moves: int, delta: Delta) -> Bm25Stats:
+        """The reader's BM25 statistics of the text field, as tantivy explains them for a doc of a term the
+        reader holds (kept until the reader moves). A question none of whose words the reader holds ranks
+        only delta docs: their statistics then stand in (the same for every hit, so the order holds)."""
+        for term in terms:
+            if searcher.doc_freq("text", term) > 0:
+                query = tantivy.Query.term_query(self._schema, "text", term)
+                found = searcher.search(query, 1, count=False).hits
+                if found:
+                    stats = Bm25Stats.from_explanation(query.explain(searcher, found[0][1]).to_json())
+                    if stats is not None:
+                        with self._mutex:
+                            if self._reader_moves == moves:
+                                self._stats = stats
+                        return stats
+        lengths = [doc.length for doc in delta.docs.values() if not doc.change.deleted]
+        average = sum(lengths) / len(lengths) if lengths else 1.0
+        return Bm25Stats(docs=max(searcher.num_docs, 1), average_length=max(average, 1.0))
 
     @property
     def reader_seq(self) -> int:
-        """The change seq the in-process reader is known to reflect."""
-        return self._reader_seq
+        """The change seq this process reflects (its reader and the changes it holds in memory)."""
+        return self.seq
 
     @property
     def num_docs(self) -> int:

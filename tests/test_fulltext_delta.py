@@ -1,0 +1,222 @@
+"""Changes a large full-text index holds in memory (core.search.delta): they rank exactly as they will once
+committed, hide what they replace, fold into one commit when many, and never outlive the reader they sit
+on. Real tantivy indexes in temporary directories."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import pytest
+
+from core.search.delta import Bm25Stats, fieldnorm
+from core.search.fulltext import DocChange, FulltextIndex
+
+WORDS = (
+    "orders revenue refunds customer region churn weekly monthly fiscal quarter margin warehouse shipment "
+    "delay status paid pending cancelled timezone dashboard metric filter join invoice supplier ledger"
+).split()
+
+
+def _upsert(doc_id: str, text: str, *, seq: int, kind: str = "memory") -> DocChange:
+    return DocChange(doc_id=doc_id, doc_kind=kind, text=text, deleted=False, seq=seq)
+
+
+def _delete(doc_id: str, *, seq: int) -> DocChange:
+    return DocChange(doc_id=doc_id, doc_kind="memory", text=None, deleted=True, seq=seq)
+
+
+def _text(rng: random.Random) -> str:
+    # Short and long docs (field lengths on both sides of the exact range), punctuation, a token too long
+    # to index, repeated words (term frequencies above 1).
+    words = [rng.choice(WORDS) for _ in range(rng.choice([3, 9, 30, 90, 260]))]
+    if rng.random() < 0.2:
+        words.append("x" * 45)
+    return ", ".join(words) + "."
+
+
+class Log:
+    """A change feed in memory: what PostgreSQL's change seq and rows are to the real index."""
+
+    def __init__(self) -> None:
+        self.changes: list[DocChange] = []
+        self.fetches: list[int] = []
+
+    @property
+    def seq(self) -> int:
+        return self.changes[-1].seq if self.changes else 0
+
+    def add(self, change: DocChange) -> DocChange:
+        self.changes.append(change)
+        return change
+
+    def fetch(self, since: int) -> tuple[list[DocChange], int]:
+        self.fetches.append(since)
+        return [c for c in self.changes if c.seq > since], self.seq
+
+
+@pytest.fixture
+def base(tmp_path: Path) -> tuple[Path, Log, random.Random]:
+    """A committed index of 400 docs of all lengths."""
+    rng = random.Random(11)
+    log = Log()
+    for n in range(400):
+        log.add(_upsert(f"memory:{n}", _text(rng), seq=n + 1, kind="memory" if n % 5 else "example_query"))
+    FulltextIndex(tmp_path / "t").catch_up(log.fetch)
+    return tmp_path / "t", log, rng
+
+
+@pytest.mark.parametrize("length", [0, 1, 5, 23, 24, 25, 40, 41, 100, 255, 256, 1000, 4097, 100_000])
+def test_fieldnorm_is_the_one_byte_length_scale(length: int) -> None:
+    """Rule: lengths below 24 are exact; above, the length keeps its 4 most significant bits (rounded
+    down), so it never exceeds the true length and loses at most an eighth of it."""
+    stored = fieldnorm(length)
+    assert stored == length if length < 24 else length * 7 / 8 <= stored <= length
+
+
+def test_a_held_doc_scores_exactly_as_the_reader_scores_the_same_text(base: tuple[Path, Log, random.Random]) -> None:
+    """Rule: a held doc is scored with the reader's statistics as tantivy scores its own docs: a held copy
+    of a committed doc's text scores what that doc scores, for every question, kind filter and length."""
+    path, log, rng = base
+    held = FulltextIndex(path)
+    texts = {c.doc_id: c.text for c in log.changes}
+    for n in range(0, 400, 13):
+        log.add(_upsert(f"memory:copy{n}", texts[f"memory:{n}"] or "", seq=log.seq + 1))
+    held.catch_up(log.fetch, current_seq=log.seq)
+    assert len(held._delta) == 31 and held.applied_seq == 400  # nothing committed
+    for question in ["refunds supplier ledger", "weekly churn margin", "invoice", "orders status paid delay"]:
+        hits = dict(held.search(question, limit=500))
+        copies = [n for n in range(0, 400, 13) if f"memory:copy{n}" in hits]
+        assert copies, question
+        for n in copies:
+            assert hits[f"memory:copy{n}"] == pytest.approx(hits[f"memory:{n}"], rel=1e-6), (question, n)
+    # The exact-id clause too: a held doc named by its id is first, with the committed docs' id boost.
+    log.add(_upsert("memory:named", "the ledger of suppliers", seq=log.seq + 1))
+    held.catch_up(log.fetch, current_seq=log.seq)
+    first, score = held.search("memory:named", limit=5)[0]
+    committed_first, committed_score = held.search("memory:13", limit=5)[0]
+    assert (first, committed_first) == ("memory:named", "memory:13")
+
+
+def test_held_changes_rank_close_to_the_committed_index(base: tuple[Path, Log, random.Random]) -> None:
+    """Against the index that committed the same changes (whose statistics count them), held changes give
+    the same top hits with scores within a few percent; a rewritten doc shows its new text only, a deleted
+    one is gone."""
+    path, log, rng = base
+    held = FulltextIndex(path)
+    old_words = set((log.changes[7].text or "").replace(",", " ").replace(".", " ").split())
+    for n in range(20):
+        log.add(_upsert(f"memory:new{n}", _text(rng), seq=log.seq + 1))
+    log.add(_upsert("memory:7", "refunds refunds of the supplier ledger, weekly", seq=log.seq + 1))
+    log.add(_delete("memory:8", seq=log.seq + 1))
+    held.catch_up(log.fetch, current_seq=log.seq)
+    assert len(held._delta) == 22 and held.applied_seq == 400
+    questions = [
+        ("refunds supplier ledger", None),
+        ("weekly churn margin", None),
+        ("invoice", frozenset({"memory"})),
+        ("orders status paid", frozenset({"example_query"})),
+    ]
+    before = {q: held.search(q, limit=60, doc_kinds=kinds) for q, kinds in questions}
+    committed = FulltextIndex(path, delta_min_docs=10**9)  # commits every catch-up
+    committed.catch_up(log.fetch, current_seq=log.seq)
+    assert committed.applied_seq == log.seq
+    for question, kinds in questions:
+        expected = dict(committed.search(question, limit=60, doc_kinds=kinds))
+        got = dict(before[question])
+        top = sorted(expected, key=lambda d: -expected[d])[:5]
+        assert sorted(got, key=lambda d: -got[d])[:5] == top, question
+        for doc_id in set(got) & set(expected):
+            assert got[doc_id] == pytest.approx(expected[doc_id], rel=0.05), (question, doc_id)
+    assert "memory:8" not in {d for hits in before.values() for d, _ in hits}
+    assert held.search("memory:7", limit=1)[0][0] == "memory:7"
+    gone = sorted(old_words - {"refunds", "supplier", "ledger", "weekly"})[0]
+    assert "memory:7" not in dict(held.search(gone, limit=500))
+    question = "refunds supplier ledger weekly"
+    rewritten = dict(held.search(question, limit=500))["memory:7"]
+    assert rewritten == pytest.approx(dict(committed.search(question, limit=500))["memory:7"], rel=0.05)
+
+
+def test_held_changes_fold_into_one_commit_when_many(base: tuple[Path, Log, random.Random]) -> None:
+    """Each catch-up adds to memory until the changes are more than a sixteenth of the reader (32 at least):
+    then all of them are committed together, and the reader holds them."""
+    path, log, rng = base
+    held = FulltextIndex(path)
+    for n in range(32):
+        log.add(_upsert(f"memory:s{n}", _text(rng), seq=log.seq + 1))
+        held.catch_up(log.fetch, current_seq=log.seq)
+        assert held.applied_seq == 400 and held.seq == log.seq
+    log.add(_upsert("memory:s32", _text(rng), seq=log.seq + 1))
+    held.catch_up(log.fetch, current_seq=log.seq)
+    assert held.applied_seq == log.seq and len(held._delta) == 0
+    assert held.num_docs == 433
+    assert held.search("memory:s32", limit=1)[0][0] == "memory:s32"
+
+
+def test_another_process_commits_and_the_held_changes_it_covers_go(base: tuple[Path, Log, random.Random]) -> None:
+    """Changes held by one process are not on disk: another process catches up from the feed itself. When it
+    commits, the first adopts the commit on its next catch-up and keeps only what is newer."""
+    path, log, rng = base
+    first = FulltextIndex(path)
+    log.add(_upsert("memory:a", "ledger reconciliation runs weekly", seq=log.seq + 1))
+    first.catch_up(log.fetch, current_seq=log.seq)
+    second = FulltextIndex(path, delta_min_docs=10**9)
+    second.catch_up(log.fetch, current_seq=log.seq)
+    assert second.search("reconciliation", limit=5)[0][0] == "memory:a"
+    log.add(_upsert("memory:a", "ledger reconciliation moved to monthly", seq=log.seq + 1))
+    log.add(_upsert("memory:b", "reconciliation owners are the finance team", seq=log.seq + 1))
+    first.catch_up(log.fetch, current_seq=log.seq)
+    assert set(first._delta.docs) == {"memory:a", "memory:b"}
+    upto = log.seq - 1  # the feed as it stood before memory:b: second commits memory:a's rewrite only
+    second.catch_up(lambda since: ([c for c in log.changes if since < c.seq <= upto], upto), current_seq=upto)
+    assert second.applied_seq == upto
+    log.add(_upsert("memory:c", "reconciliation report template", seq=log.seq + 1))
+    first.catch_up(log.fetch, current_seq=log.seq)
+    assert set(first._delta.docs) == {"memory:b", "memory:c"}
+    hits = dict(first.search("reconciliation", limit=10))
+    assert set(hits) >= {"memory:a", "memory:b", "memory:c"}
+    assert first.search("monthly reconciliation", limit=1)[0][0] == "memory:a"
+
+
+def test_a_small_index_commits_every_catch_up(tmp_path: Path) -> None:
+    """Below the reader size a delta needs, each catch-up commits (its statistics would move too much)."""
+    log = Log()
+    idx = FulltextIndex(tmp_path / "t")
+    for n in range(5):
+        log.add(_upsert(f"memory:{n}", f"note {n} on the orders feed", seq=n + 1))
+        idx.catch_up(log.fetch, current_seq=log.seq)
+        assert idx.applied_seq == log.seq and len(idx._delta) == 0
+
+
+def test_reset_drops_held_changes(base: tuple[Path, Log, random.Random]) -> None:
+    """A wipe takes the reader back: what was held on top of it goes, and the next catch-up rebuilds."""
+    path, log, rng = base
+    held = FulltextIndex(path)
+    log.add(_upsert("memory:z", "zebra crossing near the warehouse", seq=log.seq + 1))
+    held.catch_up(log.fetch, current_seq=log.seq)
+    assert len(held._delta) == 1
+    held.reset()
+    assert held.seq == 0 and len(held._delta) == 0 and held.search("zebra", limit=5) == []
+    held.catch_up(log.fetch, current_seq=log.seq)
+    assert held.search("zebra", limit=5)[0][0] == "memory:z" and held.num_docs == 401
+
+
+def test_a_question_only_held_docs_answer_still_ranks_them(base: tuple[Path, Log, random.Random]) -> None:
+    """No word of the question is in the reader: the held docs are ranked among themselves, by their words."""
+    path, log, rng = base
+    held = FulltextIndex(path)
+    log.add(_upsert("memory:q1", "quokka quokka habitat", seq=log.seq + 1))
+    log.add(_upsert("memory:q2", "a quokka, once, seen near the warehouse on a cold day", seq=log.seq + 1))
+    held.catch_up(log.fetch, current_seq=log.seq)
+    assert [d for d, _ in held.search("quokka", limit=5)] == ["memory:q1", "memory:q2"]
+
+
+def test_bm25_statistics_read_off_an_explanation() -> None:
+    explanation = (
+        '{"value": 1.0, "description": "TermQuery, product of...", "details": ['
+        '{"value": 0.4, "description": "idf", "details": [{"value": 2.0, "description": "n, number of docs"},'
+        ' {"value": 401.0, "description": "N, total number of docs"}]},'
+        ' {"value": 0.5, "description": "freq / ...", "details": [{"value": 12.5, "description": "avgdl, average"}]}]}'
+    )
+    assert Bm25Stats.from_explanation(explanation) == Bm25Stats(docs=401, average_length=12.5)
+    assert Bm25Stats.from_explanation('{"value": 1.0, "description": "Const"}') is None
