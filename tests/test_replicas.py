@@ -115,12 +115,22 @@ def test_a_save_through_one_replica_is_ranked_first_by_the_other_at_once(deploym
     assert _search_ids(b.url, headers, f"{token} export")[0] == saved.json()["memory_id"]
 
 
+def _embedded(url: str, headers: dict[str, str]) -> bool:
+    """Whether every memory of the tenant has its vector (the dense channel then ranks them all)."""
+    response = httpx.get(f"{url}/v1/ops/coverage", headers=headers, timeout=30)
+    assert response.status_code == 200, response.text
+    rows = [r for r in response.json()["coverage"] if r["doc_kind"] == "memory"]
+    return bool(rows) and all(r["ratio"] == 1.0 for r in rows)
+
+
 def test_an_index_directory_deleted_under_a_running_replica_costs_latency_not_answers(deployment, make_tenant):
     _, b = deployment.replicas
     headers = _headers(make_tenant)
     for i in range(10):
         body = {"content": f"warehouse {i} ships parcels with carrier number {1000 + i}"}
         assert httpx.post(f"{b.url}/v1/memories", json=body, headers=headers, timeout=30).status_code == 201
+    # The vectors land in the background: compare the two searches with the same vectors.
+    wait_for(lambda: _embedded(b.url, headers), timeout=60)
     before = _search_ids(b.url, headers, "carrier 1007 parcels")
     shutil.rmtree(b.home / "index")
     after = _search_ids(b.url, headers, "carrier 1007 parcels")
