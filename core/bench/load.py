@@ -17,6 +17,7 @@ import os
 import random
 import re
 import signal
+import ssl
 import statistics
 import subprocess
 import sys
@@ -122,12 +123,22 @@ async def _one(http: httpx.AsyncClient, op: str, rng: random.Random, tally: Tall
     return 0.0
 
 
-async def _client(http: httpx.AsyncClient, seed: int, deadline: float, tally: Tally, seeded: list[str]) -> None:
+async def _client(
+    url: str, key: str, seed: int, deadline: float, tally: Tally, seeded: list[str], tls: ssl.SSLContext
+) -> None:
+    # Its own HTTP client and connection, as each agent has: one pool shared by every client made each
+    # request scan all the pool's connections (httpcore), which cost the load generator more CPU than the
+    # requests it timed and, every so often, stalled it for seconds.
     rng = random.Random(seed)
-    while time.monotonic() < deadline:
-        backoff = await _one(http, _pick(rng), rng, tally, seeded)
-        if backoff:
-            await asyncio.sleep(min(backoff * (0.5 + rng.random()), max(0.0, deadline - time.monotonic())))
+    limits = httpx.Limits(max_connections=1, max_keepalive_connections=1)
+    headers = {"Authorization": f"Bearer {key}"}
+    async with httpx.AsyncClient(
+        base_url=url, headers=headers, timeout=UNANSWERED_AFTER, limits=limits, verify=tls
+    ) as http:
+        while time.monotonic() < deadline:
+            backoff = await _one(http, _pick(rng), rng, tally, seeded)
+            if backoff:
+                await asyncio.sleep(min(backoff * (0.5 + rng.random()), max(0.0, deadline - time.monotonic())))
 
 
 async def _health(url: str, deadline: float, tally: Tally) -> None:
@@ -173,14 +184,16 @@ async def _seed(http: httpx.AsyncClient, count: int) -> list[str]:
 
 
 async def _run(url: str, key: str, *, clients: int, seconds: float) -> tuple[Tally, int]:
-    limits = httpx.Limits(max_connections=clients + 8, max_keepalive_connections=clients + 8)
     headers = {"Authorization": f"Bearer {key}"}
-    async with httpx.AsyncClient(base_url=url, headers=headers, timeout=UNANSWERED_AFTER, limits=limits) as http:
+    async with httpx.AsyncClient(base_url=url, headers=headers, timeout=UNANSWERED_AFTER) as http:
         seeded = await _seed(http, SEED_MEMORIES)
+        tls = ssl.create_default_context()
         tally = Tally()
         deadline = time.monotonic() + seconds
         await asyncio.gather(
-            _health(url, deadline, tally), *(_client(http, n, deadline, tally, seeded) for n in range(clients))
+            _health(url, deadline, tally),
+            # (One TLS context for all: making one per client cost the first second ~10 ms of CPU each.)
+            *(_client(url, key, n, deadline, tally, seeded, tls) for n in range(clients)),
         )
         lost = await _verify(http, list(tally.saved))
     return tally, lost
