@@ -26,17 +26,19 @@ from __future__ import annotations
 from collections.abc import Sequence
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
-from sqlalchemy import ColumnElement, and_, or_, select
+from sqlalchemy import ColumnElement, Executable, and_, bindparam, literal_column, or_, select, text
 from sqlalchemy.orm import Session
 
 from core.caches import BoundedCache
 from core.config import get_settings
 from core.db import tenant_session
 from core.entities.canonical import is_memory_ref
+from core.entities.models import Datasource
 from core.memories.models import Memory, Tombstone
 from core.refs import MEMORY_PREFIX
+from core.search import sql
 from core.search.catalog import catalog_changes
 from core.search.filters import any_of, has_query
 from core.search.fulltext import DocChange, FulltextIndex
@@ -96,19 +98,54 @@ def forget_open_indexes() -> None:
 
 
 def fetch_changes(tenant_id: int, since: int) -> tuple[list[DocChange], int]:
-    """Every doc change of the tenant after ``since``, and the seq they bring the index to."""
+    """Every doc change of the tenant after ``since``, and the seq they bring the index to.
+
+    The change seq, the changed memories, the tombstones and whether the tenant has a catalog go to the
+    database together (one round trip, driver SQL: core.search.sql); a tenant with a catalog then reads
+    the catalog's changes too."""
     with tenant_session(tenant_id) as session:
         session.connection(execution_options={"isolation_level": "REPEATABLE READ"})
-        high_water = _change_seq(session, tenant_id)
-        changes = _memory_changes(session, since=since)
+        values = {"tenant": tenant_id, "since": since}
+        seq_rows, memory_rows, tombstones, catalogs = sql.run_many(
+            session,
+            [
+                ("feed-seq", lambda: _SEQ_SQL, values),
+                ("feed-memories", _changed_memories, values),
+                ("feed-tombstones", _changed_tombstones, values),
+                ("feed-has-catalog", _has_catalog, values),
+            ],
+        )
+        high_water = int(seq_rows[0][0] or 0) if seq_rows else 0
+        changes = _memory_changes(session, changed=[_MemoryRow(*row) for row in memory_rows])
         changes.extend(
             DocChange(doc_id=doc_id, doc_kind=_kind_of_doc(doc_id), text=None, deleted=True, seq=seq)
-            for doc_id, seq in session.execute(
-                select(Tombstone.doc_id, Tombstone.change_seq).where(Tombstone.change_seq > since)
-            ).all()
+            for doc_id, seq in tombstones
         )
-        changes.extend(catalog_changes(session, since=since))
+        if catalogs:
+            # Catalog docs exist only under a datasource: a tenant without one has none to render (its
+            # deleted catalog docs are among the tombstones above).
+            changes.extend(catalog_changes(session, since=since))
     return changes, high_water
+
+
+_SEQ_SQL = text("SELECT change_seq FROM tenants WHERE id = :tenant")
+
+
+def _changed_memories() -> Executable:
+    return select(*_COLUMNS, has_query()).where(
+        Memory.tenant_id == bindparam("tenant"), Memory.change_seq > bindparam("since")
+    )
+
+
+def _changed_tombstones() -> Executable:
+    return select(Tombstone.doc_id, Tombstone.change_seq).where(
+        Tombstone.tenant_id == bindparam("tenant"), Tombstone.change_seq > bindparam("since")
+    )
+
+
+def _has_catalog() -> Executable:
+    tenant = Datasource.tenant_id == bindparam("tenant")
+    return select(literal_column("1")).select_from(Datasource).where(tenant).limit(1)
 
 
 def _kind_of_doc(doc_id: str) -> str:
@@ -141,9 +178,24 @@ def episode_of(run_id: str | None, occurred_at: datetime | None, created_at: dat
     return None
 
 
-def _memory_changes(session: Session, *, since: int) -> list[DocChange]:
-    """Memories changed after ``since``, plus the other memories of their episodes (their context changed)."""
-    rows = {r.id: r for r in session.execute(select(*_COLUMNS, has_query()).where(Memory.change_seq > since))}
+class _MemoryRow(NamedTuple):
+    """A row of ``_COLUMNS`` and whether the memory carries a query (as the driver returns it)."""
+
+    id: str
+    content: Any
+    entities: list[str]
+    tags: list[str]
+    status: str
+    change_seq: int
+    run_id: str | None
+    occurred_at: datetime | None
+    created_at: datetime | None
+    carries_query: bool
+
+
+def _memory_changes(session: Session, *, changed: Sequence[Any]) -> list[DocChange]:
+    """The ``changed`` memories, plus the other memories of their episodes (their context changed)."""
+    rows = {r.id: r for r in changed}
     episode_seq: dict[str, int] = {}
     runs: set[str] = set()
     instants: set[datetime] = set()
