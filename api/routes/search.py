@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from fastapi import APIRouter, Body, Depends, Request
+from fastapi import APIRouter, Body, Depends, Request, Response
 
 from api.auth import require_caller
 from api.openapi import BEARER, IDENTITY, operation
@@ -51,7 +51,7 @@ router = APIRouter(prefix="/v1", tags=["search"], dependencies=[Depends(BEARER)]
 )
 def search(
     request: Request, body: Any = Body(default=None), caller: Caller = Depends(require_caller)
-) -> dict[str, Any]:
+) -> Response:
     """Give a `question`, `entities` (or an inline `query`), or both. Channels (entity overlap, full-text,
     dense, graph) are fused per bucket; `degraded` is true when the dense channel could not run. Nothing
     given: the most recent memories, with a warning."""
@@ -59,4 +59,5 @@ def search(
     caller = acting_identity(caller, body, request)
     with tenant_session(caller.tenant_id) as session:
         response = service.search(session, caller=caller, request=search_request)
-    return response.model_dump()
+    # Serialised by the model itself (pydantic-core): FastAPI's encoder walked every hit in Python first.
+    return Response(content=response.model_dump_json(), media_type="application/json")
