@@ -288,17 +288,25 @@ def _load_visible(
 
 
 def get_memory(session: Session, *, caller: Caller, memory_id: str, include_forgotten: bool = False) -> Memory:
-    """Exact recall by id; counts an access."""
+    """Exact recall by id; counts an access (one statement: the access is counted on the row it returns)."""
     if include_forgotten and not caller.is_admin:
         raise Forbidden("include_forgotten needs an admin key")
-    memory = _load_visible(session, caller=caller, memory_id=memory_id, include_forgotten=include_forgotten)
-    session.execute(
+    try:
+        validate_memory_id(memory_id)
+    except Invalid:  # no memory can have an id outside the charset (e.g. a NUL byte from the URL)
+        raise NotFound(f"memory {memory_id[:200]!r} not found") from None
+    counted = (
         update(Memory)
-        .where(Memory.id == memory.id)
+        .where(Memory.id == memory_id, visible_clause(caller))
         .values(access_count=Memory.access_count + 1, last_accessed_at=func.now())
-        .execution_options(synchronize_session=False)
+        .returning(Memory)
+        .execution_options(synchronize_session=False, populate_existing=True)
     )
-    session.refresh(memory)
+    if not include_forgotten:
+        counted = counted.where(Memory.status != "forgotten")
+    memory = session.scalars(counted).first()
+    if memory is None:
+        raise NotFound(f"memory {memory_id!r} not found")
     return memory
 
 
