@@ -220,3 +220,36 @@ def test_bm25_statistics_read_off_an_explanation() -> None:
     )
     assert Bm25Stats.from_explanation(explanation) == Bm25Stats(docs=401, average_length=12.5)
     assert Bm25Stats.from_explanation('{"value": 1.0, "description": "Const"}') is None
+
+
+def test_catching_up_in_memory_never_waits(base: tuple[Path, Log, random.Random]) -> None:
+    """Rule: from inside a transaction the index catches up only when that needs no waiting: the gate is
+    free and the changes stay in memory. Otherwise it reports False and changes nothing (the search then
+    catches up outside its transaction)."""
+    path, log, rng = base
+    held = FulltextIndex(path)
+    log.add(_upsert("memory:t1", "tern colony count", seq=log.seq + 1))
+    assert held.catch_up_in_memory(log.fetch, current_seq=log.seq) is True
+    assert held.seq == log.seq and held.applied_seq == 400 and held.search("tern", limit=1)[0][0] == "memory:t1"
+    assert held.catch_up_in_memory(log.fetch, current_seq=log.seq) is True  # current: nothing fetched
+    fetched = len(log.fetches)
+    # Another thread of the process is catching up: no waiting, no fetch.
+    log.add(_upsert("memory:t2", "tern migration", seq=log.seq + 1))
+    with held._writer_gate:
+        assert held.catch_up_in_memory(log.fetch, current_seq=log.seq) is False
+    assert len(log.fetches) == fetched and held.seq == log.seq - 1
+    # Enough changes to commit: that takes the cross-process lock, so not from a transaction.
+    for n in range(40):
+        log.add(_upsert(f"memory:f{n}", _text(rng), seq=log.seq + 1))
+    assert held.catch_up_in_memory(log.fetch, current_seq=log.seq) is False
+    assert held.seq < log.seq and held.applied_seq == 400
+    assert held.catch_up(log.fetch, current_seq=log.seq) == log.seq and held.applied_seq == log.seq
+
+
+def test_a_small_index_catches_up_in_memory_only_when_current(tmp_path: Path) -> None:
+    log = Log()
+    idx = FulltextIndex(tmp_path / "t")
+    log.add(_upsert("memory:1", "one note", seq=1))
+    assert idx.catch_up_in_memory(log.fetch, current_seq=1) is False and log.fetches == []
+    idx.catch_up(log.fetch, current_seq=1)
+    assert idx.catch_up_in_memory(log.fetch, current_seq=1) is True

@@ -415,6 +415,41 @@ class FulltextIndex:
                 self._refresh_reader(applied)
         return self.seq
 
+    def catch_up_in_memory(self, fetch_changes: FetchChanges, *, current_seq: int) -> bool:
+        """Catch up to ``current_seq`` without waiting for anything: only when no other thread of this
+        process is catching up and the changes stay in memory (no commit, whose lock may have to be
+        waited for). True when the index reflects ``current_seq``; False leaves it to :meth:`catch_up`.
+
+        For a caller inside a transaction: it may neither wait on a lock nor take a second connection,
+        so ``fetch_changes`` reads in that transaction."""
+        if current_seq <= self.seq:
+            return True
+        self._adopt_committed()
+        if current_seq <= self.seq:
+            return True
+        if not self._writer_gate.acquire(blocking=False):
+            return False
+        try:
+            self._adopt_committed()
+            if current_seq <= self.seq:
+                return True
+            if not self._holds_delta():
+                return False
+            try:
+                changes, high_water = fetch_changes(self.seq)
+            except SnapshotRequired:
+                return False
+            delta = self._delta.merged(
+                changes, upto_seq=high_water, analyze=self._analyzer.analyze, in_reader=self._in_reader
+            )
+            if len(delta) > self._fold_at() or delta.seq < current_seq:
+                return False
+            with self._mutex:
+                self._delta = delta.after(self._reader_seq, in_reader=self._in_reader)
+            return True
+        finally:
+            self._writer_gate.release()
+
     def refresh(self, current_seq: int) -> int:
         """Move the reader to the newest committed catch-up when that reaches ``current_seq``; never
         takes the lock and never fetches. Returns the seq reflected (it may stay behind)."""

@@ -98,33 +98,39 @@ def forget_open_indexes() -> None:
 
 
 def fetch_changes(tenant_id: int, since: int) -> tuple[list[DocChange], int]:
-    """Every doc change of the tenant after ``since``, and the seq they bring the index to.
+    """Every doc change of the tenant after ``since``, and the seq they bring the index to, read in a
+    snapshot of their own."""
+    with tenant_session(tenant_id) as session:
+        session.connection(execution_options={"isolation_level": "REPEATABLE READ"})
+        return _changes_in(session, tenant_id=tenant_id, since=since)
+
+
+def _changes_in(session: Session, *, tenant_id: int, since: int) -> tuple[list[DocChange], int]:
+    """The changes after ``since`` as the session's snapshot sees them, and its change seq.
 
     The change seq, the changed memories, the tombstones and whether the tenant has a catalog go to the
     database together (one round trip, driver SQL: core.search.sql); a tenant with a catalog then reads
     the catalog's changes too."""
-    with tenant_session(tenant_id) as session:
-        session.connection(execution_options={"isolation_level": "REPEATABLE READ"})
-        values = {"tenant": tenant_id, "since": since}
-        seq_rows, memory_rows, tombstones, catalogs = sql.run_many(
-            session,
-            [
-                ("feed-seq", lambda: _SEQ_SQL, values),
-                ("feed-memories", _changed_memories, values),
-                ("feed-tombstones", _changed_tombstones, values),
-                ("feed-has-catalog", _has_catalog, values),
-            ],
-        )
-        high_water = int(seq_rows[0][0] or 0) if seq_rows else 0
-        changes = _memory_changes(session, changed=[_MemoryRow(*row) for row in memory_rows])
-        changes.extend(
-            DocChange(doc_id=doc_id, doc_kind=_kind_of_doc(doc_id), text=None, deleted=True, seq=seq)
-            for doc_id, seq in tombstones
-        )
-        if catalogs:
-            # Catalog docs exist only under a datasource: a tenant without one has none to render (its
-            # deleted catalog docs are among the tombstones above).
-            changes.extend(catalog_changes(session, since=since))
+    values = {"tenant": tenant_id, "since": since}
+    seq_rows, memory_rows, tombstones, catalogs = sql.run_many(
+        session,
+        [
+            ("feed-seq", lambda: _SEQ_SQL, values),
+            ("feed-memories", _changed_memories, values),
+            ("feed-tombstones", _changed_tombstones, values),
+            ("feed-has-catalog", _has_catalog, values),
+        ],
+    )
+    high_water = int(seq_rows[0][0] or 0) if seq_rows else 0
+    changes = _memory_changes(session, changed=[_MemoryRow(*row) for row in memory_rows])
+    changes.extend(
+        DocChange(doc_id=doc_id, doc_kind=_kind_of_doc(doc_id), text=None, deleted=True, seq=seq)
+        for doc_id, seq in tombstones
+    )
+    if catalogs:
+        # Catalog docs exist only under a datasource: a tenant without one has none to render (its
+        # deleted catalog docs are among the tombstones above).
+        changes.extend(catalog_changes(session, since=since))
     return changes, high_water
 
 
@@ -280,6 +286,18 @@ def catch_up_before_search(tenant_id: int) -> FulltextIndex:
     current = current_change_seq(tenant_id)
     index.catch_up(lambda since: fetch_changes(tenant_id, since), current_seq=current)
     return index
+
+
+def catch_up_in(session: Session, tenant_id: int) -> bool:
+    """Bring the tenant's index up to the session's snapshot from inside its transaction, when that needs
+    no waiting (core.search.fulltext.FulltextIndex.catch_up_in_memory): the changes are read in the
+    session itself. False when it would have to wait: the caller then ends its transaction and calls
+    :func:`catch_up_before_search`."""
+    index = tenant_index(tenant_id)
+    current = _change_seq(session, tenant_id)
+    return index.catch_up_in_memory(
+        lambda since: _changes_in(session, tenant_id=tenant_id, since=since), current_seq=current
+    )
 
 
 def catch_up(*, tenant_id: int, current_seq: int) -> FulltextIndex:

@@ -56,7 +56,7 @@ from core.search.dense import ENTITIES, DenseSearch, DenseUnavailable, dense_mod
 from core.search.filters import EXAMPLE_QUERIES, MEMORIES, Eligibility, MemoryFilter, any_of
 from core.search.fulltext import ENTITY_KINDS
 from core.search.fusion import relevance, with_hops
-from core.search.index import catch_up_before_search
+from core.search.index import catch_up_before_search, catch_up_in
 from core.search.modes import ordered_buckets
 from core.search.names import question_names, with_names
 from core.search.rankings import (
@@ -670,9 +670,12 @@ def _hydrate_memories(state: SearchState, *, tokens: list[str]) -> None:
 def search(session: Session, *, caller: Caller, request: SearchRequest) -> SearchResponse:
     """Run one search for ``caller`` in the caller's session (read-only)."""
     request.check()
-    if request.mode == "hybrid" and request.question_text:
-        # Full-text catches up before the session takes its connection: waiting for the index lock then
-        # holds no connection or transaction, and the catch-up's own connection is the only one in use.
-        catch_up_before_search(caller.tenant_id)
     session.connection(execution_options={"isolation_level": "REPEATABLE READ"})
+    if request.mode == "hybrid" and request.question_text and not catch_up_in(session, caller.tenant_id):
+        # Catching up would wait (for another thread's catch-up or a commit's lock): the search gives its
+        # transaction and connection back first, so waiting holds neither, and the catch-up's own
+        # connection is the only one in use. Then it starts again in a new snapshot.
+        session.rollback()
+        catch_up_before_search(caller.tenant_id)
+        session.connection(execution_options={"isolation_level": "REPEATABLE READ"})
     return run_search(session, caller=caller, request=request).response
