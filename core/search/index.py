@@ -13,10 +13,13 @@ write bumps that seq under the tenant row lock, so all changes up to it are visi
 and none is skipped. Any process can do this (the index serialises writers with a file lock), so a
 memory saved through one API process is found by the next search in any other.
 
-Connections and locks: a search catches up with :func:`catch_up_before_search` before it takes its own
-connection, so waiting for the index lock never holds a connection or a transaction, and the catch-up's
-connection is the only one the request holds at that moment. Inside the search's transaction
-:func:`catch_up` only moves the reader to what is committed already: it neither waits nor connects.
+Connections and locks: a search first tries :func:`catch_up_in`, inside its own transaction, which catches
+up only when that needs no waiting (the index gate is free and the changes stay in memory) and reads the
+changes in that transaction. Otherwise the search gives its transaction back and catches up with
+:func:`catch_up_before_search`, so waiting for the index lock never holds a connection or a transaction,
+and the catch-up's connection is the only one the request holds at that moment. Later in the search's
+transaction :func:`catch_up` only moves the reader to what is committed already: it neither waits nor
+connects.
 The search still reflects every write committed before it started (read-your-writes); writes that
 commit while it runs may be missed by full-text, as they would be by a search started a moment earlier.
 """
