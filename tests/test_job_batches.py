@@ -10,6 +10,7 @@ from datetime import timedelta
 import pytest
 from sqlalchemy import select, text
 
+from core.embeddings.providers import Embedder, EmbeddingProviderError
 from tests.conftest import wait_for
 
 
@@ -209,7 +210,69 @@ def test_the_relay_gathers_a_stream_of_saves_into_few_messages(client, tenant, s
     assert 1 <= len(ours[1:]) <= 2 and sorted(j for m in ours[1:] for j in m.job_ids) == sorted(rest)
     assert all(m.kind == "embed" for m in ours)
 
+class _RefusingProvider(Embedder):
+    """A provider that refuses any text naming ``marker`` as a bad request (as a hosted model refuses an input
+    over its context length), and embeds everything else with the configured model."""
 
+    def __init__(self, inner: Embedder, *, marker: str, retryable: bool) -> None:
+        super().__init__()
+        self.inner, self.name, self.marker, self.retryable = inner, inner.name, marker, retryable
+
+    @property
+    def dims(self) -> int:
+        return self.inner.dims
+
+    def embed_documents(self, texts):  # type: ignore[no-untyped-def]
+        if any(self.marker in text for text in texts):
+            raise EmbeddingProviderError("BadRequestError: input too long for the model", retryable=self.retryable)
+        return self.inner.embed_documents(texts)
+
+
+@pytest.mark.parametrize(
+    ("retryable", "max_attempts"),
+    [(False, 3), (True, 1)],
+    ids=["an-input-the-provider-refuses", "a-last-attempt"],
+)
+def test_a_batch_failing_for_good_ends_only_the_job_that_failed(
+    client, tenant, stack, monkeypatch, retryable, max_attempts
+):  # type: ignore[no-untyped-def]
+    """Three saves' jobs run as one batch and the provider refuses one doc: the failure would end a job for
+    good (an error retrying cannot fix, or its last attempt), so the jobs run again one by one in the same
+    attempt; the refused one fails alone, its batch-mates are embedded and succeed."""
+    import core.embeddings.chaos as chaos
+    from core.db import system_session
+    from core.jobs.models import Job
+    from core.jobs.runner import run_jobs
+
+    configured = chaos.embedder_for_settings
+    monkeypatch.setattr(
+        chaos,
+        "embedder_for_settings",
+        lambda model=None: _RefusingProvider(configured(model), marker="REFUSED", retryable=retryable),
+    )
+    ok_a, refused, ok_b = _save(
+        client, tenant, ["the orders table is fine", "a REFUSED note far too long", "the refunds table is fine"]
+    )
+    job_ids = _embed_jobs(tenant.tenant_id)
+    assert len(job_ids) == 3
+    outcomes = run_jobs(job_ids, session_factory=system_session, max_attempts=max_attempts)
+    with system_session() as session:
+        jobs = {job.payload["doc_ids"][0]: job for job in session.scalars(select(Job).where(Job.id.in_(job_ids)))}
+        states = {doc: (job.state, job.attempts) for doc, job in jobs.items()}
+        refused_job = jobs[f"memory:{refused}"]
+        assert "input too long" in (refused_job.error or "") and jobs[f"memory:{ok_a}"].error is None
+    assert states == {
+        f"memory:{ok_a}": ("succeeded", 1),
+        f"memory:{refused}": ("failed", 1),
+        f"memory:{ok_b}": ("succeeded", 1),
+    }
+    assert sorted(o.state for o in outcomes.values()) == ["failed", "succeeded", "succeeded"]
+    assert _embedded(tenant.tenant_id) == {f"memory:{ok_a}", f"memory:{ok_b}"}
+
+
+
+# Last in the module: its worker lives until the module ends and runs every message published from then on,
+# so the tests above that run jobs in this process would race it.
 def test_a_worker_runs_a_message_of_several_jobs(client, tenant, stack, worker):
     """Jobs committed together are claimed together, published as one message, and a real worker runs them
     as one batch."""
@@ -249,3 +312,4 @@ def test_a_worker_runs_a_message_of_several_jobs(client, tenant, stack, worker):
     jobs = wait_for(batch_done, timeout=60)
     assert all(job.result == {"embedded": 3, "unchanged": 0, "batch_jobs": 3} for job in jobs)  # type: ignore[union-attr]
     assert _embedded(tenant.tenant_id) == {f"memory:{m}" for m in memory_ids}
+

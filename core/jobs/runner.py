@@ -7,7 +7,9 @@ runner, so no import leads back from a job's handler to the code that runs it.
 A message may carry several jobs (the outbox relay puts a tenant's embed jobs that queued together into
 one). They are claimed in one statement; jobs that share a batch key (core.jobs.batches) run as one call of
 their kind's batch handler in one transaction, every other job alone. Each job keeps its own row, attempts,
-lease and history: a batch is only how they travel and run, never what an operator sees.
+lease and history: a batch is only how they travel and run, never what an operator sees. A failed batch
+whose jobs would all retry (an outage) waits one backoff together; one that would end a job for good (an
+input the provider refuses, a last attempt) runs its jobs again one by one, so each ends by its own run.
 """
 
 from __future__ import annotations
@@ -179,6 +181,23 @@ def _run_batch(
                 job.finished_at = job.updated_at = finished
         return {job.id: RunOutcome(state="succeeded", attempts=job.attempts) for job in batch}
     except Exception as exc:
+        if len(batch) > 1 and any(_ends_here(job, exc, max_attempts) for job in batch):
+            # A job is failed for good only by its own run: one bad doc (an input the provider refuses) must
+            # not end its batch-mates, nor may their last attempt. Each runs again alone, in this attempt.
+            log.warning("batch of %d %s jobs failed for good (%s); running them one by one", len(batch), kind, exc)
+            outcomes: dict[str, RunOutcome] = {}
+            for job in batch:
+                outcomes.update(
+                    _run_batch(
+                        [job],
+                        session_factory=session_factory,
+                        max_attempts=max_attempts,
+                        running_lease=running_lease,
+                        retry_base_seconds=retry_base_seconds,
+                        retry_max_seconds=retry_max_seconds,
+                    )
+                )
+            return outcomes
         return _record_failure(
             batch,
             exc,
@@ -199,6 +218,16 @@ def _handle(session: Any, kind: str, jobs: list[Job]) -> dict[str, Any] | None:
     return fn(session, job)
 
 
+def _permanent(exc: Exception) -> bool:
+    """An error retrying cannot fix: the job's own input or code, or a provider refusing the request."""
+    return isinstance(exc, PermanentJobError | LookupError) or getattr(exc, "retryable", True) is False
+
+
+def _ends_here(job: _Claimed, exc: Exception, max_attempts: int) -> bool:
+    """Whether this failure would fail the job for good (an error retrying cannot fix, or its last attempt)."""
+    return _permanent(exc) or job.attempts >= max_attempts
+
+
 def _record_failure(
     batch: list[_Claimed],
     exc: Exception,
@@ -213,7 +242,7 @@ def _record_failure(
     message that retries them finds them all due."""
     kind = batch[0].kind
     error = f"{type(exc).__name__}: {exc}"
-    permanent = isinstance(exc, PermanentJobError | LookupError) or getattr(exc, "retryable", True) is False
+    permanent = _permanent(exc)
     formatted = traceback.format_exc()
     log.warning("job(s) %s (%s) failed: %s", ", ".join(job.id for job in batch), kind, formatted)
     furthest = max(job.attempts for job in batch)
