@@ -253,3 +253,40 @@ def test_a_small_index_catches_up_in_memory_only_when_current(tmp_path: Path) ->
     assert idx.catch_up_in_memory(log.fetch, current_seq=1) is False and log.fetches == []
     idx.catch_up(log.fetch, current_seq=1)
     assert idx.catch_up_in_memory(log.fetch, current_seq=1) is True
+
+
+class _CountingAnalyzer:
+    """The index's analyzer, counting the texts it analyses for the delta."""
+
+    def __init__(self, inner: object) -> None:
+        self.inner, self.texts = inner, 0
+
+    def analyze(self, text: str) -> list[str]:
+        self.texts += 1
+        return self.inner.analyze(text)  # type: ignore[attr-defined, no-any-return]
+
+
+def test_a_bulk_of_changes_is_committed_without_being_analysed_for_memory(
+    base: tuple[Path, Log, random.Random],
+) -> None:
+    """Rule: changes that could not all be held (more than the fold threshold with what is held) are never
+    analysed for the delta: from a transaction the index says False at once, and the catch-up commits the
+    held changes and the bulk together (the latest change of a doc winning)."""
+    path, log, rng = base
+    held = FulltextIndex(path)
+    log.add(_upsert("memory:kept", "puffin burrow survey", seq=log.seq + 1))
+    log.add(_upsert("memory:moved", "gannet ledge survey", seq=log.seq + 1))
+    held.catch_up(log.fetch, current_seq=log.seq)
+    assert len(held._delta) == 2 and held.applied_seq == 400
+    counting = _CountingAnalyzer(held._analyzer)
+    held._analyzer = counting  # type: ignore[assignment]
+    for n in range(1000):
+        log.add(_upsert(f"memory:bulk{n}", _text(rng), seq=log.seq + 1))
+    log.add(_upsert("memory:moved", "shag colony survey", seq=log.seq + 1))
+    assert held.catch_up_in_memory(log.fetch, current_seq=log.seq) is False
+    assert counting.texts == 0 and held.seq == 402
+    assert held.catch_up(log.fetch, current_seq=log.seq) == log.seq
+    assert counting.texts == 0 and len(held._delta) == 0 and held.applied_seq == log.seq
+    assert held.num_docs == 1402
+    assert [d for d, _ in held.search("puffin", limit=2)] == ["memory:kept"]
+    assert [d for d, _ in held.search("shag", limit=2)] == ["memory:moved"] and not held.search("gannet", limit=2)

@@ -114,6 +114,10 @@ class Delta:
     def __len__(self) -> int:
         return len(self.docs)
 
+    def held_after(self, changes: Iterable[DocChange]) -> int:
+        """How many docs this delta would hold with ``changes`` merged, counted without analysing any text."""
+        return len(self.docs) + len({c.doc_id for c in changes if c.seq > self.seq and c.doc_id not in self.docs})
+
     def merged(
         self,
         changes: Iterable[DocChange],

@@ -385,18 +385,26 @@ class FulltextIndex:
                 except SnapshotRequired:
                     pass  # a full rebuild, committed below
                 else:
-                    delta = self._delta.merged(
-                        changes, upto_seq=high_water, analyze=self._analyzer.analyze, in_reader=self._in_reader
-                    )
-                    if len(delta) <= self._fold_at():
+                    changes = list(changes)
+                    held = self._delta
+                    # Changes too many to hold are committed as they are, never analysed for the delta first.
+                    if held.held_after(changes) <= self._fold_at():
+                        delta = held.merged(
+                            changes, upto_seq=high_water, analyze=self._analyzer.analyze, in_reader=self._in_reader
+                        )
                         with self._mutex:
                             # (A commit by another process may have moved the reader meanwhile.)
                             self._delta = delta.after(self._reader_seq, in_reader=self._in_reader)
                         return self.seq
                     with self._flocked(deadline):
                         state = self._ensure_current_locked()
-                        if state.generation == self._generation and state.applied_seq >= delta.base_seq:
-                            applied = self._apply_locked(state, delta.changes(), upto_seq=delta.seq, wipe=False)
+                        if state.generation == self._generation and state.applied_seq >= held.base_seq:
+                            applied = self._apply_locked(
+                                state,
+                                [*held.changes(), *changes],
+                                upto_seq=max(held.seq, high_water),
+                                wipe=False,
+                            )
                             self._refresh_reader(applied)
                             return self.seq
             with self._flocked(deadline):
@@ -439,11 +447,12 @@ class FulltextIndex:
                 changes, high_water = fetch_changes(self.seq)
             except SnapshotRequired:
                 return False
+            changes = list(changes)
+            if max(self._delta.seq, high_water) < current_seq or self._delta.held_after(changes) > self._fold_at():
+                return False  # (too many to hold: catch_up commits them, analysed once, there)
             delta = self._delta.merged(
                 changes, upto_seq=high_water, analyze=self._analyzer.analyze, in_reader=self._in_reader
             )
-            if len(delta) > self._fold_at() or delta.seq < current_seq:
-                return False
             with self._mutex:
                 self._delta = delta.after(self._reader_seq, in_reader=self._in_reader)
             return True
