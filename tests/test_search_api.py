@@ -140,6 +140,27 @@ def test_index_directory_deleted_is_rebuilt(client, tenant, stack):
     assert set(ids(search(client, tenant, {"question": "churn"})["memories"])) == {mid, other}
 
 
+
+def test_a_search_never_opens_an_index_from_inside_its_transaction(client, tenant):
+    """Rule: opening an index may wait for its lock, so inside a search's transaction the index is only
+    caught up when this process has it open already; otherwise the search catches up outside (and opens it
+    there), and finds the memory either way."""
+    from core.db import tenant_session
+    from core.search.index import _open_index, catch_up_before_search, catch_up_in, forget_open_indexes
+
+    mid = save(client, tenant, {"content": "kittiwake cliff census"})
+    forget_open_indexes()
+    with tenant_session(tenant.tenant_id) as session:
+        assert catch_up_in(session, tenant.tenant_id) is False
+    assert _open_index(tenant.tenant_id) is None
+    assert ids(search(client, tenant, {"question": "kittiwake"})["memories"]) == [mid]
+    assert _open_index(tenant.tenant_id) is not None
+    other = save(client, tenant, {"content": "kittiwake chick count"})
+    catch_up_before_search(tenant.tenant_id)
+    with tenant_session(tenant.tenant_id) as session:
+        assert catch_up_in(session, tenant.tenant_id) is True
+    assert set(ids(search(client, tenant, {"question": "kittiwake"})["memories"])) == {mid, other}
+
 def test_forgotten_never_stale_only_with_flag(client, tenant):
     """Forgotten memories never appear; stale ones only with include_stale."""
     from sqlalchemy import update

@@ -14,12 +14,12 @@ and none is skipped. Any process can do this (the index serialises writers with 
 memory saved through one API process is found by the next search in any other.
 
 Connections and locks: a search first tries :func:`catch_up_in`, inside its own transaction, which catches
-up only when that needs no waiting (the index gate is free and the changes stay in memory) and reads the
-changes in that transaction. Otherwise the search gives its transaction back and catches up with
-:func:`catch_up_before_search`, so waiting for the index lock never holds a connection or a transaction,
-and the catch-up's connection is the only one the request holds at that moment. Later in the search's
-transaction :func:`catch_up` only moves the reader to what is committed already: it neither waits nor
-connects.
+up only when that needs no waiting (the process has the index open, its gate is free and the changes stay
+in memory) and reads the changes in that transaction. Otherwise the search gives its transaction back
+and catches up with :func:`catch_up_before_search`, so waiting for the index lock never holds a connection
+or a transaction, and the catch-up's connection is the only one the request holds at that moment. Later
+in the search's transaction :func:`catch_up` only moves the reader to what is committed already: it
+neither waits nor connects.
 The search still reflects every write committed before it started (read-your-writes); writes that
 commit while it runs may be missed by full-text, as they would be by a search started a moment earlier.
 """
@@ -88,11 +88,21 @@ def memory_doc_kind(carries_query: bool) -> str:
 
 def tenant_index(tenant_id: int) -> FulltextIndex:
     """The process-wide handle on a tenant's index (opened once per process and directory, and kept while
-    it is among the ``fulltext_max_open_indexes`` most recently used)."""
-    path = Path(get_settings().index_dir) / f"tenant-{tenant_id}"
+    it is among the ``fulltext_max_open_indexes`` most recently used). Opening one may wait (bounded) for
+    the index lock, when its directory holds no sound index yet."""
+    path = _index_path(tenant_id)
     return _indexes.get_or_create(
         str(path), lambda: FulltextIndex(path, lock_wait=get_settings().index_lock_wait_seconds)
     )
+
+
+def _open_index(tenant_id: int) -> FulltextIndex | None:
+    """The tenant's index if this process has it open already (never opens one, so never waits)."""
+    return _indexes.get(str(_index_path(tenant_id)))
+
+
+def _index_path(tenant_id: int) -> Path:
+    return Path(get_settings().index_dir) / f"tenant-{tenant_id}"
 
 
 def forget_open_indexes() -> None:
@@ -295,8 +305,11 @@ def catch_up_in(session: Session, tenant_id: int) -> bool:
     """Bring the tenant's index up to the session's snapshot from inside its transaction, when that needs
     no waiting (core.search.fulltext.FulltextIndex.catch_up_in_memory): the changes are read in the
     session itself. False when it would have to wait: the caller then ends its transaction and calls
-    :func:`catch_up_before_search`."""
-    index = tenant_index(tenant_id)
+    :func:`catch_up_before_search`, as it does when the process has not opened the tenant's index yet
+    (opening may wait for the index lock)."""
+    index = _open_index(tenant_id)
+    if index is None:
+        return False
     current = _change_seq(session, tenant_id)
     return index.catch_up_in_memory(
         lambda since: _changes_in(session, tenant_id=tenant_id, since=since), current_seq=current
