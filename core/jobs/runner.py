@@ -18,7 +18,7 @@ import logging
 import random
 import threading
 import traceback
-from collections.abc import Callable, Hashable, Iterator
+from collections.abc import Callable, Hashable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
@@ -125,19 +125,29 @@ def run_jobs(
     with session_factory() as session:
         at = now()
         rows = session.execute(_CLAIM, {"ids": job_ids, "now": at, "lease_cutoff": at - running_lease}).all()
-    outcomes = {job_id: RunOutcome(state="skipped", attempts=0) for job_id in job_ids}
     claimed = {row[0]: _Claimed(head=JobHead(*row[:5]), attempts=row[5]) for row in rows}
-    for batch in _batches([claimed[job_id] for job_id in job_ids if job_id in claimed]):
-        outcomes.update(
-            _run_batch(
-                batch,
-                session_factory=session_factory,
-                max_attempts=max_attempts,
-                running_lease=running_lease,
-                retry_base_seconds=retry_base_seconds,
-                retry_max_seconds=retry_max_seconds,
-            )
-        )
+    policy = _Policy(session_factory, max_attempts, running_lease, retry_base_seconds, retry_max_seconds)
+    return {
+        **{job_id: RunOutcome(state="skipped", attempts=0) for job_id in job_ids},
+        **_run_all(_batches([claimed[job_id] for job_id in job_ids if job_id in claimed]), policy),
+    }
+
+
+@dataclass(frozen=True)
+class _Policy:
+    """How a run's jobs are run: where their rows are, how long a lease lasts, how failures retry."""
+
+    session_factory: Callable[[], Any]
+    max_attempts: int
+    running_lease: timedelta
+    retry_base_seconds: float
+    retry_max_seconds: float
+
+
+def _run_all(batches: Iterable[list[_Claimed]], policy: _Policy) -> dict[str, RunOutcome]:
+    outcomes: dict[str, RunOutcome] = {}
+    for batch in batches:
+        outcomes.update(_run_batch(batch, policy))
     return outcomes
 
 
@@ -153,21 +163,15 @@ def _batches(claimed: list[_Claimed]) -> Iterator[list[_Claimed]]:
     yield from groups.values()
 
 
-def _run_batch(
-    batch: list[_Claimed],
-    *,
-    session_factory: Callable[[], Any],
-    max_attempts: int,
-    running_lease: timedelta,
-    retry_base_seconds: float,
-    retry_max_seconds: float,
-) -> dict[str, RunOutcome]:
+def _run_batch(batch: list[_Claimed], policy: _Policy) -> dict[str, RunOutcome]:
     """Run one batch (jobs of one kind and batch key) in one transaction; record each job's outcome."""
     kind = batch[0].kind
     ids = [job.id for job in batch]
-    heartbeat = _heartbeat(batch, session_factory=session_factory, every=running_lease.total_seconds() / 4)
+    heartbeat = _heartbeat(
+        batch, session_factory=policy.session_factory, every=policy.running_lease.total_seconds() / 4
+    )
     try:
-        with heartbeat, session_factory() as session:
+        with heartbeat, policy.session_factory() as session:
             jobs = session.scalars(select(Job).where(Job.id.in_(ids))).all()
             if not jobs:  # deleted meanwhile (its tenant was): nothing left to run or record
                 return {job_id: RunOutcome(state="skipped", attempts=0) for job_id in ids}
@@ -181,31 +185,12 @@ def _run_batch(
                 job.finished_at = job.updated_at = finished
         return {job.id: RunOutcome(state="succeeded", attempts=job.attempts) for job in batch}
     except Exception as exc:
-        if len(batch) > 1 and any(_ends_here(job, exc, max_attempts) for job in batch):
+        if len(batch) > 1 and any(_ends_here(job, exc, policy.max_attempts) for job in batch):
             # A job is failed for good only by its own run: one bad doc (an input the provider refuses) must
             # not end its batch-mates, nor may their last attempt. Each runs again alone, in this attempt.
             log.warning("batch of %d %s jobs failed for good (%s); running them one by one", len(batch), kind, exc)
-            outcomes: dict[str, RunOutcome] = {}
-            for job in batch:
-                outcomes.update(
-                    _run_batch(
-                        [job],
-                        session_factory=session_factory,
-                        max_attempts=max_attempts,
-                        running_lease=running_lease,
-                        retry_base_seconds=retry_base_seconds,
-                        retry_max_seconds=retry_max_seconds,
-                    )
-                )
-            return outcomes
-        return _record_failure(
-            batch,
-            exc,
-            session_factory=session_factory,
-            max_attempts=max_attempts,
-            retry_base_seconds=retry_base_seconds,
-            retry_max_seconds=retry_max_seconds,
-        )
+            return _run_all(([job] for job in batch), policy)
+        return _record_failure(batch, exc, policy)
 
 
 def _handle(session: Any, kind: str, jobs: list[Job]) -> dict[str, Any] | None:
@@ -228,31 +213,22 @@ def _ends_here(job: _Claimed, exc: Exception, max_attempts: int) -> bool:
     return _permanent(exc) or job.attempts >= max_attempts
 
 
-def _record_failure(
-    batch: list[_Claimed],
-    exc: Exception,
-    *,
-    session_factory: Callable[[], Any],
-    max_attempts: int,
-    retry_base_seconds: float,
-    retry_max_seconds: float,
-) -> dict[str, RunOutcome]:
+def _record_failure(batch: list[_Claimed], exc: Exception, policy: _Policy) -> dict[str, RunOutcome]:
     """Each job of a failed batch: failed for good (its last attempt, or an error retrying cannot fix), else
     queued again after its backoff. A batch's jobs wait the same backoff (of its furthest attempt), so the
     message that retries them finds them all due."""
     kind = batch[0].kind
     error = f"{type(exc).__name__}: {exc}"
-    permanent = _permanent(exc)
     formatted = traceback.format_exc()
     log.warning("job(s) %s (%s) failed: %s", ", ".join(job.id for job in batch), kind, formatted)
     furthest = max(job.attempts for job in batch)
-    retry_in = backoff_seconds(furthest, base=retry_base_seconds, cap=retry_max_seconds)
+    retry_in = backoff_seconds(furthest, base=policy.retry_base_seconds, cap=policy.retry_max_seconds)
     outcomes: dict[str, RunOutcome] = {}
     at = now()
     due = at + timedelta(seconds=retry_in)
-    with session_factory() as session:
+    with policy.session_factory() as session:
         for job in batch:
-            final = permanent or job.attempts >= max_attempts
+            final = _ends_here(job, exc, policy.max_attempts)
             failed = {
                 "attempt": job.attempts,
                 "error": error[:_ATTEMPT_ERROR_CHARS],
