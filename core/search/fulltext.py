@@ -266,10 +266,7 @@ class FulltextIndex:
         index.register_tokenizer(TOKENIZER_NAME, self._analyzer)
         index.config_reader("manual")
         index.reload()
-        self._doc_ids = {}
-        self._reader_docs = index.searcher().num_docs
-        self._stats = None
-        self._reader_moves += 1
+        self._reader_moved(index.searcher())
 
     def _open_or_recreate_locked(self) -> tantivy.Index:
         """Under the lock: open a sound index with its state, else recreate it empty at seq 0."""
@@ -387,14 +384,7 @@ class FulltextIndex:
                 else:
                     changes = list(changes)
                     held = self._delta
-                    # Changes too many to hold are committed as they are, never analysed for the delta first.
-                    if held.held_after(changes) <= self._fold_at():
-                        delta = held.merged(
-                            changes, upto_seq=high_water, analyze=self._analyzer.analyze, in_reader=self._in_reader
-                        )
-                        with self._mutex:
-                            # (A commit by another process may have moved the reader meanwhile.)
-                            self._delta = delta.after(self._reader_seq, in_reader=self._in_reader)
+                    if self._hold(changes, high_water):
                         return self.seq
                     with self._flocked(deadline):
                         state = self._ensure_current_locked()
@@ -448,14 +438,7 @@ class FulltextIndex:
             except SnapshotRequired:
                 return False
             changes = list(changes)
-            if max(self._delta.seq, high_water) < current_seq or self._delta.held_after(changes) > self._fold_at():
-                return False  # (too many to hold: catch_up commits them, analysed once, there)
-            delta = self._delta.merged(
-                changes, upto_seq=high_water, analyze=self._analyzer.analyze, in_reader=self._in_reader
-            )
-            with self._mutex:
-                self._delta = delta.after(self._reader_seq, in_reader=self._in_reader)
-            return True
+            return max(self._delta.seq, high_water) >= current_seq and self._hold(changes, high_water)
         finally:
             self._writer_gate.release()
 
@@ -494,6 +477,19 @@ class FulltextIndex:
         state = self._read_state()
         return state is not None and state.generation == self._generation and state.applied_seq == self._reader_seq
 
+    def _hold(self, changes: list[DocChange], high_water: int) -> bool:
+        """Under the gate: keep ``changes`` in memory on top of the reader, when they and what is held already
+        stay within the fold threshold. Changes too many to hold are not analysed at all (they are committed
+        as they are); False then."""
+        if self._delta.held_after(changes) > self._fold_at():
+            return False
+        analyze = self._analyzer.analyze
+        delta = self._delta.merged(changes, upto_seq=high_water, analyze=analyze, in_reader=self._in_reader)
+        with self._mutex:
+            # (A commit by another process may have moved the reader meanwhile.)
+            self._delta = delta.after(self._reader_seq, in_reader=self._in_reader)
+        return True
+
     def _fold_at(self) -> int:
         """How many changed docs the delta may hold before they are committed."""
         return min(DELTA_MAX_DOCS, max(DELTA_MIN_FOLD, self._reader_docs // 16))
@@ -510,17 +506,21 @@ class FulltextIndex:
         # Reloading is cheap (reads meta.json, opens only new segments), so it is done after every
         # write path unconditionally: a wipe-and-rebuild can end at the seq the reader already had.
         self._index.reload()
-        self._doc_ids = {}
         searcher = self._index.searcher()
-        self._reader_docs = searcher.num_docs
-        self._stats = None
-        self._reader_moves += 1
+        self._reader_moved(searcher)
         went_back = seq < self._reader_seq
         self._reader_seq = seq
         if went_back:
             self._delta = Delta(base_seq=seq, seq=seq)
         else:
             self._delta = self._delta.after(seq, in_reader=lambda doc_id: searcher.doc_freq("doc_id", doc_id) > 0)
+
+    def _reader_moved(self, searcher: tantivy.Searcher) -> None:
+        """Forget what belonged to the previous reader: its doc addresses, doc count and BM25 statistics."""
+        self._doc_ids = {}
+        self._reader_docs = searcher.num_docs
+        self._stats = None
+        self._reader_moves += 1
 
     # -- reading -----------------------------------------------------------------------------
 
@@ -596,11 +596,6 @@ class FulltextIndex:
         lengths = [doc.length for doc in delta.docs.values() if not doc.change.deleted]
         average = sum(lengths) / len(lengths) if lengths else 1.0
         return Bm25Stats(docs=max(searcher.num_docs, 1), average_length=max(average, 1.0))
-
-    @property
-    def reader_seq(self) -> int:
-        """The change seq this process reflects (its reader and the changes it holds in memory)."""
-        return self.seq
 
     @property
     def num_docs(self) -> int:

@@ -153,7 +153,7 @@ class FulltextRankings:
         if self.index is not None and self._seq >= change_seq:
             return
         self.index = catch_up(tenant_id=self.tenant_id, current_seq=change_seq)
-        self._seq = self.index.reader_seq
+        self._seq = self.index.seq
         self._found.clear()
         self._buckets.clear()
 
