@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import delete, func, literal, select, text, update
+from sqlalchemy import ColumnElement, delete, func, literal, select, text, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.orm import Session
 
@@ -271,18 +271,27 @@ def save_memory(session: Session, *, caller: Caller, item: SaveMemoryIn) -> Save
     return result
 
 
-def _load_visible(
-    session: Session, *, caller: Caller, memory_id: str, include_forgotten: bool = False, lock: bool = False
-) -> Memory:
+def _visible_row(caller: Caller, memory_id: str, *, include_forgotten: bool) -> list[ColumnElement[bool]]:
+    """Where the memory ``memory_id`` is if the caller may see it (a forgotten one only when asked for);
+    NotFound for an id no memory can have."""
     try:
         validate_memory_id(memory_id)
     except Invalid:  # no memory can have an id outside the charset (e.g. a NUL byte from the URL)
         raise NotFound(f"memory {memory_id[:200]!r} not found") from None
-    stmt = select(Memory).where(Memory.id == memory_id, visible_clause(caller))
+    conditions = [Memory.id == memory_id, visible_clause(caller)]
+    if not include_forgotten:
+        conditions.append(Memory.status != "forgotten")
+    return conditions
+
+
+def _load_visible(
+    session: Session, *, caller: Caller, memory_id: str, include_forgotten: bool = False, lock: bool = False
+) -> Memory:
+    stmt = select(Memory).where(*_visible_row(caller, memory_id, include_forgotten=include_forgotten))
     if lock:
         stmt = stmt.with_for_update()
     memory = session.scalar(stmt)
-    if memory is None or (memory.status == "forgotten" and not include_forgotten):
+    if memory is None:
         raise NotFound(f"memory {memory_id!r} not found")
     return memory
 
@@ -291,19 +300,13 @@ def get_memory(session: Session, *, caller: Caller, memory_id: str, include_forg
     """Exact recall by id; counts an access (one statement: the access is counted on the row it returns)."""
     if include_forgotten and not caller.is_admin:
         raise Forbidden("include_forgotten needs an admin key")
-    try:
-        validate_memory_id(memory_id)
-    except Invalid:  # no memory can have an id outside the charset (e.g. a NUL byte from the URL)
-        raise NotFound(f"memory {memory_id[:200]!r} not found") from None
     counted = (
         update(Memory)
-        .where(Memory.id == memory_id, visible_clause(caller))
+        .where(*_visible_row(caller, memory_id, include_forgotten=include_forgotten))
         .values(access_count=Memory.access_count + 1, last_accessed_at=func.now())
         .returning(Memory)
         .execution_options(synchronize_session=False, populate_existing=True)
     )
-    if not include_forgotten:
-        counted = counted.where(Memory.status != "forgotten")
     memory = session.scalars(counted).first()
     if memory is None:
         raise NotFound(f"memory {memory_id!r} not found")
