@@ -4,11 +4,16 @@
 Request models are the core ones (``SaveMemoryIn``, ``PatchMemoryIn``, ``ListFilters``, ``SearchRequest``,
 ``DatasourceIn``, ``ModelPutIn``, ``ModelPatchIn``); ``SaveResult`` and ``SearchResponse`` are core
 responses. Models here allow extra fields so a newer server never breaks an older client.
+
+An answer's field is ``required`` in the document when every answer carries it, even where the model has a
+default (``json_schema_serialization_defaults_required``), so generated clients (the TypeScript one) type
+it as present; a field only some answers carry is named in :func:`sometimes`.
 """
 
 from __future__ import annotations
 
 from datetime import datetime
+from collections.abc import Callable
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -16,8 +21,24 @@ from pydantic import BaseModel, ConfigDict, Field
 from core.memories.schemas import SaveResult
 
 
+ANSWER = ConfigDict(json_schema_serialization_defaults_required=True)
+
+
+def sometimes(*fields: str) -> Callable[[dict[str, Any]], None]:
+    """``json_schema_extra`` of an answer some of whose fields only some answers carry."""
+
+    def optional(schema: dict[str, Any]) -> None:
+        required = [name for name in schema.get("required", []) if name not in fields]
+        if required:
+            schema["required"] = required
+        else:
+            schema.pop("required", None)
+
+    return optional
+
+
 class _Out(BaseModel):
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", **ANSWER)
 
 
 class AssociationOut(_Out):

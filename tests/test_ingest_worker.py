@@ -32,7 +32,7 @@ def test_cli_ingest_wait_follows_the_jobs(client, tenant, worker, tmp_path, monk
     from click.testing import CliRunner
 
     import api.cli.catalog as cli_catalog
-    from api.client import EngramClient
+    from engram_client import EngramClient
 
     def in_process_client(url, api_key):  # type: ignore[no-untyped-def]
         engram = EngramClient(base_url="http://testserver", api_key=None)
