@@ -7,34 +7,19 @@ responses. Models here allow extra fields so a newer server never breaks an olde
 
 An answer's field is ``required`` in the document when every answer carries it, even where the model has a
 default (``json_schema_serialization_defaults_required``), so generated clients (the TypeScript one) type
-it as present; a field only some answers carry is named in :func:`sometimes`.
+it as present (tests/test_client.py checks every answer of a scenario against it).
 """
 
 from __future__ import annotations
 
 from datetime import datetime
-from collections.abc import Callable
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from core.memories.schemas import SaveResult
 
-
 ANSWER = ConfigDict(json_schema_serialization_defaults_required=True)
-
-
-def sometimes(*fields: str) -> Callable[[dict[str, Any]], None]:
-    """``json_schema_extra`` of an answer some of whose fields only some answers carry."""
-
-    def optional(schema: dict[str, Any]) -> None:
-        required = [name for name in schema.get("required", []) if name not in fields]
-        if required:
-            schema["required"] = required
-        else:
-            schema.pop("required", None)
-
-    return optional
 
 
 class _Out(BaseModel):
@@ -160,7 +145,14 @@ class KeyRevoked(_Out):
     revoked: bool
 
 
+def _list_or_single(schema: dict[str, Any]) -> None:
+    # A listed datasource carries model_count, a single one its models' names.
+    schema["required"] = [name for name in schema.get("required", []) if name not in ("models", "model_count")]
+
+
 class Datasource(_Out):
+    model_config = ConfigDict(json_schema_extra=_list_or_single)
+
     name: str
     url: str
     dialect: str | None = None

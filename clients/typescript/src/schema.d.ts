@@ -493,6 +493,80 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/tenants": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * List tenants
+         * @description Tenants by name, with their state, quotas and current usage.
+         */
+        get: operations["list_tenants"];
+        put?: never;
+        /**
+         * Provision a tenant
+         * @description A new tenant and its first admin key (shown only in this answer); 409 when the name is taken.
+         */
+        post: operations["create_tenant"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/tenants/{name}": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * Read a tenant
+         * @description One tenant with its current usage.
+         */
+        get: operations["read_tenant"];
+        put?: never;
+        post?: never;
+        /**
+         * Offboard a tenant
+         * @description Offboarding: the tenant's keys answer 401 at once, and a purge job removes every row of it, its vectors,
+         *     its full-text index and its cached state on every replica. The name may be used again at once.
+         */
+        delete: operations["delete_tenant"];
+        options?: never;
+        head?: never;
+        /**
+         * Suspend, resume or limit a tenant
+         * @description A suspended tenant's keys get 403 `tenant_suspended` on every call; its data and queued jobs are kept
+         *     and go on when it is active again. Quotas named here replace the tenant's (null: unlimited).
+         */
+        patch: operations["patch_tenant"];
+        trace?: never;
+    };
+    "/v1/usage": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * The tenant's usage
+         * @description The caller's tenant: current usage and quotas; with `from`/`to`, the daily counters of those days.
+         */
+        get: operations["read_usage"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
 }
 export type webhooks = Record<string, never>;
 export interface components {
@@ -562,22 +636,22 @@ export interface components {
              * Dense
              * @default false
              */
-            dense?: boolean;
+            dense: boolean;
             /**
              * Entity Bm25
              * @default false
              */
-            entity_bm25?: boolean;
+            entity_bm25: boolean;
             /**
              * Fulltext
              * @default false
              */
-            fulltext?: boolean;
+            fulltext: boolean;
             /**
              * Graph
              * @default false
              */
-            graph?: boolean;
+            graph: boolean;
         };
         /** ColumnIn */
         ColumnIn: {
@@ -673,13 +747,13 @@ export interface components {
         /** Datasource */
         Datasource: {
             /** Created At */
-            created_at?: string | null;
+            created_at: string | null;
             /** Description */
-            description?: string | null;
+            description: string | null;
             /** Dialect */
-            dialect?: string | null;
+            dialect: string | null;
             /** Last Ingested At */
-            last_ingested_at?: string | null;
+            last_ingested_at: string | null;
             /** Model Count */
             model_count?: number | null;
             /** Models */
@@ -687,9 +761,9 @@ export interface components {
             /** Name */
             name: string;
             /** Schema */
-            schema?: string | null;
+            schema: string | null;
             /** Updated At */
-            updated_at?: string | null;
+            updated_at: string | null;
             /** Url */
             url: string;
         } & {
@@ -756,7 +830,7 @@ export interface components {
              * @description on 422: the offending field's path
              * @example kind
              */
-            field?: string | null;
+            field: string | null;
             /**
              * Message
              * @description what went wrong, for a human
@@ -867,25 +941,25 @@ export interface components {
             /** Memory Ids */
             memory_ids: string[];
             /** Warnings */
-            warnings?: string[];
+            warnings: string[];
         } & {
             [key: string]: unknown;
         };
         /** IssuedKeyOut */
         IssuedKeyOut: {
             /** Agent Id */
-            agent_id?: string | null;
+            agent_id: string | null;
             /** Api Key */
             api_key: string;
             /** Id */
             id: string;
             /** Persona */
-            persona?: string | null;
+            persona: string | null;
             /**
              * Read Only
              * @default false
              */
-            read_only?: boolean;
+            read_only: boolean;
             /** Role */
             role: string;
             /** Tenant */
@@ -900,31 +974,31 @@ export interface components {
             /** Attempts */
             attempts: number;
             /** Created At */
-            created_at?: string | null;
+            created_at: string | null;
             /** Error */
-            error?: string | null;
+            error: string | null;
             /** Finished At */
-            finished_at?: string | null;
+            finished_at: string | null;
             /** Id */
             id: string;
             /** Kind */
             kind: string;
             /** Payload */
-            payload?: {
+            payload: {
                 [key: string]: unknown;
             } | null;
             /** Result */
-            result?: {
+            result: {
                 [key: string]: unknown;
             } | null;
             /** Started At */
-            started_at?: string | null;
+            started_at: string | null;
             /** State */
             state: string;
             /** Tenant */
-            tenant?: string | null;
+            tenant: string | null;
             /** Updated At */
-            updated_at?: string | null;
+            updated_at: string | null;
         } & {
             [key: string]: unknown;
         };
@@ -940,7 +1014,7 @@ export interface components {
             /** Jobs */
             jobs: components["schemas"]["Job"][];
             /** Next Cursor */
-            next_cursor?: string | null;
+            next_cursor: string | null;
         } & {
             [key: string]: unknown;
         };
@@ -954,18 +1028,18 @@ export interface components {
         /** KeyOut */
         KeyOut: {
             /** Agent Id */
-            agent_id?: string | null;
+            agent_id: string | null;
             /** Created At */
-            created_at?: string | null;
+            created_at: string | null;
             /** Id */
             id: string;
             /** Persona */
-            persona?: string | null;
+            persona: string | null;
             /**
              * Read Only
              * @default false
              */
-            read_only?: boolean;
+            read_only: boolean;
             /** Role */
             role: string;
             /** User */
@@ -1005,11 +1079,11 @@ export interface components {
              * Access Count
              * @default 0
              */
-            access_count?: number;
+            access_count: number;
             /** Agent Id */
-            agent_id?: string | null;
+            agent_id: string | null;
             /** Associations */
-            associations?: components["schemas"]["AssociationOut"][];
+            associations: components["schemas"]["AssociationOut"][];
             /** Category */
             category: string;
             /** Content */
@@ -1022,7 +1096,7 @@ export interface components {
             /** Created By */
             created_by: string;
             /** Entities */
-            entities?: string[];
+            entities: string[];
             /** Id */
             id: string;
             /** Importance */
@@ -1030,27 +1104,27 @@ export interface components {
             /** Kind */
             kind: string;
             /** Last Accessed At */
-            last_accessed_at?: string | null;
+            last_accessed_at: string | null;
             /** Occurred At */
-            occurred_at?: string | null;
+            occurred_at: string | null;
             /** Persona */
-            persona?: string | null;
+            persona: string | null;
             /** Query */
-            query?: {
+            query: {
                 [key: string]: unknown;
             } | null;
             /** Run Id */
-            run_id?: string | null;
+            run_id: string | null;
             /** Source */
-            source?: string | null;
+            source: string | null;
             /** Stale Reason */
-            stale_reason?: string | null;
+            stale_reason: string | null;
             /** Status */
             status: string;
             /** Superseded By */
-            superseded_by?: string | null;
+            superseded_by: string | null;
             /** Tags */
-            tags?: string[];
+            tags: string[];
             /**
              * Updated At
              * Format: date-time
@@ -1090,7 +1164,7 @@ export interface components {
             /** Memories */
             memories: components["schemas"]["Memory"][];
             /** Next Cursor */
-            next_cursor?: string | null;
+            next_cursor: string | null;
         } & {
             [key: string]: unknown;
         };
@@ -1108,55 +1182,55 @@ export interface components {
             /** Content */
             content: string;
             /** Entities */
-            entities?: string[];
+            entities: string[];
             /** Importance */
             importance: number;
             /** Kind */
             kind: string;
             /** Tags */
-            tags?: string[];
+            tags: string[];
         } & {
             [key: string]: unknown;
         };
         /** ModelInspection */
         ModelInspection: {
             /** Aggregations */
-            aggregations?: {
+            aggregations: {
                 [key: string]: unknown;
             }[];
             /** Columns */
-            columns?: {
+            columns: {
                 [key: string]: unknown;
             }[];
             /** Datasource */
             datasource: string;
             /** Description */
-            description?: string | null;
+            description: string | null;
             /** Foreign Keys */
-            foreign_keys?: {
+            foreign_keys: {
                 [key: string]: unknown;
             }[];
             /**
              * Hidden
              * @default false
              */
-            hidden?: boolean;
+            hidden: boolean;
             /** Id */
             id: string;
             /** Label */
-            label?: string | null;
+            label: string | null;
             /** Learnings */
-            learnings?: components["schemas"]["Memory"][];
+            learnings: components["schemas"]["Memory"][];
             /** Measures */
-            measures?: {
+            measures: {
                 [key: string]: unknown;
             }[];
             /** Name */
             name: string;
             /** Origin */
-            origin?: string | null;
+            origin: string | null;
             /** Table */
-            table?: string | null;
+            table: string | null;
         } & {
             [key: string]: unknown;
         };
@@ -1261,6 +1335,11 @@ export interface components {
          *     it does not know, so a misspelt option is never silently ignored.
          */
         NoOptionsIn: Record<string, never>;
+        /** OffboardingOut */
+        OffboardingOut: {
+            /** Job Id */
+            job_id: string;
+        };
         /** PatchMemoryIn */
         PatchMemoryIn: {
             /**
@@ -1333,6 +1412,62 @@ export interface components {
              * @default null
              */
             tags?: string[] | null;
+        };
+        /** ProvisionedOut */
+        ProvisionedOut: {
+            /** Api Key */
+            api_key: string;
+            /** Created At */
+            created_at: string | null;
+            quotas: components["schemas"]["Quotas"];
+            /** State */
+            state: string;
+            /** Tenant */
+            tenant: string;
+        };
+        /**
+         * Quotas
+         * @description A tenant's limits; null is unlimited.
+         */
+        Quotas: {
+            /** Embedding Texts Per Day */
+            embedding_texts_per_day: number | null;
+            /** Max Datasources */
+            max_datasources: number | null;
+            /** Max Memories */
+            max_memories: number | null;
+            /** Requests Per Minute */
+            requests_per_minute: number | null;
+        };
+        /**
+         * QuotasIn
+         * @description Limits to set; null is unlimited, a quota not named is left as it is.
+         */
+        QuotasIn: {
+            /**
+             * Embedding Texts Per Day
+             * @description texts sent to the embedding provider
+             * @default null
+             */
+            embedding_texts_per_day?: number | null;
+            /**
+             * Max Datasources
+             * @description datasources registered
+             * @default null
+             */
+            max_datasources?: number | null;
+            /**
+             * Max Memories
+             * @description memories kept (not forgotten)
+             * @default null
+             */
+            max_memories?: number | null;
+            /**
+             * Requests Per Minute
+             * @description requests of all the tenant's keys together
+             * @default null
+             */
+            requests_per_minute?: number | null;
         };
         /** Readiness */
         Readiness: {
@@ -1506,7 +1641,7 @@ export interface components {
                 [key: string]: unknown;
             }[];
             /** Warnings */
-            warnings?: string[];
+            warnings: string[];
         };
         /** SearchRequest */
         SearchRequest: {
@@ -1618,22 +1753,172 @@ export interface components {
         };
         /** SearchResponse */
         SearchResponse: {
-            channels?: components["schemas"]["Channels"];
+            channels: components["schemas"]["Channels"];
             /**
              * Degraded
              * @default false
              */
-            degraded?: boolean;
+            degraded: boolean;
             /** Entities */
-            entities?: components["schemas"]["EntityHit"][];
+            entities: components["schemas"]["EntityHit"][];
             /** Example Queries */
-            example_queries?: components["schemas"]["ExampleQueryHit"][];
+            example_queries: components["schemas"]["ExampleQueryHit"][];
             /** Memories */
-            memories?: components["schemas"]["MemoryHit"][];
+            memories: components["schemas"]["MemoryHit"][];
             /** Resolved Input Entities */
-            resolved_input_entities?: string[];
+            resolved_input_entities: string[];
             /** Warnings */
-            warnings?: string[];
+            warnings: string[];
+        };
+        /**
+         * TenantIn
+         * @description `POST /v1/tenants`.
+         */
+        TenantIn: {
+            /**
+             * Admin User
+             * @description the user (an email) of the first admin key
+             * @default admin@localhost
+             */
+            admin_user?: string;
+            /**
+             * Name
+             * @description letters, digits, '_', '.', '-'; at most 200
+             * @example acme
+             */
+            name: string;
+            /**
+             * @description limits; those not named take the deployment's defaults
+             * @default null
+             */
+            quotas?: components["schemas"]["QuotasIn"] | null;
+        };
+        /** TenantOut */
+        TenantOut: {
+            /** Created At */
+            created_at: string | null;
+            quotas: components["schemas"]["Quotas"];
+            /** State */
+            state: string;
+            /** Tenant */
+            tenant: string;
+            usage: components["schemas"]["Usage"];
+        };
+        /** TenantPage */
+        TenantPage: {
+            /** Next Cursor */
+            next_cursor: string | null;
+            /** Tenants */
+            tenants: components["schemas"]["TenantOut"][];
+        };
+        /**
+         * TenantPatch
+         * @description `PATCH /v1/tenants/{name}`: suspend or resume, and/or change the quotas named.
+         */
+        TenantPatch: {
+            /** @default null */
+            quotas?: components["schemas"]["QuotasIn"] | null;
+            /**
+             * State
+             * @description active or suspended
+             * @default null
+             */
+            state?: string | null;
+        };
+        /** Usage */
+        Usage: {
+            /**
+             * Datasources
+             * @default 0
+             */
+            datasources: number;
+            /**
+             * Embedded Texts
+             * @default 0
+             */
+            embedded_texts: number;
+            /**
+             * Embedding Tokens
+             * @default 0
+             */
+            embedding_tokens: number;
+            /**
+             * Memories
+             * @default 0
+             */
+            memories: number;
+            /**
+             * Requests
+             * @default 0
+             */
+            requests: number;
+            /**
+             * Saves
+             * @default 0
+             */
+            saves: number;
+            /**
+             * Searches
+             * @default 0
+             */
+            searches: number;
+            /**
+             * Storage Bytes
+             * @default 0
+             */
+            storage_bytes: number;
+        };
+        /** UsageDay */
+        UsageDay: {
+            /**
+             * Datasources
+             * @default 0
+             */
+            datasources: number;
+            /** Date */
+            date: string;
+            /**
+             * Embedded Texts
+             * @default 0
+             */
+            embedded_texts: number;
+            /**
+             * Embedding Tokens
+             * @default 0
+             */
+            embedding_tokens: number;
+            /**
+             * Memories
+             * @default 0
+             */
+            memories: number;
+            /**
+             * Requests
+             * @default 0
+             */
+            requests: number;
+            /**
+             * Saves
+             * @default 0
+             */
+            saves: number;
+            /**
+             * Searches
+             * @default 0
+             */
+            searches: number;
+            /**
+             * Storage Bytes
+             * @default 0
+             */
+            storage_bytes: number;
+        };
+        /** UsageReport */
+        UsageReport: {
+            /** Days */
+            days?: components["schemas"]["UsageDay"][] | null;
+            quotas: components["schemas"]["Quotas"];
+            usage: components["schemas"]["Usage"];
         };
     };
     responses: never;
@@ -2332,7 +2617,7 @@ export interface operations {
         parameters: {
             query?: {
                 /** @description only jobs of this kind */
-                kind?: "embed" | "refresh_samples" | "ingest" | "ingest_cleanup" | "reconcile" | "prune";
+                kind?: "embed" | "refresh_samples" | "ingest" | "ingest_cleanup" | "reconcile" | "prune" | "purge_tenant";
                 /** @description only jobs in this state */
                 state?: "queued" | "running" | "succeeded" | "failed";
                 /** @description only this tenant's jobs (operator key only) */
@@ -4404,6 +4689,540 @@ export interface operations {
             };
             /** @description The body is not JSON (`Content-Type: application/json`). */
             415: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Validation failed; `field` is the offending field's path (also for a field the call does not know). */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Rate limit of this key exceeded; see `Retry-After`. */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description A dependency (database, broker) is down; retry after `Retry-After` seconds. */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+        };
+    };
+    list_tenants: {
+        parameters: {
+            query?: {
+                /** @description page size (default 50) */
+                limit?: number;
+                /** @description the next_cursor of the previous page */
+                cursor?: string;
+                /** @description only tenants in this state */
+                state?: "active" | "suspended";
+                /** @description only tenants whose name starts with this */
+                q?: string;
+            };
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description List tenants */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["TenantPage"];
+                };
+            };
+            /** @description Missing or unknown API key. */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description The key may not do this (e.g. a member key on an admin route). */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Validation failed; `field` is the offending field's path (also for a field the call does not know). */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Rate limit of this key exceeded; see `Retry-After`. */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description A dependency (database, broker) is down; retry after `Retry-After` seconds. */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+        };
+    };
+    create_tenant: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                /**
+                 * @example {
+                 *       "name": "acme",
+                 *       "quotas": {
+                 *         "max_memories": 100000,
+                 *         "requests_per_minute": 600
+                 *       }
+                 *     }
+                 */
+                "application/json": components["schemas"]["TenantIn"];
+            };
+        };
+        responses: {
+            /** @description Provision a tenant */
+            201: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ProvisionedOut"];
+                };
+            };
+            /** @description Bad request: the body is not valid JSON, or an input names something that does not exist. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Missing or unknown API key. */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description The key may not do this (e.g. a member key on an admin route). */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Conflicts with the current state (an existing name, a job that is not stuck). */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Content or body too large. */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description The body is not JSON (`Content-Type: application/json`). */
+            415: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Validation failed; `field` is the offending field's path (also for a field the call does not know). */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Rate limit of this key exceeded; see `Retry-After`. */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description A dependency (database, broker) is down; retry after `Retry-After` seconds. */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+        };
+    };
+    read_tenant: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description the tenant's name */
+                name: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Read a tenant */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["TenantOut"];
+                };
+            };
+            /** @description Missing or unknown API key. */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description The key may not do this (e.g. a member key on an admin route). */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Not found, or not visible to this key. */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Validation failed; `field` is the offending field's path (also for a field the call does not know). */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Rate limit of this key exceeded; see `Retry-After`. */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description A dependency (database, broker) is down; retry after `Retry-After` seconds. */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+        };
+    };
+    delete_tenant: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description the tenant's name */
+                name: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Offboard a tenant */
+            202: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["OffboardingOut"];
+                };
+            };
+            /** @description Missing or unknown API key. */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description The key may not do this (e.g. a member key on an admin route). */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Not found, or not visible to this key. */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Validation failed; `field` is the offending field's path (also for a field the call does not know). */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Rate limit of this key exceeded; see `Retry-After`. */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description A dependency (database, broker) is down; retry after `Retry-After` seconds. */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+        };
+    };
+    patch_tenant: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description the tenant's name */
+                name: string;
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                /**
+                 * @example {
+                 *       "state": "suspended"
+                 *     }
+                 */
+                "application/json": components["schemas"]["TenantPatch"];
+            };
+        };
+        responses: {
+            /** @description Suspend, resume or limit a tenant */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["TenantOut"];
+                };
+            };
+            /** @description Bad request: the body is not valid JSON, or an input names something that does not exist. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Missing or unknown API key. */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description The key may not do this (e.g. a member key on an admin route). */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Not found, or not visible to this key. */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Content or body too large. */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description The body is not JSON (`Content-Type: application/json`). */
+            415: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Validation failed; `field` is the offending field's path (also for a field the call does not know). */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Rate limit of this key exceeded; see `Retry-After`. */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description A dependency (database, broker) is down; retry after `Retry-After` seconds. */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+        };
+    };
+    read_usage: {
+        parameters: {
+            query?: {
+                /** @description first day of the daily counters (UTC) */
+                from?: string;
+                /** @description last day of the daily counters (default: today) */
+                to?: string;
+            };
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The tenant's usage */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["UsageReport"];
+                };
+            };
+            /** @description Bad request: the body is not valid JSON, or an input names something that does not exist. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Missing or unknown API key. */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description The key may not do this (e.g. a member key on an admin route). */
+            403: {
                 headers: {
                     [name: string]: unknown;
                 };
