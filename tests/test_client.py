@@ -14,7 +14,7 @@ from typing import Any
 import anyio
 import httpx
 import pytest
-from engram_client import AsyncEngramClient, EngramClient
+from engram_client import AsyncEngramClient, EngramClient, MemoryHistory
 from engram_client import EngramError as EngramAPIError
 
 from api.sdk import LocalEngramClient
@@ -324,7 +324,13 @@ def test_answers_carry_every_field_the_document_requires(api_url, tenant_with_ca
     with EngramClient(api_url, api_key=tenant_with_catalog.admin_key, transport=recorder) as engram:
         anyio.run(scenario, engram)
         # The calls the scenario leaves out, and the operator's.
-        engram.memory_history("1", include_forgotten=True)
+        history = engram.memory_history("1", include_forgotten=True)
+        assert history.versions[0].tags == ["units", "money"] and history.versions[-1].tags == ["units"]
+        # The raw request: parsed as the model named, else as JSON, or as text when the answer is not JSON.
+        raw = engram.request("GET", "/v1/memories/1/history", cast_to=MemoryHistory)
+        assert isinstance(raw, MemoryHistory) and raw.versions == history.versions
+        assert engram.request("GET", "/v1/memories/1")["tags"] == ["units", "money"]
+        assert engram.request("GET", "/v1/memories:export", params={"format": "markdown"}).startswith("---\n")
         engram.list_keys()
         engram.health()
         engram.readiness()
