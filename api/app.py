@@ -77,9 +77,10 @@ def create_app(*, install_queue: bool = False) -> FastAPI:
     app.add_middleware(RequestContext)
 
     from api.dashboard import routes as dashboard
-    from api.routes import catalog, health, jobs, keys, memories, metrics, ops, runs, search, transfer
+    from api.routes import audit, catalog, health, jobs, keys, memories, metrics, ops, runs, search, transfer, webhooks
 
-    for module in (health, keys, transfer, memories, jobs, catalog, search, ops, runs, dashboard, metrics):
+    routers = (health, keys, transfer, memories, jobs, catalog, search, ops, runs, audit, webhooks, dashboard, metrics)
+    for module in routers:
         app.include_router(module.router)
     from api.mcp.http import mount_mcp
 

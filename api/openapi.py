@@ -32,6 +32,8 @@ TAGS: list[dict[str, str]] = [
     {"name": "jobs", "description": "Background jobs (embedding, ingest, sample refresh, ...) and their retries."},
     {"name": "operations", "description": "Embedding coverage per tenant, doc kind and model."},
     {"name": "keys", "description": "API keys of the caller's tenant (admin keys only)."},
+    {"name": "audit", "description": "Who did what in the tenant: the append-only audit log (admin keys only)."},
+    {"name": "webhooks", "description": "Signed event deliveries (Standard Webhooks) to the tenant's URLs."},
     {"name": "health", "description": "Liveness and readiness; no key needed."},
 ]
 
@@ -53,6 +55,7 @@ KEYED_ERRORS = (401, 422, 429, 503)
 # Path parameters, described once for every route that takes them.
 MemoryIdPath = Annotated[str, Path(description="the memory's id, e.g. '42'")]
 KeyIdPath = Annotated[str, Path(description="the key's id (from POST or GET /v1/keys)")]
+WebhookIdPath = Annotated[str, Path(description="the webhook's id (from POST or GET /v1/webhooks)")]
 JobIdPath = Annotated[str, Path(description="the job's id (e.g. from a 202's job_id)")]
 DatasourcePath = Annotated[str, Path(description="the datasource's name")]
 ModelPath = Annotated[str, Path(description="the model's name within the datasource")]

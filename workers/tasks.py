@@ -151,3 +151,12 @@ def prune_task() -> str | None:
     with system_session() as session:
         job = enqueue_prune(session)
         return job.id if job is not None else None
+
+
+@app.task(name="engram.webhooks", acks_late=True)
+def webhooks_task() -> int:
+    """Queue delivery jobs for webhooks whose next attempt is due (retries after a backoff, lost jobs)."""
+    from core.webhooks.delivery import sweep_due_webhooks
+
+    with system_session() as session:
+        return sweep_due_webhooks(session)

@@ -217,6 +217,7 @@ def tenant_list(fmt: str, home: str | None) -> None:
 
 
 from api.cli.admin import datasource, key  # noqa: E402
+from api.cli.audit import audit  # noqa: E402
 from api.cli.bench import bench, eval_  # noqa: E402 - registered after the group exists
 from api.cli.catalog import ingest  # noqa: E402
 from api.cli.demo import demo  # noqa: E402
@@ -232,4 +233,5 @@ main.add_command(eval_)
 main.add_command(datasource)
 main.add_command(key)
 main.add_command(demo)
+main.add_command(audit)
 

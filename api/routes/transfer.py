@@ -14,6 +14,7 @@ from api.auth import require_caller
 from api.openapi import BEARER, IDENTITY, operation
 from api.routes.memories import acting_identity
 from api.schemas import ImportResult
+from core.audit import trail
 from core.db import tenant_session
 from core.errors import BadRequest, EngramError, Invalid
 from core.memories import transfer
@@ -112,4 +113,6 @@ async def import_memories(request: Request, caller: Caller = Depends(require_cal
 
 def _import(caller: Caller, text: str) -> dict[str, Any]:
     with tenant_session(caller.tenant_id) as session:
-        return transfer.import_markdown(session, caller=caller, text=text)
+        result = transfer.import_markdown(session, caller=caller, text=text)
+        trail.memories_imported(session, caller=caller, memory_ids=result["memory_ids"])
+        return result

@@ -80,9 +80,17 @@ def run_prune(session: Session, job: Job) -> dict[str, Any]:
     return run_prune_job(session, job)
 
 
+def run_webhook(session: Session, job: Job) -> dict[str, Any]:
+    from core.webhooks.delivery import run_webhook_job
+
+    return run_webhook_job(session, job)
+
+
 HANDLERS: dict[str, Handler] = {
     "embed": run_embed,
     "prune": run_prune,
+    # Bulk: deliveries to tenants' receivers (one webhook's at a time), never ahead of interactive work.
+    "webhook": run_webhook,
     "ingest": catalog_jobs.run_ingest_job,
     "refresh_samples": catalog_jobs.run_refresh_samples_job,
     "ingest_cleanup": catalog_jobs.run_ingest_cleanup_job,

@@ -1,0 +1,235 @@
+"""Webhook registrations and events.
+
+:func:`emit_many` is the outbox: in the transaction of the change, one statement writes a delivery row for
+every enabled webhook of the tenant subscribed to each event, and one `webhook` job per webhook touched (the
+relay hands it to the workers, core.webhooks.delivery). A rolled-back change writes neither. A tenant
+without webhooks pays one short statement that writes nothing.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import secrets
+import uuid
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import select, text
+from sqlalchemy.orm import Session
+
+from core.entities.crypto import encrypt_secret
+from core.errors import BadRequest, Invalid, NotFound
+from core.jobs.models import Job
+from core.tracing import job_context
+from core.webhooks.models import EVENT_TYPES, Webhook, WebhookDelivery
+from core.webhooks.urls import check_webhook_url
+
+MAX_WEBHOOKS_PER_TENANT = 50
+MAX_DESCRIPTION_CHARS = 1_000
+
+_EMIT = text(
+    """
+    WITH ev AS (
+        SELECT e.value ->> 'type' AS type, e.value AS body, e.n
+        FROM jsonb_array_elements(CAST(:events AS jsonb)) WITH ORDINALITY AS e(value, n)
+    ), hooks AS (
+        SELECT id, events FROM webhooks WHERE tenant_id = :tenant AND state = 'enabled'
+    ), made AS (
+        INSERT INTO webhook_deliveries (tenant_id, id, webhook_id, event_type, body)
+        SELECT :tenant, 'msg_' || replace(gen_random_uuid()::text, '-', ''), hooks.id, ev.type, ev.body
+        FROM ev JOIN hooks ON ev.type = ANY(hooks.events)
+        ORDER BY hooks.id, ev.n
+        RETURNING webhook_id
+    )
+    INSERT INTO jobs (id, tenant_id, kind, state, payload, attempts, attempt_errors, created_at, updated_at)
+    SELECT replace(gen_random_uuid()::text, '-', ''), :tenant, 'webhook', 'queued',
+           jsonb_build_object('webhook_id', touched.webhook_id) || CAST(:extra AS jsonb), 0, '[]', now(), now()
+    FROM (SELECT DISTINCT webhook_id FROM made) AS touched
+    RETURNING id
+    """
+)
+
+
+def emit(session: Session, *, tenant_id: int, type: str, data: dict[str, Any]) -> None:  # noqa: A002 - the event's name
+    """One event of the tenant, delivered to its subscribed webhooks if the session commits."""
+    emit_many(session, tenant_id=tenant_id, events=[(type, data)])
+
+
+def emit_many(session: Session, *, tenant_id: int, events: Sequence[tuple[str, dict[str, Any]]]) -> None:
+    """Events ``(type, data)`` of one tenant, in one statement (a 1,000-item batch included)."""
+    if not events:
+        return
+    for event_type, _ in events:
+        if event_type not in EVENT_TYPES:
+            raise ValueError(f"unknown webhook event type {event_type!r}")
+    at = datetime.now(UTC).isoformat()
+    bodies = [{"type": event_type, "timestamp": at, "data": data} for event_type, data in events]
+    context = job_context()
+    extra = {"context": context} if context else {}
+    job_ids = session.execute(
+        _EMIT, {"tenant": tenant_id, "events": json.dumps(bodies), "extra": json.dumps(extra)}
+    ).scalars()
+    ids = list(job_ids)
+    if ids:
+        session.info.setdefault("outbox", []).extend(ids)
+
+
+def new_secret() -> str:
+    """A Standard Webhooks secret: ``whsec_`` and 32 random bytes in base64."""
+    return "whsec_" + base64.b64encode(secrets.token_bytes(32)).decode()
+
+
+def _events(value: object) -> list[str]:
+    if not isinstance(value, list) or not value or not all(isinstance(v, str) for v in value):
+        raise Invalid(f"events must be a non-empty list of: {', '.join(EVENT_TYPES)}", field="events")
+    for i, name in enumerate(value):
+        if name not in EVENT_TYPES:
+            raise Invalid(f"unknown event {name[:100]!r}; known: {', '.join(EVENT_TYPES)}", field=f"events.{i}")
+    return list(dict.fromkeys(value))
+
+
+def _description(value: object) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str) or len(value) > MAX_DESCRIPTION_CHARS:
+        raise Invalid(
+            f"description must be a string of at most {MAX_DESCRIPTION_CHARS} characters", field="description"
+        )
+    return value
+
+
+def create_webhook(
+    session: Session, *, tenant_id: int, url: object, events: object, description: object, created_by: str | None
+) -> tuple[Webhook, str]:
+    """A new enabled webhook and its secret (shown to the caller once)."""
+    checked_events, checked_description = _events(events), _description(description)
+    checked_url = check_webhook_url(url)
+    count = len(session.scalars(select(Webhook.id).where(Webhook.tenant_id == tenant_id)).all())
+    if count >= MAX_WEBHOOKS_PER_TENANT:
+        raise BadRequest(f"a tenant has at most {MAX_WEBHOOKS_PER_TENANT} webhooks")
+    secret = new_secret()
+    now = datetime.now(UTC)
+    webhook = Webhook(
+        tenant_id=tenant_id,
+        id="wh_" + uuid.uuid4().hex[:24],
+        url=checked_url,
+        events=checked_events,
+        description=checked_description,
+        secret_encrypted=encrypt_secret(secret),
+        state="enabled",
+        created_by=created_by,
+        created_at=now,
+        updated_at=now,
+    )
+    session.add(webhook)
+    session.flush()
+    return webhook, secret
+
+
+def get_webhook(session: Session, *, webhook_id: str, lock: bool = False) -> Webhook:
+    query = select(Webhook).where(Webhook.id == webhook_id)
+    webhook = session.scalars(query.with_for_update() if lock else query).first()
+    if webhook is None:
+        raise NotFound(f"webhook {webhook_id[:100]!r} not found")
+    return webhook
+
+
+def list_webhooks(session: Session) -> list[Webhook]:
+    return list(session.scalars(select(Webhook).order_by(Webhook.created_at, Webhook.id)).all())
+
+
+def update_webhook(session: Session, *, webhook: Webhook, changes: dict[str, Any]) -> tuple[list[str], str | None]:
+    """Apply a PATCH; returns the names of what changed and the new secret when one was issued."""
+    changed: list[str] = []
+    secret = None
+    if "url" in changes:
+        webhook.url = check_webhook_url(changes["url"])
+        changed.append("url")
+    if "events" in changes:
+        webhook.events = _events(changes["events"])
+        changed.append("events")
+    if "description" in changes:
+        webhook.description = _description(changes["description"])
+        changed.append("description")
+    if "enabled" in changes:
+        enabled = changes["enabled"]
+        if not isinstance(enabled, bool):
+            raise Invalid("enabled must be true or false", field="enabled")
+        webhook.state = "enabled" if enabled else "disabled"
+        webhook.disabled_reason = None if enabled else "disabled by an admin"
+        if enabled:  # a fresh start: its failures so far no longer count towards disabling it
+            webhook.failing_since = webhook.paused_until = None
+        changed.append("enabled" if enabled else "disabled")
+    rotate = changes.get("rotate_secret", False)
+    if not isinstance(rotate, bool):
+        raise Invalid("rotate_secret must be true or false", field="rotate_secret")
+    if rotate:
+        secret = new_secret()
+        webhook.secret_encrypted = encrypt_secret(secret)
+        changed.append("secret")
+    webhook.updated_at = datetime.now(UTC)
+    return changed, secret
+
+
+def list_deliveries(
+    session: Session, *, webhook_id: str, limit: int, cursor: str | None, state: str | None
+) -> tuple[list[WebhookDelivery], str | None]:
+    """A webhook's deliveries newest first (a cursor is the last seq seen)."""
+    query = select(WebhookDelivery).where(WebhookDelivery.webhook_id == webhook_id)
+    if cursor:
+        if not cursor.isdigit() or len(cursor) > 19:
+            raise BadRequest("cursor is not one this API returned", field="cursor")
+        query = query.where(WebhookDelivery.seq < int(cursor))
+    if state:
+        query = query.where(WebhookDelivery.state == state)
+    rows = list(session.scalars(query.order_by(WebhookDelivery.seq.desc()).limit(limit + 1)).all())
+    next_cursor = str(rows[limit - 1].seq) if len(rows) > limit else None
+    return rows[:limit], next_cursor
+
+
+def _iso(value: datetime | None) -> str | None:
+    return value.isoformat() if value else None
+
+
+def webhook_to_dict(webhook: Webhook) -> dict[str, Any]:
+    return {
+        "id": webhook.id,
+        "url": webhook.url,
+        "events": list(webhook.events),
+        "description": webhook.description,
+        "state": webhook.state,
+        "disabled_reason": webhook.disabled_reason,
+        "failing_since": _iso(webhook.failing_since),
+        "created_at": _iso(webhook.created_at),
+        "updated_at": _iso(webhook.updated_at),
+    }
+
+
+def delivery_to_dict(delivery: WebhookDelivery) -> dict[str, Any]:
+    return {
+        "id": delivery.id,
+        "type": delivery.event_type,
+        "state": delivery.state,
+        "attempts": [dict(a) for a in delivery.attempt_log or []],
+        "next_attempt_at": _iso(delivery.next_attempt_at) if delivery.state == "pending" else None,
+        "created_at": _iso(delivery.created_at),
+        "finished_at": _iso(delivery.finished_at),
+        "data": (delivery.body or {}).get("data"),
+    }
+
+
+def emit_job_failed(session: Session, *, tenant_id: int, job_id: str, kind: str, error: str) -> None:
+    """`job.failed` (and `ingest.failed` for an ingest) when a tenant's job failed for good, in the
+    transaction that records the failure. A webhook job's own failure sends nothing (no loop)."""
+    if kind == "webhook":
+        return
+    data = {"job_id": job_id, "kind": kind, "error": error[:2_000]}
+    events: list[tuple[str, dict[str, Any]]] = [("job.failed", data)]
+    if kind == "ingest":
+        payload = session.scalar(select(Job.payload).where(Job.id == job_id)) or {}
+        events.append(
+            ("ingest.failed", {"job_id": job_id, "datasource": payload.get("datasource"), "error": data["error"]})
+        )
+    emit_many(session, tenant_id=tenant_id, events=events)
