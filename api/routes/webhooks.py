@@ -129,7 +129,7 @@ def delete_webhook(webhook_id: WebhookIdPath, caller: Caller = Depends(require_a
     """Stops its deliveries at once; its delivery history goes with it."""
     with tenant_session(caller.tenant_id) as session:
         webhook = service.get_webhook(session, webhook_id=webhook_id, lock=True)
-        session.delete(webhook)
+        service.delete_webhook(session, webhook=webhook)
         record(session, caller_or_actor=caller, action="webhook.delete", target=f"webhook:{webhook_id}")
     return {"id": webhook_id, "deleted": True}
 

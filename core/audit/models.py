@@ -18,6 +18,10 @@ class AuditEntry(TenantScoped, Base):
     __tablename__ = "audit_entries"
     __table_args__ = (Index("ix_audit_entries_at", "at"),)
 
+    # No foreign key (migration 0017): a batch writes one entry per item, and per-row checks cost more than
+    # the insert. Offboarding removes a tenant's entries through engram_purge_tenant_audit.
+    tenant_id: Mapped[int] = mapped_column(BigInteger, primary_key=True)
+
     id: Mapped[int] = mapped_column(BigInteger, Identity(always=True), primary_key=True)
     at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
     action: Mapped[str] = mapped_column(String(60))

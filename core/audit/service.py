@@ -45,16 +45,14 @@ def _actor(caller_or_actor: Caller | Actor) -> Actor:
     return Actor.of(caller_or_actor) if isinstance(caller_or_actor, Caller) else caller_or_actor
 
 
-def _row(actor: Actor, *, action: str, target: str | None, request_id: str | None) -> dict[str, Any]:
-    return {
-        "tenant_id": actor.tenant_id,
-        "action": action,
-        "actor_user": actor.user,
-        "actor_key_id": actor.key_id,
-        "actor_agent_id": actor.agent_id,
-        "target": target[:_TARGET_CHARS] if target else None,
-        "request_id": request_id,
-    }
+# One statement for any number of entries: two arrays, the rest shared (a 1,000-item batch costs one row
+# per memory and almost no Python).
+_INSERT = text(
+    "INSERT INTO audit_entries (tenant_id, action, target, actor_user, actor_key_id, actor_agent_id, request_id)"
+    " SELECT :tenant, e.action, e.target, :user, :key, :agent, :request"
+    " FROM unnest(CAST(:actions AS text[]), CAST(:targets AS text[])) WITH ORDINALITY AS e(action, target, n)"
+    " ORDER BY e.n"
+)
 
 
 def record(
@@ -75,9 +73,18 @@ def record_many(
     if not entries:
         return
     actor = _actor(caller_or_actor)
-    request_id = request_id or current_request_id()
-    rows = [_row(actor, action=action, target=target, request_id=request_id) for action, target in entries]
-    session.execute(insert(AuditEntry), rows)
+    session.execute(
+        _INSERT,
+        {
+            "tenant": actor.tenant_id,
+            "actions": [action for action, _ in entries],
+            "targets": [target[:_TARGET_CHARS] if target else None for _, target in entries],
+            "user": actor.user,
+            "key": actor.key_id,
+            "agent": actor.agent_id,
+            "request": request_id or current_request_id(),
+        },
+    )
 
 
 def entry_to_dict(entry: AuditEntry) -> dict[str, Any]:

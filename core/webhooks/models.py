@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import BigInteger, DateTime, ForeignKeyConstraint, Identity, Index, Integer, String, Text, func, text
+from sqlalchemy import BigInteger, DateTime, Identity, Index, Integer, String, Text, func, text
 from sqlalchemy.dialects.postgresql import ARRAY, JSONB
 from sqlalchemy.orm import Mapped, mapped_column
 
@@ -50,11 +50,13 @@ class WebhookDelivery(TenantScoped, Base):
 
     __tablename__ = "webhook_deliveries"
     __table_args__ = (
-        ForeignKeyConstraint(["tenant_id", "webhook_id"], ["webhooks.tenant_id", "webhooks.id"], ondelete="CASCADE"),
         Index("ix_webhook_deliveries_listing", "tenant_id", "webhook_id", "seq"),
         Index("ix_webhook_deliveries_pending", "next_attempt_at", postgresql_where=text("state = 'pending'")),
     )
 
+    # No foreign keys (migration 0017): a batch writes one row per event, and per-row checks cost more than the
+    # insert. Deleting a webhook deletes its deliveries (core.webhooks.service.delete_webhook).
+    tenant_id: Mapped[int] = mapped_column(BigInteger, primary_key=True)
     id: Mapped[str] = mapped_column(String(40), primary_key=True)
     seq: Mapped[int] = mapped_column(BigInteger, Identity(always=True))
     webhook_id: Mapped[str] = mapped_column(String(40))

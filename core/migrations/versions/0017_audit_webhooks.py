@@ -10,6 +10,10 @@ trail (no tenant_id: it outlives the tenants it names), append-only in the same 
 `webhooks` and `webhook_deliveries`: a delivery row is the outbox of one event for one webhook, written in
 the transaction of the change that caused it; its id is the Standard Webhooks `webhook-id` of every attempt.
 
+Neither `audit_entries` nor `webhook_deliveries` has foreign keys: a 1,000-item batch writes 1,000 rows of
+each, and the per-row checks measured 58 of the 90 ms of the delivery statement. Their rows are removed with
+their webhook (the delete route) and their tenant (the offboarding purge, through the function for entries).
+
 Revision ID: 0017
 Revises: 0015
 """
@@ -31,7 +35,7 @@ def upgrade() -> None:
     op.execute(
         """
         CREATE TABLE audit_entries (
-            tenant_id bigint NOT NULL REFERENCES tenants(id) ON DELETE CASCADE,
+            tenant_id bigint NOT NULL,
             id bigint GENERATED ALWAYS AS IDENTITY,
             at timestamptz NOT NULL DEFAULT now(),
             action varchar(60) NOT NULL,
@@ -112,7 +116,7 @@ def upgrade() -> None:
     op.execute(
         """
         CREATE TABLE webhook_deliveries (
-            tenant_id bigint NOT NULL REFERENCES tenants(id) ON DELETE CASCADE,
+            tenant_id bigint NOT NULL,
             id varchar(40) NOT NULL,
             seq bigint GENERATED ALWAYS AS IDENTITY,
             webhook_id varchar(40) NOT NULL,
@@ -124,8 +128,7 @@ def upgrade() -> None:
             next_attempt_at timestamptz NOT NULL DEFAULT now(),
             created_at timestamptz NOT NULL DEFAULT now(),
             finished_at timestamptz,
-            PRIMARY KEY (tenant_id, id),
-            FOREIGN KEY (tenant_id, webhook_id) REFERENCES webhooks (tenant_id, id) ON DELETE CASCADE
+            PRIMARY KEY (tenant_id, id)
         )
         """
     )
