@@ -13,6 +13,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -359,3 +360,22 @@ def test_webhook_input_is_checked(client, tenant, member_key, monkeypatch):
     assert client.get("/v1/webhooks", headers=tenant.headers()).json()["webhooks"] == []
     stored = json.dumps(client.get("/v1/audit", headers=tenant.headers()).json())
     assert "webhook.create" in stored and "webhook.delete" in stored and "whsec_" not in stored
+
+
+def test_prune_removes_finished_deliveries_past_retention(client, tenant, receiver):
+    from core.config import get_settings
+    from core.lifecycle.prune import run_prune
+    from core.webhooks.service import emit_many
+
+    hook = _register(client, tenant, receiver, events=["quota.exceeded"])
+    with tenant_session(tenant.tenant_id) as session:
+        emit_many(session, tenant_id=tenant.tenant_id, events=[("quota.exceeded", {"quota": "max_memories"})] * 2)
+    with tenant_session(tenant.tenant_id) as session:
+        old, kept = session.execute(text("SELECT id FROM webhook_deliveries ORDER BY seq")).scalars().all()
+        backdate = "UPDATE webhook_deliveries SET state = 'succeeded', finished_at = :at WHERE id = :d"
+        session.execute(text(backdate), {"d": old, "at": datetime.now(UTC) - timedelta(days=400)})
+    with system_session() as session:
+        assert run_prune(session, settings=get_settings())["webhook_deliveries_removed"] >= 1
+    remaining = _deliveries(client, tenant, hook["id"])
+    assert [d["id"] for d in remaining] == [kept]  # pending, or delivered since by a running worker
+    assert remaining[0]["data"] == {"quota": "max_memories"}

@@ -24,7 +24,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import httpx
-from sqlalchemy import select, text
+from sqlalchemy import func, select, text
 from sqlalchemy.orm import Session
 from standardwebhooks.webhooks import Webhook as Signer
 
@@ -189,14 +189,19 @@ def deliver_due(session: Session, *, tenant_id: int, webhook_id: str, settings: 
     more = False
     deadline = time.monotonic() + settings.webhook_job_seconds
     try:
-        with httpx.Client(timeout=settings.webhook_timeout_seconds, follow_redirects=False) as http:
+        with httpx.Client(
+            # No redirects (a 3xx could point past the host checks) and no proxy from the environment.
+            timeout=settings.webhook_timeout_seconds,
+            follow_redirects=False,
+            trust_env=False,
+        ) as http:
             while failed == 0:
                 due = session.execute(
                     select(WebhookDelivery.id, WebhookDelivery.body, WebhookDelivery.attempts)
                     .where(
                         WebhookDelivery.webhook_id == webhook_id,
                         WebhookDelivery.state == "pending",
-                        WebhookDelivery.next_attempt_at <= datetime.now(UTC),
+                        WebhookDelivery.next_attempt_at <= func.now(),  # the database's clock, as it set them
                     )
                     .order_by(WebhookDelivery.seq)
                     .limit(_BATCH)
@@ -248,3 +253,14 @@ def sweep_due_webhooks(session: Session) -> int:
     for tenant_id, webhook_id in rows:
         enqueue(session, tenant_id=tenant_id, kind="webhook", payload={"webhook_id": webhook_id})
     return len(rows)
+
+
+_PRUNE = text(
+    "DELETE FROM webhook_deliveries WHERE state <> 'pending' AND finished_at < now() - make_interval(secs => :age)"
+)
+
+
+def prune_deliveries(session: Session, *, retention_days: float) -> int:
+    """Remove finished deliveries older than the retention (the prune job; `session` in system mode)."""
+    result: Any = session.execute(_PRUNE, {"age": retention_days * 86400.0})
+    return int(result.rowcount or 0)

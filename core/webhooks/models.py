@@ -51,7 +51,9 @@ class WebhookDelivery(TenantScoped, Base):
     __tablename__ = "webhook_deliveries"
     __table_args__ = (
         Index("ix_webhook_deliveries_listing", "tenant_id", "webhook_id", "seq"),
-        Index("ix_webhook_deliveries_pending", "next_attempt_at", postgresql_where=text("state = 'pending'")),
+        Index(
+            "ix_webhook_deliveries_due", "tenant_id", "webhook_id", "seq", postgresql_where=text("state = 'pending'")
+        ),
     )
 
     # No foreign keys (migration 0017): a batch writes one row per event, and per-row checks cost more than the

@@ -2,8 +2,10 @@
 
 :func:`emit_many` is the outbox: in the transaction of the change, one statement writes a delivery row for
 every enabled webhook of the tenant subscribed to each event, and one `webhook` job per webhook touched (the
-relay hands it to the workers, core.webhooks.delivery). A rolled-back change writes neither. A tenant
-without webhooks pays one short statement that writes nothing.
+relay hands it to the workers, core.webhooks.delivery) unless one not yet handed over is waiting: it will
+deliver this event too, since a job delivers whatever is due when it runs (a stream of saves shares jobs;
+the sweep catches the rare event a job just missed). A rolled-back change writes neither. A tenant without
+webhooks pays one short statement that writes nothing.
 """
 
 from __future__ import annotations
@@ -50,6 +52,10 @@ _EMIT = text(
     SELECT replace(gen_random_uuid()::text, '-', ''), :tenant, 'webhook', 'queued',
            jsonb_build_object('webhook_id', touched.webhook_id) || CAST(:extra AS jsonb), 0, '[]', now(), now()
     FROM (SELECT DISTINCT webhook_id FROM made) AS touched
+    WHERE NOT EXISTS (
+        SELECT 1 FROM jobs j WHERE j.tenant_id = :tenant AND j.kind = 'webhook' AND j.state = 'queued'
+        AND j.dispatched_at IS NULL AND j.payload ->> 'webhook_id' = touched.webhook_id
+    )
     RETURNING id
     """
 )

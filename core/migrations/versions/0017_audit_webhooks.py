@@ -133,8 +133,10 @@ def upgrade() -> None:
         """
     )
     op.execute("CREATE INDEX ix_webhook_deliveries_listing ON webhook_deliveries (tenant_id, webhook_id, seq)")
+    # What is still to deliver, in order, per webhook (delivered rows leave it, so it stays small).
     op.execute(
-        "CREATE INDEX ix_webhook_deliveries_pending ON webhook_deliveries (next_attempt_at) WHERE state = 'pending'"
+        "CREATE INDEX ix_webhook_deliveries_due ON webhook_deliveries (tenant_id, webhook_id, seq)"
+        " WHERE state = 'pending'"
     )
 
 
