@@ -301,6 +301,9 @@ def test_a_failed_ingest_tells_job_failed_and_ingest_failed(delivering, client, 
     wait_for(lambda: receiver.events("ingest.failed") and receiver.events("job.failed"), timeout=60)
     assert receiver.events("job.failed")[0]["data"]["job_id"] == failed_job
     assert receiver.events("ingest.failed")[0]["data"]["datasource"] == "shop"
+    assert client.post(f"/v1/jobs/{failed_job}/retry", headers=tenant.headers()).status_code == 202
+    retried = client.get("/v1/audit", params={"action": "job"}, headers=tenant.headers()).json()["entries"]
+    assert [(e["action"], e["target"]) for e in retried] == [("job.retry", f"job:{failed_job}")]
     assert {d["type"] for d in _deliveries(client, tenant, hook["id"])} == {
         "ingest.succeeded",
         "ingest.failed",
