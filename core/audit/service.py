@@ -47,12 +47,13 @@ def _actor(caller_or_actor: Caller | Actor) -> Actor:
 
 # One statement for any number of entries: two arrays, the rest shared (a 1,000-item batch costs one row
 # per memory and almost no Python).
-_INSERT = text(
+INSERT_SQL = (
     "INSERT INTO audit_entries (tenant_id, action, target, actor_user, actor_key_id, actor_agent_id, request_id)"
     " SELECT :tenant, e.action, e.target, :user, :key, :agent, :request"
     " FROM unnest(CAST(:actions AS text[]), CAST(:targets AS text[])) WITH ORDINALITY AS e(action, target, n)"
     " ORDER BY e.n"
 )
+_INSERT = text(INSERT_SQL)
 
 
 def record(
@@ -72,19 +73,23 @@ def record_many(
     """Entries ``(action, target)`` by one actor under one request, in one INSERT."""
     if not entries:
         return
+    session.execute(_INSERT, insert_params(caller_or_actor=caller_or_actor, entries=entries, request_id=request_id))
+
+
+def insert_params(
+    *, caller_or_actor: Caller | Actor, entries: Sequence[tuple[str, str | None]], request_id: str | None = None
+) -> dict[str, Any]:
+    """The parameters of :data:`INSERT_SQL` for these entries (also run inside a write's event statement)."""
     actor = _actor(caller_or_actor)
-    session.execute(
-        _INSERT,
-        {
-            "tenant": actor.tenant_id,
-            "actions": [action for action, _ in entries],
-            "targets": [target[:_TARGET_CHARS] if target else None for _, target in entries],
-            "user": actor.user,
-            "key": actor.key_id,
-            "agent": actor.agent_id,
-            "request": request_id or current_request_id(),
-        },
-    )
+    return {
+        "tenant": actor.tenant_id,
+        "actions": [action for action, _ in entries],
+        "targets": [target[:_TARGET_CHARS] if target else None for _, target in entries],
+        "user": actor.user,
+        "key": actor.key_id,
+        "agent": actor.agent_id,
+        "request": request_id or current_request_id(),
+    }
 
 
 def entry_to_dict(entry: AuditEntry) -> dict[str, Any]:

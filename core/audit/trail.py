@@ -12,7 +12,7 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
-from core.audit.service import record_many
+from core.audit.service import INSERT_SQL, insert_params
 from core.memories.schemas import SaveMemoryIn, SaveResult
 from core.refs import memory_ref
 from core.tenancy.context import Caller
@@ -20,6 +20,18 @@ from core.webhooks.service import emit_many
 
 # save_memories leaves the ids it upserted (they existed before) here, in the session's info.
 UPDATED_IDS = "memories_upserted"
+
+
+def _write(
+    session: Session,
+    *,
+    caller: Caller,
+    entries: list[tuple[str, str | None]],
+    events: list[tuple[str, dict[str, Any]]],
+) -> None:
+    """Entries and events in one statement (one round trip on a single save)."""
+    companion = (INSERT_SQL, insert_params(caller_or_actor=caller, entries=entries))
+    emit_many(session, tenant_id=caller.tenant_id, events=events, companion=companion)
 
 
 def _event(caller: Caller, memory_id: str, **extra: Any) -> dict[str, Any]:
@@ -43,7 +55,7 @@ def memories_saved(
     ]
     if not saved:
         return
-    record_many(session, caller_or_actor=caller, entries=[(action, memory_ref(r.memory_id)) for _, r in saved])
+    entries = [(action, memory_ref(r.memory_id)) for _, r in saved]
     events = [
         (
             "memory.updated" if result.memory_id in updated else "memory.created",
@@ -51,18 +63,19 @@ def memories_saved(
         )
         for item, result in saved
     ]
-    emit_many(session, tenant_id=caller.tenant_id, events=events)
+    _write(session, caller=caller, entries=entries, events=events)
 
 
 def memory_updated(session: Session, *, caller: Caller, memory_id: str) -> None:
-    record_many(session, caller_or_actor=caller, entries=[("memory.update", memory_ref(memory_id))])
-    emit_many(session, tenant_id=caller.tenant_id, events=[("memory.updated", _event(caller, memory_id))])
+    entries = [("memory.update", memory_ref(memory_id))]
+    _write(session, caller=caller, entries=entries, events=[("memory.updated", _event(caller, memory_id))])
 
 
 def memory_forgotten(session: Session, *, caller: Caller, memory_id: str, purged: bool) -> None:
     action, event = ("memory.purge", "memory.purged") if purged else ("memory.forget", "memory.forgotten")
-    record_many(session, caller_or_actor=caller, entries=[(action, memory_ref(memory_id))])
-    emit_many(session, tenant_id=caller.tenant_id, events=[(event, _event(caller, memory_id))])
+    _write(
+        session, caller=caller, entries=[(action, memory_ref(memory_id))], events=[(event, _event(caller, memory_id))]
+    )
 
 
 def memories_imported(session: Session, *, caller: Caller, memory_ids: Sequence[str]) -> None:
@@ -70,6 +83,6 @@ def memories_imported(session: Session, *, caller: Caller, memory_ids: Sequence[
     if not memory_ids:
         return
     updated: set[str] = session.info.get(UPDATED_IDS, set())
-    record_many(session, caller_or_actor=caller, entries=[("memory.import", memory_ref(i)) for i in memory_ids])
+    entries = [("memory.import", memory_ref(i)) for i in memory_ids]
     events = [("memory.updated" if i in updated else "memory.created", _event(caller, i)) for i in memory_ids]
-    emit_many(session, tenant_id=caller.tenant_id, events=events)
+    _write(session, caller=caller, entries=entries, events=events)

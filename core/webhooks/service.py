@@ -16,9 +16,10 @@ import secrets
 import uuid
 from collections.abc import Sequence
 from datetime import UTC, datetime
+from functools import lru_cache
 from typing import Any
 
-from sqlalchemy import delete, select, text
+from sqlalchemy import TextClause, delete, select, text
 from sqlalchemy.orm import Session
 
 from core.entities.crypto import encrypt_secret
@@ -34,9 +35,8 @@ MAX_DESCRIPTION_CHARS = 1_000
 # Above this many events, emit_many first asks which types the tenant's enabled webhooks listen to.
 _PRECHECK_OVER = 20
 _SUBSCRIBED = text("SELECT DISTINCT unnest(events) FROM webhooks WHERE tenant_id = :tenant AND state = 'enabled'")
-_EMIT = text(
-    """
-    WITH ev AS (
+_EMIT_CTES = """
+    ev AS (
         SELECT e.value ->> 'type' AS type, e.value AS body, e.n
         FROM jsonb_array_elements(CAST(:events AS jsonb)) WITH ORDINALITY AS e(value, n)
     ), hooks AS (
@@ -48,6 +48,8 @@ _EMIT = text(
         ORDER BY hooks.id, ev.n
         RETURNING webhook_id
     )
+"""
+_EMIT_JOBS = """
     INSERT INTO jobs (id, tenant_id, kind, state, payload, attempts, attempt_errors, created_at, updated_at)
     SELECT replace(gen_random_uuid()::text, '-', ''), :tenant, 'webhook', 'queued',
            jsonb_build_object('webhook_id', touched.webhook_id) || CAST(:extra AS jsonb), 0, '[]', now(), now()
@@ -57,8 +59,15 @@ _EMIT = text(
         AND j.dispatched_at IS NULL AND j.payload ->> 'webhook_id' = touched.webhook_id
     )
     RETURNING id
-    """
-)
+"""
+_EMIT = text(f"WITH {_EMIT_CTES} {_EMIT_JOBS}")
+# A write's own statement (its audit entries) and its events: one round trip for both.
+Companion = tuple[str, dict[str, Any]]
+
+
+@lru_cache(maxsize=16)
+def _emit_with(companion_sql: str) -> TextClause:
+    return text(f"WITH companion AS ({companion_sql}), {_EMIT_CTES} {_EMIT_JOBS}")
 
 
 def emit(session: Session, *, tenant_id: int, type: str, data: dict[str, Any]) -> None:  # noqa: A002 - the event's name
@@ -66,8 +75,21 @@ def emit(session: Session, *, tenant_id: int, type: str, data: dict[str, Any]) -
     emit_many(session, tenant_id=tenant_id, events=[(type, data)])
 
 
-def emit_many(session: Session, *, tenant_id: int, events: Sequence[tuple[str, dict[str, Any]]]) -> None:
-    """Events ``(type, data)`` of one tenant, in one statement (a 1,000-item batch included)."""
+def emit_many(
+    session: Session,
+    *,
+    tenant_id: int,
+    events: Sequence[tuple[str, dict[str, Any]]],
+    companion: Companion | None = None,
+) -> None:
+    """Events ``(type, data)`` of one tenant, in one statement (a 1,000-item batch included).
+
+    `companion` is a data-modifying statement of the same write (SQL and its parameters, which share
+    ``:tenant``), run as part of the same statement: the write's audit entries cost no round trip of their own.
+    """
+    if companion is not None and not events:
+        session.execute(text(companion[0]), companion[1])
+        return
     if not events:
         return
     for event_type, _ in events:
@@ -79,14 +101,19 @@ def emit_many(session: Session, *, tenant_id: int, events: Sequence[tuple[str, d
         wanted = set(session.execute(_SUBSCRIBED, {"tenant": tenant_id}).scalars())
         events = [event for event in events if event[0] in wanted]
         if not events:
+            if companion is not None:
+                session.execute(text(companion[0]), companion[1])
             return
     at = datetime.now(UTC).isoformat()
     bodies = [{"type": event_type, "timestamp": at, "data": data} for event_type, data in events]
     context = job_context()
     extra = {"context": context} if context else {}
-    job_ids = session.execute(
-        _EMIT, {"tenant": tenant_id, "events": json.dumps(bodies), "extra": json.dumps(extra)}
-    ).scalars()
+    params = {"tenant": tenant_id, "events": json.dumps(bodies), "extra": json.dumps(extra)}
+    statement = _EMIT
+    if companion is not None:
+        statement = _emit_with(companion[0])
+        params = {**companion[1], **params}
+    job_ids = session.execute(statement, params).scalars()
     ids = list(job_ids)
     if ids:
         session.info.setdefault("outbox", []).extend(ids)
