@@ -26,8 +26,8 @@ def _write(
     session: Session,
     *,
     caller: Caller,
-    entries: list[tuple[str, str | None]],
-    events: list[tuple[str, dict[str, Any]]],
+    entries: Sequence[tuple[str, str | None]],
+    events: Sequence[tuple[str, dict[str, Any]]],
 ) -> None:
     """Entries and events in one statement (one round trip on a single save)."""
     companion = (INSERT_SQL, insert_params(caller_or_actor=caller, entries=entries))
