@@ -166,7 +166,7 @@ class Settings(BaseSettings):
     webhook_sweep_interval_seconds: float = 5.0
     # One delivery job stops after this long and queues a follow-up, so a slow receiver holds a worker slot
     # for bounded stretches only.
-    webhook_job_seconds: float = 30.0
+    webhook_job_seconds: float = 10.0
     # Finished deliveries (succeeded or given up) older than this are removed by the prune job.
     webhook_delivery_retention_days: float = 30.0
 

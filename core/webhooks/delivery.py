@@ -128,17 +128,19 @@ def send(http: httpx.Client, *, url: str, signer: Signer, delivery_id: str, body
         "webhook-signature": signer.sign(msg_id=delivery_id, timestamp=at, data=payload),
     }
     try:
-        response = http.post(url, content=payload.encode(), headers=headers)
+        # Only the status matters: the body is never read, so a receiver cannot hold the worker by streaming it.
+        with http.stream("POST", url, content=payload.encode(), headers=headers) as response:
+            status = response.status_code
     except httpx.TimeoutException:
         return Attempt(ok=False, status=None, error="timed out", duration_ms=(time.monotonic() - started) * 1000)
     except httpx.HTTPError as exc:
         error = f"{type(exc).__name__}: {exc}"[:_ERROR_CHARS]
         return Attempt(ok=False, status=None, error=error, duration_ms=(time.monotonic() - started) * 1000)
-    ok = 200 <= response.status_code < 300
+    ok = 200 <= status < 300
     return Attempt(
         ok=ok,
-        status=response.status_code,
-        error=None if ok else f"HTTP {response.status_code}",
+        status=status,
+        error=None if ok else f"HTTP {status}",
         duration_ms=(time.monotonic() - started) * 1000,
     )
 
