@@ -358,6 +358,16 @@ def test_webhook_input_is_checked(client, tenant, member_key, monkeypatch):
     created = client.post("/v1/webhooks", json=good, headers=tenant.headers())
     assert created.status_code == 201
     hook_id = created.json()["id"]
+    for params, status, field_ in (
+        ({"limit": 0}, 422, "limit"),
+        ({"cursor": "not-a-cursor"}, 400, "cursor"),
+        ({"state": "lost"}, 422, "state"),
+    ):
+        response = client.get(f"/v1/webhooks/{hook_id}/deliveries", params=params, headers=tenant.headers())
+        assert response.status_code == status and response.json()["error"]["field"] == field_, response.text
+    for body, field_ in (({"enabled": "yes"}, "enabled"), ({"rotate_secret": 1}, "rotate_secret"), ({"x": 1}, "x")):
+        response = client.patch(f"/v1/webhooks/{hook_id}", json=body, headers=tenant.headers())
+        assert response.status_code == 422 and response.json()["error"]["field"] == field_, response.text
     assert [w["id"] for w in client.get("/v1/webhooks", headers=tenant.headers()).json()["webhooks"]] == [hook_id]
     assert client.delete(f"/v1/webhooks/{hook_id}", headers=tenant.headers()).json() == {"id": hook_id, "deleted": True}
     assert client.get("/v1/webhooks", headers=tenant.headers()).json()["webhooks"] == []

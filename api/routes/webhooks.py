@@ -6,7 +6,7 @@ from typing import Any, Literal
 
 from fastapi import APIRouter, Body, Depends, Query
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StrictBool
 
 from api.auth import require_admin
 from api.openapi import BEARER, WebhookIdPath, operation
@@ -41,8 +41,8 @@ class PatchWebhookIn(BaseModel):
     url: str | None = Field(default=None, description="a new URL (checked as at creation)")
     events: list[str] | None = Field(default=None, description="the new list of events")
     description: str | None = Field(default=None, description="a new note")
-    enabled: bool | None = Field(default=None, description="false pauses deliveries; true resumes them")
-    rotate_secret: bool = Field(default=False, description="issue a new signing secret (shown once, in the answer)")
+    enabled: StrictBool | None = Field(default=None, description="false pauses deliveries; true resumes them")
+    rotate_secret: StrictBool = Field(default=False, description="issue a new signing secret (shown once, in the answer)")
 
 
 @router.post(
