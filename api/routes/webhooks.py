@@ -42,7 +42,7 @@ class PatchWebhookIn(BaseModel):
     events: list[str] | None = Field(default=None, description="the new list of events")
     description: str | None = Field(default=None, description="a new note")
     enabled: StrictBool | None = Field(default=None, description="false pauses deliveries; true resumes them")
-    rotate_secret: StrictBool = Field(default=False, description="issue a new signing secret (shown once, in the answer)")
+    rotate_secret: StrictBool = Field(default=False, description="issue a new signing secret (shown once)")
 
 
 @router.post(
