@@ -1,7 +1,7 @@
 """Imports every table module so Base.metadata is complete (Alembic, tests)."""
 
 import core.entities.store  # noqa: F401 - catalog tables, and the snapshot loader memory saves use
-from core.audit.models import AuditEntry, OperatorAuditEntry
+from core.audit.models import AuditCounter, AuditEntry, OperatorAuditEntry
 from core.embeddings.store_models import Embedding
 from core.jobs.models import Job
 from core.lifecycle.definitions import EntityDefinition
@@ -10,6 +10,6 @@ from core.tenancy.models import ApiKey, Tenant, User
 from core.webhooks.models import Webhook, WebhookDelivery
 
 __all__ = [
-    "ApiKey", "Association", "AuditEntry", "Embedding", "EntityDefinition", "Job", "Memory", "MemoryVersion",
-    "OperatorAuditEntry", "Tenant", "Tombstone", "User", "Webhook", "WebhookDelivery",
+    "ApiKey", "Association", "AuditCounter", "AuditEntry", "Embedding", "EntityDefinition", "Job", "Memory",
+    "MemoryVersion", "OperatorAuditEntry", "Tenant", "Tombstone", "User", "Webhook", "WebhookDelivery",
 ]  # fmt: skip

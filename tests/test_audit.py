@@ -113,10 +113,14 @@ def test_admin_only_and_bad_input_is_a_4xx(client, tenant, member_key):
 
 def test_a_tenant_reads_only_its_own_entries(client, make_tenant):
     a, b = make_tenant("audit-a"), make_tenant("audit-b")
-    client.post("/v1/memories", json={"content": "a's note", "id": "only-a"}, headers=a.headers())
+    for i in range(3):
+        client.post("/v1/memories", json={"content": "a's note", "id": f"only-a-{i}"}, headers=a.headers())
     assert _entries(client, b) == []
+    client.post("/v1/memories", json={"content": "b's note"}, headers=b.headers())
+    # Ids count per tenant: b's first entry is 1 however busy a was (a global count would tell b about a).
+    assert [e["id"] for e in _entries(client, b)] == ["1"]
     with tenant_session(b.tenant_id) as session:  # raw SQL: row-level security alone keeps a's rows away
-        assert session.execute(text("SELECT count(*) FROM audit_entries")).scalar() == 0
+        assert session.execute(text("SELECT count(*) FROM audit_entries")).scalar() == 1
 
 
 def test_a_rolled_back_change_leaves_no_entry(client, tenant):

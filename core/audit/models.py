@@ -22,7 +22,8 @@ class AuditEntry(TenantScoped, Base):
     # the insert. Offboarding removes a tenant's entries through engram_purge_tenant_audit.
     tenant_id: Mapped[int] = mapped_column(BigInteger, primary_key=True)
 
-    id: Mapped[int] = mapped_column(BigInteger, Identity(always=True), primary_key=True)
+    # Counted per tenant (audit_counters), so an id says nothing about other tenants.
+    id: Mapped[int] = mapped_column(BigInteger, primary_key=True)
     at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
     action: Mapped[str] = mapped_column(String(60))
     actor_user: Mapped[str | None] = mapped_column(String(320), nullable=True)
@@ -30,6 +31,14 @@ class AuditEntry(TenantScoped, Base):
     actor_agent_id: Mapped[str | None] = mapped_column(String(200), nullable=True)
     target: Mapped[str | None] = mapped_column(String(400), nullable=True)
     request_id: Mapped[str | None] = mapped_column(String(200), nullable=True)
+
+
+class AuditCounter(TenantScoped, Base):
+    """The last audit entry id of a tenant."""
+
+    __tablename__ = "audit_counters"
+
+    n: Mapped[int] = mapped_column(BigInteger, default=0)
 
 
 class OperatorAuditEntry(Base):

@@ -45,14 +45,21 @@ def _actor(caller_or_actor: Caller | Actor) -> Actor:
     return Actor.of(caller_or_actor) if isinstance(caller_or_actor, Caller) else caller_or_actor
 
 
-# One statement for any number of entries: two arrays, the rest shared (a 1,000-item batch costs one row
-# per memory and almost no Python).
-INSERT_SQL = (
-    "INSERT INTO audit_entries (tenant_id, action, target, actor_user, actor_key_id, actor_agent_id, request_id)"
-    " SELECT :tenant, e.action, e.target, :user, :key, :agent, :request"
-    " FROM unnest(CAST(:actions AS text[]), CAST(:targets AS text[])) WITH ORDINALITY AS e(action, target, n)"
-    " ORDER BY e.n"
+# Entry ids count per tenant (like memory ids): a global sequence in ids and cursors would let a tenant
+# watch the others' activity. The tenant's counter row is taken with the entries, in one statement.
+_COUNTER = (
+    "audit_counter AS (INSERT INTO audit_counters (tenant_id, n) VALUES (:tenant, :count)"
+    " ON CONFLICT (tenant_id) DO UPDATE SET n = audit_counters.n + EXCLUDED.n RETURNING n)"
 )
+_ENTRIES = (
+    "INSERT INTO audit_entries (tenant_id, id, action, target, actor_user, actor_key_id, actor_agent_id, request_id)"
+    " SELECT :tenant, c.n - :count + e.n, e.action, e.target, :user, :key, :agent, :request"
+    " FROM audit_counter c,"
+    " unnest(CAST(:actions AS text[]), CAST(:targets AS text[])) WITH ORDINALITY AS e(action, target, n)"
+)
+# As a statement of its own, and as CTEs to put first in another statement of the same write (one round trip).
+INSERT_SQL = f"WITH {_COUNTER} {_ENTRIES}"
+INSERT_CTES = f"{_COUNTER}, audit_made AS ({_ENTRIES})"
 _INSERT = text(INSERT_SQL)
 
 
@@ -83,6 +90,7 @@ def insert_params(
     actor = _actor(caller_or_actor)
     return {
         "tenant": actor.tenant_id,
+        "count": len(entries),
         "actions": [action for action, _ in entries],
         "targets": [target[:_TARGET_CHARS] if target else None for _, target in entries],
         "user": actor.user,

@@ -12,11 +12,11 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
-from core.audit.service import INSERT_SQL, insert_params
+from core.audit.service import INSERT_CTES, INSERT_SQL, insert_params
 from core.memories.schemas import SaveMemoryIn, SaveResult
 from core.refs import memory_ref
 from core.tenancy.context import Caller
-from core.webhooks.service import emit_many
+from core.webhooks.service import Companion, emit_many
 
 # save_memories leaves the ids it upserted (they existed before) here, in the session's info.
 UPDATED_IDS = "memories_upserted"
@@ -30,7 +30,8 @@ def _write(
     events: Sequence[tuple[str, dict[str, Any]]],
 ) -> None:
     """Entries and events in one statement (one round trip on a single save)."""
-    companion = (INSERT_SQL, insert_params(caller_or_actor=caller, entries=entries))
+    params = insert_params(caller_or_actor=caller, entries=entries)
+    companion = Companion(ctes=INSERT_CTES, statement=INSERT_SQL, params=params)
     emit_many(session, tenant_id=caller.tenant_id, events=events, companion=companion)
 
 

@@ -50,7 +50,7 @@ class WebhookDelivery(TenantScoped, Base):
 
     __tablename__ = "webhook_deliveries"
     __table_args__ = (
-        Index("ix_webhook_deliveries_listing", "tenant_id", "webhook_id", "seq"),
+        Index("ix_webhook_deliveries_listing", "tenant_id", "webhook_id", "created_at", "id"),
         Index(
             "ix_webhook_deliveries_due", "tenant_id", "webhook_id", "seq", postgresql_where=text("state = 'pending'")
         ),
@@ -60,6 +60,7 @@ class WebhookDelivery(TenantScoped, Base):
     # insert. Deleting a webhook deletes its deliveries (core.webhooks.service.delete_webhook).
     tenant_id: Mapped[int] = mapped_column(BigInteger, primary_key=True)
     id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    # Delivery order within a webhook; never shown (it counts over all tenants).
     seq: Mapped[int] = mapped_column(BigInteger, Identity(always=True))
     webhook_id: Mapped[str] = mapped_column(String(40))
     event_type: Mapped[str] = mapped_column(String(40))

@@ -15,11 +15,12 @@ import json
 import secrets
 import uuid
 from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from functools import lru_cache
 from typing import Any
 
-from sqlalchemy import TextClause, delete, select, text
+from sqlalchemy import TextClause, delete, literal, select, text, tuple_
 from sqlalchemy.orm import Session
 
 from core.entities.crypto import encrypt_secret
@@ -61,13 +62,20 @@ _EMIT_JOBS = """
     RETURNING id
 """
 _EMIT = text(f"WITH {_EMIT_CTES} {_EMIT_JOBS}")
-# A write's own statement (its audit entries) and its events: one round trip for both.
-Companion = tuple[str, dict[str, Any]]
+
+
+@dataclass(frozen=True)
+class Companion:
+    """Other work of the same write (its audit entries) run inside the event statement: one round trip."""
+
+    ctes: str  # "name AS (...), ...", put before the event CTEs
+    statement: str  # the same work alone, when there is no event to write
+    params: dict[str, Any]  # shares :tenant with the events
 
 
 @lru_cache(maxsize=16)
-def _emit_with(companion_sql: str) -> TextClause:
-    return text(f"WITH companion AS ({companion_sql}), {_EMIT_CTES} {_EMIT_JOBS}")
+def _emit_with(ctes: str) -> TextClause:
+    return text(f"WITH {ctes}, {_EMIT_CTES} {_EMIT_JOBS}")
 
 
 def emit(session: Session, *, tenant_id: int, type: str, data: dict[str, Any]) -> None:  # noqa: A002 - the event's name
@@ -84,11 +92,11 @@ def emit_many(
 ) -> None:
     """Events ``(type, data)`` of one tenant, in one statement (a 1,000-item batch included).
 
-    `companion` is a data-modifying statement of the same write (SQL and its parameters, which share
-    ``:tenant``), run as part of the same statement: the write's audit entries cost no round trip of their own.
+    `companion` is other work of the same write (its audit entries), run as part of the same statement: it
+    costs no round trip of its own.
     """
     if companion is not None and not events:
-        session.execute(text(companion[0]), companion[1])
+        session.execute(text(companion.statement), companion.params)
         return
     if not events:
         return
@@ -102,7 +110,7 @@ def emit_many(
         events = [event for event in events if event[0] in wanted]
         if not events:
             if companion is not None:
-                session.execute(text(companion[0]), companion[1])
+                session.execute(text(companion.statement), companion.params)
             return
     at = datetime.now(UTC).isoformat()
     bodies = [{"type": event_type, "timestamp": at, "data": data} for event_type, data in events]
@@ -111,8 +119,8 @@ def emit_many(
     params = {"tenant": tenant_id, "events": json.dumps(bodies), "extra": json.dumps(extra)}
     statement = _EMIT
     if companion is not None:
-        statement = _emit_with(companion[0])
-        params = {**companion[1], **params}
+        statement = _emit_with(companion.ctes)
+        params = {**companion.params, **params}
     job_ids = session.execute(statement, params).scalars()
     ids = list(job_ids)
     if ids:
@@ -225,17 +233,34 @@ def delete_webhook(session: Session, *, webhook: Webhook) -> None:
 def list_deliveries(
     session: Session, *, webhook_id: str, limit: int, cursor: str | None, state: str | None
 ) -> tuple[list[WebhookDelivery], str | None]:
-    """A webhook's deliveries newest first (a cursor is the last seq seen)."""
+    """A webhook's deliveries newest first. The cursor holds the last row's time and (random) id, never a
+    sequence number: one shared by all tenants would tell a tenant how busy the others are."""
     query = select(WebhookDelivery).where(WebhookDelivery.webhook_id == webhook_id)
     if cursor:
-        if not cursor.isdigit() or len(cursor) > 19:
-            raise BadRequest("cursor is not one this API returned", field="cursor")
-        query = query.where(WebhookDelivery.seq < int(cursor))
+        at, last_id = _decode_cursor(cursor)
+        query = query.where(
+            tuple_(WebhookDelivery.created_at, WebhookDelivery.id) < tuple_(literal(at), literal(last_id))
+        )
     if state:
         query = query.where(WebhookDelivery.state == state)
-    rows = list(session.scalars(query.order_by(WebhookDelivery.seq.desc()).limit(limit + 1)).all())
-    next_cursor = str(rows[limit - 1].seq) if len(rows) > limit else None
+    order = (WebhookDelivery.created_at.desc(), WebhookDelivery.id.desc())
+    rows = list(session.scalars(query.order_by(*order).limit(limit + 1)).all())
+    next_cursor = None
+    if len(rows) > limit:
+        last = rows[limit - 1]
+        next_cursor = base64.urlsafe_b64encode(f"{last.created_at.isoformat()}|{last.id}".encode()).decode()
     return rows[:limit], next_cursor
+
+
+def _decode_cursor(cursor: str) -> tuple[datetime, str]:
+    try:
+        at, _, last_id = base64.urlsafe_b64decode(cursor.encode()).decode().partition("|")
+        moment = datetime.fromisoformat(at)
+    except (ValueError, UnicodeError):
+        raise BadRequest("cursor is not one this API returned", field="cursor") from None
+    if not last_id or moment.tzinfo is None:
+        raise BadRequest("cursor is not one this API returned", field="cursor")
+    return moment, last_id
 
 
 def _iso(value: datetime | None) -> str | None:

@@ -36,7 +36,7 @@ def upgrade() -> None:
         """
         CREATE TABLE audit_entries (
             tenant_id bigint NOT NULL,
-            id bigint GENERATED ALWAYS AS IDENTITY,
+            id bigint NOT NULL,
             at timestamptz NOT NULL DEFAULT now(),
             action varchar(60) NOT NULL,
             actor_user varchar(320),
@@ -47,6 +47,11 @@ def upgrade() -> None:
             PRIMARY KEY (tenant_id, id)
         )
         """
+    )
+    # Entry ids count per tenant: a global sequence would show a tenant how busy the others are.
+    op.execute(
+        "CREATE TABLE audit_counters (tenant_id bigint PRIMARY KEY REFERENCES tenants(id) ON DELETE CASCADE,"
+        " n bigint NOT NULL DEFAULT 0)"
     )
     # The prune removes by age across tenants.
     op.execute("CREATE INDEX ix_audit_entries_at ON audit_entries (at)")
@@ -132,7 +137,9 @@ def upgrade() -> None:
         )
         """
     )
-    op.execute("CREATE INDEX ix_webhook_deliveries_listing ON webhook_deliveries (tenant_id, webhook_id, seq)")
+    op.execute(
+        "CREATE INDEX ix_webhook_deliveries_listing ON webhook_deliveries (tenant_id, webhook_id, created_at, id)"
+    )
     # What is still to deliver, in order, per webhook (delivered rows leave it, so it stays small).
     op.execute(
         "CREATE INDEX ix_webhook_deliveries_due ON webhook_deliveries (tenant_id, webhook_id, seq)"
@@ -146,4 +153,5 @@ def downgrade() -> None:
     op.execute("DROP FUNCTION IF EXISTS engram_purge_tenant_audit(bigint)")
     op.execute("DROP FUNCTION IF EXISTS engram_prune_audit(interval)")
     op.execute("DROP TABLE IF EXISTS operator_audit")
+    op.execute("DROP TABLE IF EXISTS audit_counters")
     op.execute("DROP TABLE IF EXISTS audit_entries")
