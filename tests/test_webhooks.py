@@ -400,3 +400,33 @@ def test_prune_removes_finished_deliveries_past_retention(client, tenant, receiv
     remaining = _deliveries(client, tenant, hook["id"])
     assert [d["id"] for d in remaining] == [kept]  # pending, or delivered since by a running worker
     assert remaining[0]["data"] == {"quota": "max_memories"}
+
+
+def test_a_named_host_is_resolved_checked_and_connected_to_by_address(delivering, client, tenant, receiver):
+    port = receiver.url.split(":")[2].split("/")[0]
+    receiver.url = f"http://localhost:{port}/hook"
+    hook = _register(client, tenant, receiver, events=["memory.created"])
+    client.post("/v1/memories", json={"content": "by name", "id": "named"}, headers=tenant.headers())
+    wait_for(lambda: receiver.events(), timeout=30)
+    assert receiver.received[0].headers["host"] == f"localhost:{port}"  # the name, though sent to an address
+    assert receiver.events()[0]["data"]["memory_id"] == "named"
+    assert _deliveries(client, tenant, hook["id"])[0]["state"] == "succeeded"
+
+
+def test_pinned_requests_keep_the_name_for_host_and_tls():
+    import ipaddress
+
+    from core.webhooks.urls import pinned_request
+
+    v4, v6 = ipaddress.ip_address("93.184.215.14"), ipaddress.ip_address("2606:2800:21f:cb07:6820:80da:af6b:8b2c")
+    assert pinned_request("https://hooks.example.com/x?a=1", v4) == (
+        "https://93.184.215.14/x?a=1",
+        {"host": "hooks.example.com"},
+        {"sni_hostname": "hooks.example.com"},
+    )
+    assert pinned_request("http://hooks.example.com:8080/x", v6) == (
+        "http://[2606:2800:21f:cb07:6820:80da:af6b:8b2c]:8080/x",
+        {"host": "hooks.example.com:8080"},
+        {},
+    )
+    assert pinned_request("http://127.0.0.1:9/x", ipaddress.ip_address("127.0.0.1")) == ("http://127.0.0.1:9/x", {}, {})

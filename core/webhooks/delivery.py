@@ -35,9 +35,11 @@ from core.entities.crypto import decrypt_secret
 from core.jobs.models import Job
 from core.jobs.service import PermanentJobError, enqueue
 from core.webhooks.models import WebhookDelivery
-from core.webhooks.urls import WebhookUrlRefused, check_webhook_url
+from core.webhooks.urls import WebhookUrlRefused, checked_addresses, pinned_request
 
 _BATCH = 20
+# A host with several addresses: the next is tried when one refuses the connection.
+_ADDRESSES_TRIED = 3
 _ERROR_CHARS = 300
 
 _CLAIM = text(
@@ -112,10 +114,11 @@ def _lease_seconds(settings: Settings) -> float:
 
 
 def send(http: httpx.Client, *, url: str, signer: Signer, delivery_id: str, body: dict[str, Any]) -> Attempt:
-    """One signed POST; the host is resolved and checked again first (a refused address fails the attempt)."""
+    """One signed POST. The host is resolved and checked again first (a refused address fails the attempt),
+    and the connection goes to an address that was checked (the next one when it refuses the connection)."""
     started = time.monotonic()
     try:
-        check_webhook_url(url)
+        addresses = checked_addresses(url)
     except WebhookUrlRefused as exc:
         return Attempt(ok=False, status=None, error=exc.message[:_ERROR_CHARS], duration_ms=0.0)
     payload = json.dumps(body, separators=(",", ":"), ensure_ascii=False)
@@ -127,22 +130,31 @@ def send(http: httpx.Client, *, url: str, signer: Signer, delivery_id: str, body
         "webhook-timestamp": str(int(at.timestamp())),
         "webhook-signature": signer.sign(msg_id=delivery_id, timestamp=at, data=payload),
     }
-    try:
-        # Only the status matters: the body is never read, so a receiver cannot hold the worker by streaming it.
-        with http.stream("POST", url, content=payload.encode(), headers=headers) as response:
-            status = response.status_code
-    except httpx.TimeoutException:
-        return Attempt(ok=False, status=None, error="timed out", duration_ms=(time.monotonic() - started) * 1000)
-    except httpx.HTTPError as exc:
-        error = f"{type(exc).__name__}: {exc}"[:_ERROR_CHARS]
-        return Attempt(ok=False, status=None, error=error, duration_ms=(time.monotonic() - started) * 1000)
-    ok = 200 <= status < 300
-    return Attempt(
-        ok=ok,
-        status=status,
-        error=None if ok else f"HTTP {status}",
-        duration_ms=(time.monotonic() - started) * 1000,
-    )
+    error = "no address to connect to"
+    for address in addresses[:_ADDRESSES_TRIED]:
+        target, pinned_headers, extensions = pinned_request(url, address)
+        try:
+            # Only the status matters: the body is never read, so a receiver cannot hold a worker streaming it.
+            with http.stream(
+                "POST", target, content=payload.encode(), headers={**headers, **pinned_headers}, extensions=extensions
+            ) as response:
+                status = response.status_code
+        except httpx.ConnectError as exc:
+            error = f"ConnectError: {exc}"[:_ERROR_CHARS]
+            continue
+        except httpx.TimeoutException:
+            return Attempt(ok=False, status=None, error="timed out", duration_ms=(time.monotonic() - started) * 1000)
+        except httpx.HTTPError as exc:
+            error = f"{type(exc).__name__}: {exc}"[:_ERROR_CHARS]
+            return Attempt(ok=False, status=None, error=error, duration_ms=(time.monotonic() - started) * 1000)
+        ok = 200 <= status < 300
+        return Attempt(
+            ok=ok,
+            status=status,
+            error=None if ok else f"HTTP {status}",
+            duration_ms=(time.monotonic() - started) * 1000,
+        )
+    return Attempt(ok=False, status=None, error=error, duration_ms=(time.monotonic() - started) * 1000)
 
 
 def _record(

@@ -8,11 +8,13 @@ DNS answer changed since registration cannot point a delivery at a refused addre
 
 from __future__ import annotations
 
-from urllib.parse import urlsplit
+import ipaddress
+from urllib.parse import urlsplit, urlunsplit
 
 from core.config import get_settings
 from core.entities.source_guard import (
     HOSTED,
+    IPAddress,
     SourceUnreachable,
     _allowed_networks,
     _host_allowed,
@@ -51,17 +53,23 @@ def parse_webhook_url(url: object) -> tuple[str, int]:
 
 def check_webhook_url(url: object) -> str:
     """Refuse a URL this server may not post to now (resolving its host); returns the URL."""
-    host, port = parse_webhook_url(url)
+    checked_addresses(url)
     assert isinstance(url, str)
+    return url
+
+
+def checked_addresses(url: object) -> list[IPAddress]:
+    """What the URL's host resolves to now, every address allowed (else WebhookUrlRefused)."""
+    host, port = parse_webhook_url(url)
     try:
         addresses = resolve_host(host, port)
     except SourceUnreachable:
         raise WebhookUrlRefused(f"the webhook host {host[:200]!r} does not resolve") from None
     if policy() != HOSTED:
-        return url
+        return addresses
     allow = [entry.strip() for entry in get_settings().datasource_allow_hosts if entry.strip()]
     if _host_allowed(host, allow):
-        return url
+        return addresses
     networks = _allowed_networks(allow)
     for address in addresses:
         if refused_kind(address) and not any(_unwrap(address) in n or address in n for n in networks):
@@ -69,4 +77,21 @@ def check_webhook_url(url: object) -> str:
                 f"webhook host {host[:200]!r} is not allowed on this server: loopback, private, link-local and "
                 "metadata addresses are refused (an operator can allow hosts in ENGRAM_DATASOURCE_ALLOW_HOSTS)"
             )
-    return url
+    return addresses
+
+
+def pinned_request(url: str, address: IPAddress) -> tuple[str, dict[str, str], dict[str, str]]:
+    """The URL, headers and httpx extensions that reach exactly this checked address: the host is
+    replaced by it, ``Host`` and the TLS server name (SNI and certificate check) keep the name. A DNS answer
+    changed between the check and the connection (rebinding) cannot move the delivery."""
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    try:
+        ipaddress.ip_address(host)
+        return url, {}, {}  # already an address
+    except ValueError:
+        pass
+    literal = f"[{address}]" if address.version == 6 else str(address)
+    netloc = literal if parts.port is None else f"{literal}:{parts.port}"
+    extensions = {"sni_hostname": host} if parts.scheme == "https" else {}
+    return urlunsplit(parts._replace(netloc=netloc)), {"host": parts.netloc}, extensions
