@@ -392,7 +392,7 @@ def test_prune_removes_finished_deliveries_past_retention(client, tenant, receiv
     with tenant_session(tenant.tenant_id) as session:
         emit_many(session, tenant_id=tenant.tenant_id, events=[("quota.exceeded", {"quota": "max_memories"})] * 2)
     with tenant_session(tenant.tenant_id) as session:
-        old, kept = session.execute(text("SELECT id FROM webhook_deliveries ORDER BY seq")).scalars().all()
+        old, kept = session.execute(text("SELECT id FROM webhook_deliveries ORDER BY id")).scalars().all()
         backdate = "UPDATE webhook_deliveries SET state = 'succeeded', finished_at = :at WHERE id = :d"
         session.execute(text(backdate), {"d": old, "at": datetime.now(UTC) - timedelta(days=400)})
     with system_session() as session:

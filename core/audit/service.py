@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -51,11 +52,13 @@ _COUNTER = (
     "audit_counter AS (INSERT INTO audit_counters (tenant_id, n) VALUES (:tenant, :count)"
     " ON CONFLICT (tenant_id) DO UPDATE SET n = audit_counters.n + EXCLUDED.n RETURNING n)"
 )
+# The entries travel as one JSON text of [action, target] pairs: psycopg dumps a Python list into an array
+# parameter element by element (measured ~15 ms per 1,000 strings), while json.dumps and PostgreSQL's JSON
+# parser take well under a millisecond for the same.
 _ENTRIES = (
     "INSERT INTO audit_entries (tenant_id, id, action, target, actor_user, actor_key_id, actor_agent_id, request_id)"
-    " SELECT :tenant, c.n - :count + e.n, e.action, e.target, :user, :key, :agent, :request"
-    " FROM audit_counter c,"
-    " unnest(CAST(:actions AS text[]), CAST(:targets AS text[])) WITH ORDINALITY AS e(action, target, n)"
+    " SELECT :tenant, c.n - :count + e.n, e.pair ->> 0, e.pair ->> 1, :user, :key, :agent, :request"
+    " FROM audit_counter c, json_array_elements(CAST(:entries AS json)) WITH ORDINALITY AS e(pair, n)"
 )
 # As a statement of its own, and as CTEs to put first in another statement of the same write (one round trip).
 INSERT_SQL = f"WITH {_COUNTER} {_ENTRIES}"
@@ -91,8 +94,7 @@ def insert_params(
     return {
         "tenant": actor.tenant_id,
         "count": len(entries),
-        "actions": [action for action, _ in entries],
-        "targets": [target[:_TARGET_CHARS] if target else None for _, target in entries],
+        "entries": json.dumps([[action, target[:_TARGET_CHARS] if target else None] for action, target in entries]),
         "user": actor.user,
         "key": actor.key_id,
         "agent": actor.agent_id,

@@ -35,6 +35,7 @@ from core.entities.crypto import decrypt_secret
 from core.jobs.models import Job
 from core.jobs.service import PermanentJobError, enqueue
 from core.webhooks.models import WebhookDelivery
+from core.webhooks.service import delivery_body
 from core.webhooks.urls import WebhookUrlRefused, checked_addresses, pinned_request
 
 _BATCH = 20
@@ -211,13 +212,19 @@ def deliver_due(session: Session, *, tenant_id: int, webhook_id: str, settings: 
         ) as http:
             while failed == 0:
                 due = session.execute(
-                    select(WebhookDelivery.id, WebhookDelivery.body, WebhookDelivery.attempts)
+                    select(
+                        WebhookDelivery.id,
+                        WebhookDelivery.event_type,
+                        WebhookDelivery.created_at,
+                        WebhookDelivery.data,
+                        WebhookDelivery.attempts,
+                    )
                     .where(
                         WebhookDelivery.webhook_id == webhook_id,
                         WebhookDelivery.state == "pending",
                         WebhookDelivery.next_attempt_at <= func.now(),  # the database's clock, as it set them
                     )
-                    .order_by(WebhookDelivery.seq)
+                    .order_by(WebhookDelivery.id)
                     .limit(_BATCH)
                 ).all()
                 session.commit()  # no transaction stays open while a receiver answers
@@ -227,7 +234,7 @@ def deliver_due(session: Session, *, tenant_id: int, webhook_id: str, settings: 
                     if time.monotonic() > deadline:
                         more = True
                         break
-                    attempt = send(http, url=url, signer=signer, delivery_id=delivery.id, body=delivery.body)
+                    attempt = send(http, url=url, signer=signer, delivery_id=delivery.id, body=delivery_body(delivery))
                     _record(
                         session,
                         tenant_id=tenant_id,

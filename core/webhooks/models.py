@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import BigInteger, DateTime, Identity, Index, Integer, String, Text, func, text
+from sqlalchemy import BigInteger, DateTime, Index, Integer, String, Text, func, text
 from sqlalchemy.dialects.postgresql import ARRAY, JSONB
 from sqlalchemy.orm import Mapped, mapped_column
 
@@ -50,22 +50,19 @@ class WebhookDelivery(TenantScoped, Base):
 
     __tablename__ = "webhook_deliveries"
     __table_args__ = (
-        Index("ix_webhook_deliveries_listing", "tenant_id", "webhook_id", "created_at", "id"),
-        Index(
-            "ix_webhook_deliveries_due", "tenant_id", "webhook_id", "seq", postgresql_where=text("state = 'pending'")
-        ),
+        Index("ix_webhook_deliveries_due", "tenant_id", "webhook_id", "id", postgresql_where=text("state = 'pending'")),
     )
 
     # No foreign keys (migration 0017): a batch writes one row per event, and per-row checks cost more than the
     # insert. Deleting a webhook deletes its deliveries (core.webhooks.service.delete_webhook).
     tenant_id: Mapped[int] = mapped_column(BigInteger, primary_key=True)
+    # Time-ordered ('msg_' + microseconds + random, made in SQL by core.webhooks.service): delivery order,
+    # listing order and cursor, with no sequence shared by tenants.
     id: Mapped[str] = mapped_column(String(40), primary_key=True)
-    # Delivery order within a webhook; never shown (it counts over all tenants).
-    seq: Mapped[int] = mapped_column(BigInteger, Identity(always=True))
     webhook_id: Mapped[str] = mapped_column(String(40))
     event_type: Mapped[str] = mapped_column(String(40))
-    # The JSON body every attempt sends: {"type", "timestamp", "data"}.
-    body: Mapped[dict[str, Any]] = mapped_column(JSONB)
+    # Sent as {"type": event_type, "timestamp": created_at, "data": data}, the same bytes on every attempt.
+    data: Mapped[dict[str, Any]] = mapped_column(JSONB)
     state: Mapped[str] = mapped_column(String(20), default="pending")  # pending | succeeded | failed
     attempts: Mapped[int] = mapped_column(Integer, default=0)
     # One {"attempt", "at", "status", "error", "duration_ms"} per attempt, oldest first.

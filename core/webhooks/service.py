@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import base64
 import json
+import re
 import secrets
 import uuid
 from collections.abc import Sequence
@@ -20,7 +21,7 @@ from datetime import UTC, datetime
 from functools import lru_cache
 from typing import Any
 
-from sqlalchemy import TextClause, delete, literal, select, text, tuple_
+from sqlalchemy import TextClause, delete, select, text
 from sqlalchemy.orm import Session
 
 from core.entities.crypto import encrypt_secret
@@ -38,13 +39,16 @@ _PRECHECK_OVER = 20
 _SUBSCRIBED = text("SELECT DISTINCT unnest(events) FROM webhooks WHERE tenant_id = :tenant AND state = 'enabled'")
 _EMIT_CTES = """
     ev AS (
-        SELECT e.value ->> 'type' AS type, e.value AS body, e.n
-        FROM jsonb_array_elements(CAST(:events AS jsonb)) WITH ORDINALITY AS e(value, n)
+        SELECT e.pair ->> 0 AS type, CAST(e.pair -> 1 AS jsonb) AS data, e.n
+        FROM json_array_elements(CAST(:events AS json)) WITH ORDINALITY AS e(pair, n)
     ), hooks AS (
         SELECT id, events FROM webhooks WHERE tenant_id = :tenant AND state = 'enabled'
     ), made AS (
-        INSERT INTO webhook_deliveries (tenant_id, id, webhook_id, event_type, body)
-        SELECT :tenant, 'msg_' || replace(gen_random_uuid()::text, '-', ''), hooks.id, ev.type, ev.body
+        INSERT INTO webhook_deliveries (tenant_id, id, webhook_id, event_type, data)
+        SELECT :tenant,
+               'msg_' || lpad(to_hex((extract(epoch FROM clock_timestamp()) * 1000000)::bigint), 14, '0')
+                      || substr(md5(random()::text || ev.n::text), 1, 16),
+               hooks.id, ev.type, ev.data
         FROM ev JOIN hooks ON ev.type = ANY(hooks.events)
         ORDER BY hooks.id, ev.n
         RETURNING webhook_id
@@ -112,11 +116,14 @@ def emit_many(
             if companion is not None:
                 session.execute(text(companion.statement), companion.params)
             return
-    at = datetime.now(UTC).isoformat()
-    bodies = [{"type": event_type, "timestamp": at, "data": data} for event_type, data in events]
     context = job_context()
     extra = {"context": context} if context else {}
-    params = {"tenant": tenant_id, "events": json.dumps(bodies), "extra": json.dumps(extra)}
+    params = {
+        "tenant": tenant_id,
+        # One JSON text of [type, data] pairs, not arrays: see core.audit.service on array parameters.
+        "events": json.dumps([[event_type, data] for event_type, data in events]),
+        "extra": json.dumps(extra),
+    }
     statement = _EMIT
     if companion is not None:
         statement = _emit_with(companion.ctes)
@@ -233,34 +240,25 @@ def delete_webhook(session: Session, *, webhook: Webhook) -> None:
 def list_deliveries(
     session: Session, *, webhook_id: str, limit: int, cursor: str | None, state: str | None
 ) -> tuple[list[WebhookDelivery], str | None]:
-    """A webhook's deliveries newest first. The cursor holds the last row's time and (random) id, never a
-    sequence number: one shared by all tenants would tell a tenant how busy the others are."""
+    """A webhook's deliveries newest first; the cursor is the last id seen (ids are time-ordered)."""
     query = select(WebhookDelivery).where(WebhookDelivery.webhook_id == webhook_id)
     if cursor:
-        at, last_id = _decode_cursor(cursor)
-        query = query.where(
-            tuple_(WebhookDelivery.created_at, WebhookDelivery.id) < tuple_(literal(at), literal(last_id))
-        )
+        if not _DELIVERY_ID.fullmatch(cursor):
+            raise BadRequest("cursor is not one this API returned", field="cursor")
+        query = query.where(WebhookDelivery.id < cursor)
     if state:
         query = query.where(WebhookDelivery.state == state)
-    order = (WebhookDelivery.created_at.desc(), WebhookDelivery.id.desc())
-    rows = list(session.scalars(query.order_by(*order).limit(limit + 1)).all())
-    next_cursor = None
-    if len(rows) > limit:
-        last = rows[limit - 1]
-        next_cursor = base64.urlsafe_b64encode(f"{last.created_at.isoformat()}|{last.id}".encode()).decode()
+    rows = list(session.scalars(query.order_by(WebhookDelivery.id.desc()).limit(limit + 1)).all())
+    next_cursor = rows[limit - 1].id if len(rows) > limit else None
     return rows[:limit], next_cursor
 
 
-def _decode_cursor(cursor: str) -> tuple[datetime, str]:
-    try:
-        at, _, last_id = base64.urlsafe_b64decode(cursor.encode()).decode().partition("|")
-        moment = datetime.fromisoformat(at)
-    except (ValueError, UnicodeError):
-        raise BadRequest("cursor is not one this API returned", field="cursor") from None
-    if not last_id or moment.tzinfo is None:
-        raise BadRequest("cursor is not one this API returned", field="cursor")
-    return moment, last_id
+_DELIVERY_ID = re.compile(r"msg_[0-9a-f]{30}")
+
+
+def delivery_body(delivery: WebhookDelivery | Any) -> dict[str, Any]:
+    """What every attempt of a delivery sends (the same bytes each time, so the same signature input)."""
+    return {"type": delivery.event_type, "timestamp": delivery.created_at.isoformat(), "data": delivery.data}
 
 
 def _iso(value: datetime | None) -> str | None:
@@ -290,7 +288,7 @@ def delivery_to_dict(delivery: WebhookDelivery) -> dict[str, Any]:
         "next_attempt_at": _iso(delivery.next_attempt_at) if delivery.state == "pending" else None,
         "created_at": _iso(delivery.created_at),
         "finished_at": _iso(delivery.finished_at),
-        "data": (delivery.body or {}).get("data"),
+        "data": delivery.data,
     }
 
 

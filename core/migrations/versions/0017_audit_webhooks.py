@@ -118,15 +118,16 @@ def upgrade() -> None:
         )
         """
     )
+    # A delivery's id is time-ordered ('msg_', 14 hex digits of microseconds, 16 random ones): the primary
+    # key then serves delivery order and listing, and grows at its end like a log.
     op.execute(
         """
         CREATE TABLE webhook_deliveries (
             tenant_id bigint NOT NULL,
             id varchar(40) NOT NULL,
-            seq bigint GENERATED ALWAYS AS IDENTITY,
             webhook_id varchar(40) NOT NULL,
             event_type varchar(40) NOT NULL,
-            body jsonb NOT NULL,
+            data jsonb NOT NULL,
             state varchar(20) NOT NULL DEFAULT 'pending',
             attempts integer NOT NULL DEFAULT 0,
             attempt_log jsonb NOT NULL DEFAULT '[]',
@@ -137,12 +138,9 @@ def upgrade() -> None:
         )
         """
     )
-    op.execute(
-        "CREATE INDEX ix_webhook_deliveries_listing ON webhook_deliveries (tenant_id, webhook_id, created_at, id)"
-    )
     # What is still to deliver, in order, per webhook (delivered rows leave it, so it stays small).
     op.execute(
-        "CREATE INDEX ix_webhook_deliveries_due ON webhook_deliveries (tenant_id, webhook_id, seq)"
+        "CREATE INDEX ix_webhook_deliveries_due ON webhook_deliveries (tenant_id, webhook_id, id)"
         " WHERE state = 'pending'"
     )
 
