@@ -6,10 +6,11 @@ from core.embeddings.store_models import Embedding
 from core.jobs.models import Job
 from core.lifecycle.definitions import EntityDefinition
 from core.memories.models import Association, Memory, MemoryVersion, Tombstone
-from core.tenancy.models import ApiKey, Tenant, User
+from core.tenancy.models import ApiKey, Tenant, TenantUsage, UsageFlush, User
 from core.webhooks.models import Webhook, WebhookDelivery
 
 __all__ = [
     "ApiKey", "Association", "AuditCounter", "AuditEntry", "Embedding", "EntityDefinition", "Job", "Memory",
-    "MemoryVersion", "OperatorAuditEntry", "Tenant", "Tombstone", "User", "Webhook", "WebhookDelivery",
+    "MemoryVersion", "OperatorAuditEntry", "Tenant", "TenantUsage", "Tombstone", "UsageFlush", "User", "Webhook",
+    "WebhookDelivery",
 ]  # fmt: skip

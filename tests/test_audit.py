@@ -324,3 +324,29 @@ def test_cli_and_mcp_writes_appear_with_their_request_ids(stack, client, tenant,
         timeout=60,
     )
     assert table.returncode == 0 and "memory.save" in table.stdout and "memory:mcp-1" in table.stdout
+
+
+def test_operator_actions_on_a_tenant_are_in_its_log_and_the_operators_trail(client, make_tenant):
+    from tests.conftest import OPERATOR_KEY
+
+    tenant = make_tenant("audit-op")
+    operator = {"Authorization": f"Bearer {OPERATOR_KEY}"}
+    body = {"state": "suspended", "quotas": {"max_memories": 10}}
+    assert client.patch(f"/v1/tenants/{tenant.name}", json=body, headers=operator).status_code == 200
+    assert client.patch(f"/v1/tenants/{tenant.name}", json={"state": "active"}, headers=operator).status_code == 200
+    entries = _entries(client, tenant)
+    assert [(e["action"], e["actor"]["user"]) for e in reversed(entries)] == [
+        ("tenant.suspended", "operator"),
+        ("tenant.quotas", "operator"),
+        ("tenant.resumed", "operator"),
+    ]
+    assert client.delete(f"/v1/tenants/{tenant.name}", headers=operator).status_code == 202
+    with system_session() as session:
+        trail = (
+            session.execute(
+                text("SELECT action FROM operator_audit WHERE tenant_name = :n ORDER BY id"), {"n": tenant.name}
+            )
+            .scalars()
+            .all()
+        )
+    assert trail == ["tenant.suspended", "tenant.quotas", "tenant.resumed", "tenant.offboard"]

@@ -42,6 +42,10 @@ def make_celery() -> Celery:
                 "task": "engram.prune",
                 "schedule": settings.prune_interval_seconds,
             },
+            "meter": {
+                "task": "engram.meter",
+                "schedule": settings.usage_storage_interval_seconds,
+            },
             "webhooks": {
                 "task": "engram.webhooks",
                 "schedule": settings.webhook_sweep_interval_seconds,

@@ -153,6 +153,16 @@ def prune_task() -> str | None:
         return job.id if job is not None else None
 
 
+@app.task(name="engram.meter", acks_late=True)
+def meter_task() -> int:
+    """Measure the storage of tenants whose data changed (usage's storage_bytes), and forget old flush ids."""
+    from core.tenancy.usage import forget_old_flushes, measure_storage
+
+    measured = measure_storage()
+    forget_old_flushes()
+    return measured
+
+
 @app.task(name="engram.webhooks", acks_late=True)
 def webhooks_task() -> int:
     """Queue delivery jobs for webhooks whose next attempt is due (retries after a backoff, lost jobs)."""

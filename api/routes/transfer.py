@@ -20,6 +20,7 @@ from core.errors import BadRequest, EngramError, Invalid
 from core.memories import transfer
 from core.memories.schemas import unknown_fields
 from core.tenancy.context import Caller
+from core.tenancy.usage import buffer as usage_buffer
 
 router = APIRouter(prefix="/v1", tags=["memories"], dependencies=[Depends(BEARER)])
 
@@ -113,6 +114,7 @@ async def import_memories(request: Request, caller: Caller = Depends(require_cal
 
 def _import(caller: Caller, text: str) -> dict[str, Any]:
     with tenant_session(caller.tenant_id) as session:
-        result = transfer.import_markdown(session, caller=caller, text=text)
-        trail.memories_imported(session, caller=caller, memory_ids=result["memory_ids"])
-        return result
+        imported = transfer.import_markdown(session, caller=caller, text=text)
+        trail.memories_imported(session, caller=caller, memory_ids=imported["memory_ids"])
+    usage_buffer.add(caller.tenant_id, saves=imported["imported"])
+    return imported

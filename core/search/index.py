@@ -90,7 +90,7 @@ def tenant_index(tenant_id: int) -> FulltextIndex:
     """The process-wide handle on a tenant's index (opened once per process and directory, and kept while
     it is among the ``fulltext_max_open_indexes`` most recently used). Opening one may wait (bounded) for
     the index lock, when its directory holds no sound index yet."""
-    path = _index_path(tenant_id)
+    path = index_path(tenant_id)
     return _indexes.get_or_create(
         str(path), lambda: FulltextIndex(path, lock_wait=get_settings().index_lock_wait_seconds)
     )
@@ -98,11 +98,16 @@ def tenant_index(tenant_id: int) -> FulltextIndex:
 
 def _open_index(tenant_id: int) -> FulltextIndex | None:
     """The tenant's index if this process has it open already (never opens one, so never waits)."""
-    return _indexes.get(str(_index_path(tenant_id)))
+    return _indexes.get(str(index_path(tenant_id)))
 
 
-def _index_path(tenant_id: int) -> Path:
+def index_path(tenant_id: int) -> Path:
     return Path(get_settings().index_dir) / f"tenant-{tenant_id}"
+
+
+def forget_index_handle(tenant_id: int) -> None:
+    """Drop this process's handle on the tenant's index (a search holding it finishes on it)."""
+    _indexes.pop(str(index_path(tenant_id)))
 
 
 def forget_open_indexes() -> None:

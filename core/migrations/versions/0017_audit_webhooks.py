@@ -15,13 +15,13 @@ each, and the per-row checks measured 58 of the 90 ms of the delivery statement.
 their webhook (the delete route) and their tenant (the offboarding purge, through the function for entries).
 
 Revision ID: 0017
-Revises: 0015
+Revises: 0016
 """
 
 from alembic import op
 
 revision = "0017"
-down_revision = "0015"
+down_revision = "0016"
 branch_labels = None
 depends_on = None
 
