@@ -57,7 +57,17 @@ class _AppLoop:
 class InProcessTransport(httpx.BaseTransport):
     """A synchronous httpx transport that answers each request with engram's app in this process."""
 
+    def __init__(self, *, request_id: str | None = None) -> None:
+        self._request_id = request_id
+
     def handle_request(self, request: httpx.Request) -> httpx.Response:
+        # A call made while serving another request (an MCP tool call over /mcp) carries that request's id,
+        # so its log lines and audit entries name the request the agent made.
+        from core.logging import current_request_id
+
+        outer = self._request_id or current_request_id()
+        if outer and "x-request-id" not in request.headers:
+            request.headers["X-Request-ID"] = outer
         app_loop = _AppLoop.get()
         return app_loop.run(self._answer(app_loop.asgi, request))
 
@@ -73,13 +83,23 @@ class LocalEngramClient(EngramClient):
 
     @as_api_errors
     def __init__(
-        self, *, api_key: str, agent_id: str | None = None, persona: str | None = None, install_queue: bool = True
+        self,
+        *,
+        api_key: str,
+        agent_id: str | None = None,
+        persona: str | None = None,
+        install_queue: bool = True,
+        request_id: str | None = None,
     ):
         from api.auth import caller_for_key
 
         caller_for_key(api_key)  # a wrong key fails here (401), not at the first call
         super().__init__(
-            base_url=LOCAL_URL, api_key=api_key, agent_id=agent_id, persona=persona, transport=InProcessTransport()
+            base_url=LOCAL_URL,
+            api_key=api_key,
+            agent_id=agent_id,
+            persona=persona,
+            transport=InProcessTransport(request_id=request_id),
         )
         if install_queue:
             _install_queue()

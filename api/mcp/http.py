@@ -40,6 +40,8 @@ async def _client_for(ctx: Context) -> LocalEngramClient:
             agent_id=request.headers.get(AGENT_HEADER) or None,
             persona=request.headers.get(PERSONA_HEADER) or None,
             install_queue=False,
+            # The tool's REST calls carry the MCP request's id (api.observe keeps it in the scope's state).
+            request_id=getattr(request.state, "request_id", None),
         )
     )
 
