@@ -23,9 +23,8 @@ from standardwebhooks.webhooks import Webhook as Verifier
 from standardwebhooks.webhooks import WebhookVerificationError
 
 from core.db import system_session, tenant_session
-from tests.conftest import REPO, WorkerProcess, make_temp_dir, stop_process, wait_for
+from tests.helpers.processes import REPO, WorkerProcess, make_temp_dir, stop_process, wait_for
 
-# Short enough for a test to watch retries, a timeout and a webhook being disabled.
 WEBHOOK_ENV = {
     "ENGRAM_WEBHOOK_TIMEOUT_SECONDS": "1",
     "ENGRAM_WEBHOOK_RETRY_BASE_SECONDS": "0.3",

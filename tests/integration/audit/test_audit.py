@@ -20,7 +20,7 @@ from sqlalchemy.exc import DBAPIError
 
 from core.audit.service import Actor, prune_audit, purge_tenant_audit, record, record_operator
 from core.db import get_engine, get_owner_engine, system_session, tenant_session
-from tests.conftest import REPO, answers_health, stop_process
+from tests.helpers.processes import REPO, answers_health, stop_process
 
 
 def _entries(client, tenant, **params):  # type: ignore[no-untyped-def]
@@ -327,7 +327,7 @@ def test_cli_and_mcp_writes_appear_with_their_request_ids(stack, client, tenant,
 
 
 def test_operator_actions_on_a_tenant_are_in_its_log_and_the_operators_trail(client, make_tenant):
-    from tests.conftest import OPERATOR_KEY
+    from tests.helpers.api import OPERATOR_KEY
 
     tenant = make_tenant("audit-op")
     operator = {"Authorization": f"Bearer {OPERATOR_KEY}"}
