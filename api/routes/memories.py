@@ -11,6 +11,7 @@ from fastapi.responses import JSONResponse
 from api.auth import require_caller
 from api.embedding_hooks import after_save, embed_now
 from api.openapi import BEARER, IDENTITY, MemoryIdPath, operation, query_from
+from api.quota_events import quota_exceeded
 from api.schemas import BatchResult, ForgetResult, HydrateResult, Memory, MemoryHistory, MemoryPage
 from core.audit import trail
 from core.db import tenant_session
@@ -126,6 +127,7 @@ def save_batch(
         results = service.save_memories(session, caller=caller, items=items)
         trail.memories_saved(session, caller=caller, items=items, results=results)
     usage_buffer.add(caller.tenant_id, saves=sum(1 for r in results if not isinstance(r, EngramError)))
+    quota_exceeded(caller.tenant_id, [r for r in results if isinstance(r, EngramError)])
     out = [
         r.model_dump(exclude={"similar_existing"}) if not isinstance(r, EngramError) else _error_item(r)
         for r in results

@@ -159,3 +159,20 @@ def test_defaults_for_new_tenants_are_settings(client, monkeypatch, quota):
     finally:
         monkeypatch.delenv(f"ENGRAM_DEFAULT_{quota.upper()}")
         reset_settings_cache()
+
+
+def test_a_refusal_sends_quota_exceeded_once_a_minute(client):
+    """The refused write rolls back; its `quota.exceeded` event is committed on its own, and a client retrying
+    does not turn every attempt into an event."""
+    made = provision(client, quotas={"max_memories": 1})
+    headers = _headers(made)
+    hook = client.post(
+        "/v1/webhooks", json={"url": "http://127.0.0.1:9/hook", "events": ["quota.exceeded"]}, headers=headers
+    )
+    assert hook.status_code == 201, hook.text
+    assert client.post("/v1/memories", json={"content": "fits"}, headers=headers).status_code == 201
+    assert client.post("/v1/memories", json={"content": "refused"}, headers=headers).status_code == 403
+    batch = client.post("/v1/memories:batch", json={"items": [{"content": "also refused"}]}, headers=headers)
+    assert batch.json()["results"][0]["error"]["code"] == "quota_exceeded"
+    deliveries = client.get(f"/v1/webhooks/{hook.json()['id']}/deliveries", headers=headers).json()["deliveries"]
+    assert [(d["type"], d["data"]) for d in deliveries] == [("quota.exceeded", {"quota": "max_memories", "limit": 1})]
