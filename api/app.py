@@ -85,11 +85,25 @@ def create_app(*, install_queue: bool = False) -> FastAPI:
 
     from api.dashboard import routes as dashboard
     from api.dashboard import tenants as dashboard_tenants
-    from api.routes import catalog, health, jobs, keys, memories, metrics, ops, runs, search, tenants, transfer
+    from api.routes import (
+        audit,
+        catalog,
+        health,
+        jobs,
+        keys,
+        memories,
+        metrics,
+        ops,
+        runs,
+        search,
+        tenants,
+        transfer,
+        webhooks,
+    )
 
     for module in (
-        health, keys, transfer, memories, jobs, catalog, search, ops, runs, tenants, dashboard, dashboard_tenants,
-        metrics,
+        health, keys, transfer, memories, jobs, catalog, search, ops, runs, tenants, audit, webhooks, dashboard,
+        dashboard_tenants, metrics,
     ):  # fmt: skip
         app.include_router(module.router)
     from api.mcp.http import mount_mcp

@@ -13,6 +13,7 @@ import time
 from fastapi import Request
 from starlette.concurrency import run_in_threadpool
 
+from api.quota_events import TENANT_SCOPE_KEY
 from api.ratelimit import INVALID_KEY_BUDGET, Verdict, key_budget, limiter, remember_verdict, tenant_budget
 from core.config import get_settings
 from core.db import system_session
@@ -149,6 +150,7 @@ def _admit(caller: Caller, request: Request, *, meter: bool = True) -> Verdict |
         caller.require_write()
     if meter:
         usage_buffer.add(caller.tenant_id, requests=1)
+    request.scope[TENANT_SCOPE_KEY] = caller.tenant_id
     return verdict
 
 

@@ -64,6 +64,7 @@ class RequestContext:
         sent_id = next((v for k, v in scope["headers"] if k == HEADER), None)
         request_id = accepted_request_id(sent_id)
         id_header = (HEADER, request_id.encode("ascii"))
+        scope.setdefault("state", {})["request_id"] = request_id  # for work done on the request's behalf (MCP)
         status = 0  # stays 0 when the client left before any answer
         started = False
         began = time.perf_counter()

@@ -33,6 +33,8 @@ TAGS: list[dict[str, str]] = [
     {"name": "operations", "description": "Embedding coverage per tenant, doc kind and model."},
     {"name": "keys", "description": "API keys of the caller's tenant (admin keys only)."},
     {"name": "tenants", "description": "Operating tenants (operator key): provision, suspend, limit, meter, offboard."},
+    {"name": "audit", "description": "Who did what in the tenant: the append-only audit log (admin keys only)."},
+    {"name": "webhooks", "description": "Signed event deliveries (Standard Webhooks) to the tenant's URLs."},
     {"name": "health", "description": "Liveness and readiness; no key needed."},
 ]
 
@@ -54,6 +56,7 @@ KEYED_ERRORS = (401, 422, 429, 503)
 # Path parameters, described once for every route that takes them.
 MemoryIdPath = Annotated[str, Path(description="the memory's id, e.g. '42'")]
 KeyIdPath = Annotated[str, Path(description="the key's id (from POST or GET /v1/keys)")]
+WebhookIdPath = Annotated[str, Path(description="the webhook's id (from POST or GET /v1/webhooks)")]
 JobIdPath = Annotated[str, Path(description="the job's id (e.g. from a 202's job_id)")]
 DatasourcePath = Annotated[str, Path(description="the datasource's name")]
 ModelPath = Annotated[str, Path(description="the model's name within the datasource")]

@@ -242,3 +242,76 @@ class Health(_Out):
 class Readiness(_Out):
     status: str = Field(description="`ready`, or `unavailable` (with a 503)", examples=["ready"])
     checks: dict[str, str] = Field(description="per dependency: `ok` or why not", examples=[{"database": "ok"}])
+
+
+class AuditActor(_Out):
+    user: str | None = None
+    key_id: str | None = None
+    agent_id: str | None = None
+
+
+class AuditEntryOut(_Out):
+    id: str
+    at: datetime
+    action: str
+    actor: AuditActor
+    target: str | None = None
+    request_id: str | None = None
+
+
+class AuditPage(_Out):
+    entries: list[AuditEntryOut]
+    next_cursor: str | None = None
+
+
+class WebhookOut(_Out):
+    id: str
+    url: str
+    events: list[str]
+    description: str | None = None
+    state: str
+    disabled_reason: str | None = None
+    failing_since: datetime | None = None
+    created_at: datetime | None = None
+    updated_at: datetime | None = None
+
+
+class WebhookCreated(WebhookOut):
+    secret: str = Field(description="the signing secret (Standard Webhooks `whsec_...`), shown only now")
+
+
+class WebhookUpdated(WebhookOut):
+    secret: str | None = Field(default=None, description="the new signing secret, only when one was issued")
+
+
+class WebhookList(_Out):
+    webhooks: list[WebhookOut]
+
+
+class WebhookDeleted(_Out):
+    id: str
+    deleted: bool
+
+
+class DeliveryAttempt(_Out):
+    attempt: int
+    at: datetime
+    status: int | None = None
+    error: str | None = None
+    duration_ms: float | None = None
+
+
+class WebhookDeliveryOut(_Out):
+    id: str
+    type: str
+    state: str
+    attempts: list[DeliveryAttempt]
+    next_attempt_at: datetime | None = None
+    created_at: datetime | None = None
+    finished_at: datetime | None = None
+    data: dict[str, Any] | None = None
+
+
+class WebhookDeliveryPage(_Out):
+    deliveries: list[WebhookDeliveryOut]
+    next_cursor: str | None = None

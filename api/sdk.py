@@ -25,6 +25,7 @@ from sqlalchemy.exc import OperationalError
 from starlette.types import ASGIApp
 
 from core import errors as core_errors
+from core.logging import current_request_id
 
 T = TypeVar("T")
 # The base URL of in-process requests: never resolved, the transport answers them.
@@ -55,18 +56,40 @@ def as_json(value: BaseModel | list[BaseModel] | str) -> Any:
     return value.model_dump(mode="json", by_alias=True)
 
 
-def app_transport(app: ASGIApp) -> httpx.ASGITransport:
-    # raise_app_exceptions=False: an unexpected error is the app's 500 JSON, as a real server answers.
-    return httpx.ASGITransport(app=app, raise_app_exceptions=False)
+def with_request_id(request: httpx.Request, request_id: str | None) -> None:
+    """A call made while serving another request (an MCP tool call over /mcp) carries that request's id,
+    so its log lines and audit entries name the request the agent made."""
+    outer = request_id or current_request_id()
+    if outer and "x-request-id" not in request.headers:
+        request.headers["X-Request-ID"] = outer
+
+
+class AppTransport(httpx.ASGITransport):
+    """httpx's ASGI transport on engram's app, passing on the id of the request being served."""
+
+    def __init__(self, app: ASGIApp, *, request_id: str | None = None) -> None:
+        # raise_app_exceptions=False: an unexpected error is the app's 500 JSON, as a real server answers.
+        super().__init__(app=app, raise_app_exceptions=False)
+        self._request_id = request_id
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        with_request_id(request, self._request_id)
+        return await super().handle_async_request(request)
 
 
 def app_client(
-    app: ASGIApp, *, api_key: str, agent_id: str | None = None, persona: str | None = None
+    app: ASGIApp,
+    *,
+    api_key: str,
+    agent_id: str | None = None,
+    persona: str | None = None,
+    request_id: str | None = None,
 ) -> AsyncEngramClient:
     """The async SDK client on ``app`` (which must be serving: its lifespan is not run here). No retries:
     a 429 or 503 goes back to the caller at once instead of holding the request that made this call."""
+    transport = AppTransport(app, request_id=request_id)
     return AsyncEngramClient(
-        LOCAL_URL, api_key=api_key, agent_id=agent_id, persona=persona, max_retries=0, transport=app_transport(app)
+        LOCAL_URL, api_key=api_key, agent_id=agent_id, persona=persona, max_retries=0, transport=transport
     )
 
 
@@ -84,7 +107,7 @@ class _AppLoop:
 
         self.pid = os.getpid()
         self.loop = asyncio.new_event_loop()
-        self.asgi = app_transport(create_app())
+        self.asgi = AppTransport(create_app())
         threading.Thread(target=self.loop.run_forever, name="engram-local-app", daemon=True).start()
 
     @classmethod
@@ -102,6 +125,7 @@ class InProcessTransport(httpx.BaseTransport):
     """A synchronous httpx transport that answers each request with engram's app in this process."""
 
     def handle_request(self, request: httpx.Request) -> httpx.Response:
+        with_request_id(request, None)  # the calling thread's request, if any
         app_loop = _AppLoop.get()
         return app_loop.run(self._answer(app_loop.asgi, request))
 

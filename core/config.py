@@ -168,6 +168,25 @@ class Settings(BaseSettings):
     # Rows an offboarding's purge deletes per transaction (each chunk commits: a killed purge resumes).
     purge_chunk_rows: int = Field(default=5_000, ge=1)
 
+    # Audit log and webhooks (core.audit, core.webhooks).
+    # Audit entries older than this are removed by the prune job (at least one day: the database refuses less).
+    audit_retention_days: float = Field(default=365.0, ge=1.0)
+    # One delivery attempt's HTTP timeout (connect, each read and write).
+    webhook_timeout_seconds: float = 10.0
+    # Attempts of one delivery before it is given up (each retry after an exponential backoff with jitter).
+    webhook_max_attempts: int = Field(default=8, ge=1)
+    webhook_retry_base_seconds: float = 5.0
+    webhook_retry_max_seconds: float = 3600.0
+    # A webhook failing without a success for this long is disabled (and its tenant's audit log says so).
+    webhook_disable_after_seconds: float = 3 * 86400.0
+    # How often beat looks for deliveries whose retry is due.
+    webhook_sweep_interval_seconds: float = 5.0
+    # One delivery job stops after this long and queues a follow-up, so a slow receiver holds a worker slot
+    # for bounded stretches only.
+    webhook_job_seconds: float = 10.0
+    # Finished deliveries (succeeded or given up) older than this are removed by the prune job.
+    webhook_delivery_retention_days: float = 30.0
+
     @property
     def index_dir(self) -> Path:
         return self.home / "index"

@@ -9,10 +9,9 @@ from __future__ import annotations
 
 import os
 import shutil
+import sqlite3
 import subprocess
 import sys
-import tempfile
-import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -21,39 +20,18 @@ from pathlib import Path
 import httpx
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
-OPERATOR_KEY = "egop_test-operator-key"
-
-
-# Every directory a test makes under /tmp (for servers whose files the postgres user must reach) is made
-# here, so the session can check at its end that each one was removed by the test that made it.
-_TEMP_DIRS: list[Path] = []
-
-
-def make_temp_dir(prefix: str) -> Path:
-    """A world-traversable directory under /tmp; its test removes it (checked when the session ends)."""
-    path = Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))
-    path.chmod(0o755)
-    _TEMP_DIRS.append(path)
-    return path
+from tests.helpers.api import OPERATOR_KEY
+from tests.helpers.processes import REPO, TEMP_DIRS, Stack, WorkerProcess, make_temp_dir, running_api, wait_for
 
 
 @pytest.fixture(scope="session", autouse=True)
 def _temp_dirs_removed() -> Iterator[None]:
     """The suite leaves nothing under /tmp: a directory a test made and left is removed and reported."""
     yield
-    left = [path for path in _TEMP_DIRS if path.exists()]
+    left = [path for path in TEMP_DIRS if path.exists()]
     for path in left:
         shutil.rmtree(path, ignore_errors=True)
     assert not left, f"tests left these behind (now removed): {left}"
-
-
-@dataclass
-class Stack:
-    database_url: str
-    redis_url: str
-    home: Path
-    env: dict[str, str]
 
 
 @pytest.fixture(scope="session")
@@ -153,44 +131,6 @@ def member_key(client, tenant: TenantKeys) -> Callable[[str], str]:  # type: ign
     return make
 
 
-class WorkerProcess:
-    """A real `engram worker` subprocess on the test stack."""
-
-    def __init__(self, stack: Stack, *, extra_env: dict[str, str] | None = None, concurrency: int = 2):
-        # Under the session's directory, so the log outlives the worker (tests read it after stop) but not the
-        # session.
-        log_dir = stack.home.parent / "logs"
-        log_dir.mkdir(exist_ok=True)
-        self.log_path = Path(tempfile.mkstemp(prefix="engram-worker-", suffix=".log", dir=log_dir)[1])
-        env = {**os.environ, **stack.env, **(extra_env or {})}
-        self._log = open(self.log_path, "wb")  # noqa: SIM115
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "api.cli", "worker", f"--concurrency={concurrency}"],
-            cwd=REPO,
-            env=env,
-            stdout=self._log,
-            stderr=subprocess.STDOUT,
-        )
-        self._wait_ready()
-
-    def _wait_ready(self, timeout: float = 60.0) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"worker exited early:\n{self.log_path.read_text()[-3000:]}")
-            if "ready." in self.log_path.read_text(errors="replace"):
-                return
-            time.sleep(0.2)
-        raise RuntimeError(f"worker not ready:\n{self.log_path.read_text()[-3000:]}")
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace")
-
-    def stop(self) -> None:
-        stop_process(self.process)
-        self._log.close()
-
-
 @pytest.fixture(scope="module")
 def worker(stack: Stack) -> Iterator[WorkerProcess]:
     """A worker for one test module only: later modules (search, say) must not see their memories embedded
@@ -200,32 +140,68 @@ def worker(stack: Stack) -> Iterator[WorkerProcess]:
     process.stop()
 
 
-def stop_process(process: subprocess.Popen[bytes], *, timeout: float = 20.0) -> None:
-    """Terminate a child the test started, killing it when it does not exit within ``timeout``."""
-    if process.poll() is not None:
-        return
+@pytest.fixture(scope="module")
+def api_url(stack) -> Iterator[str]:  # type: ignore[no-untyped-def]
+    """The real API (uvicorn) in a subprocess on the test stack."""
+    with running_api(stack.env) as url:
+        yield url
+
+
+@pytest.fixture
+def api_server(stack, worker) -> Iterator[str]:  # type: ignore[no-untyped-def]
+    """`engram api` in its own process, as production runs it."""
+    from core.embedded import free_port
+
+    port = free_port()
+    log = open(f"/tmp/engram-api-{port}.log", "wb")  # noqa: SIM115
+    process = subprocess.Popen(
+        [sys.executable, "-m", "api.cli", "api", "--host", "127.0.0.1", "--port", str(port), "--no-migrate"],
+        cwd=REPO,
+        env={**os.environ, **stack.env},
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    url = f"http://127.0.0.1:{port}"
+
+    def up() -> bool:
+        try:
+            return httpx.get(f"{url}/healthz", timeout=1).status_code == 200
+        except httpx.HTTPError:
+            return process.poll() is not None  # exited: stop waiting, the assertion below reports it
+
+    wait_for(up, timeout=60)
+    assert process.poll() is None, Path(log.name).read_text()
+    yield url
     process.terminate()
-    try:
-        process.wait(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait()
+    process.wait(timeout=20)
+    log.close()
+    Path(log.name).unlink(missing_ok=True)
 
 
-def answers_health(url: str) -> bool:
-    """Whether the engram API at ``url`` answers /healthz with 200 within a second."""
-    try:
-        return httpx.get(f"{url}/healthz", timeout=1).status_code == 200
-    except httpx.HTTPError:
-        return False
-
-
-def wait_for(predicate: Callable[[], object], *, timeout: float = 30.0, interval: float = 0.1) -> object:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not met in time")
-        time.sleep(interval)
+@pytest.fixture
+def catalog(client, tenant, tmp_path):  # type: ignore[no-untyped-def]
+    """Datasources `shop` and its character-prefix sibling `shop_v2`, a hidden model and a hidden column."""
+    db = tmp_path / "shop.db"
+    sqlite3.connect(db).close()
+    for name in ("shop", "shop_v2"):
+        response = client.post(
+            "/v1/datasources", json={"name": name, "url": f"sqlite:///{db}"}, headers=tenant.headers()
+        )
+        assert response.status_code == 201, response.text
+    models = {
+        ("shop", "orders"): {
+            "description": "Customer orders",
+            "columns": [
+                {"name": "amount", "type": "INTEGER", "description": "order amount in cents"},
+                {"name": "status", "type": "TEXT", "description": "fulfilment status"},
+                {"name": "secret", "type": "TEXT", "description": "zanzibar token", "hidden": True},
+            ],
+            "measures": [{"name": "aov", "formula": "amount:avg", "description": "average order value"}],
+        },
+        ("shop", "internal"): {"hidden": True, "columns": [{"name": "zanzibar", "type": "TEXT"}]},
+        ("shop_v2", "orders"): {"columns": [{"name": "amount", "type": "INTEGER", "description": "amount"}]},
+    }
+    for (ds, model), body in models.items():
+        response = client.put(f"/v1/models/{ds}/{model}", json=body, headers=tenant.headers())
+        assert response.status_code == 200, response.text
+    return tenant

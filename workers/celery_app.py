@@ -46,6 +46,10 @@ def make_celery() -> Celery:
                 "task": "engram.meter",
                 "schedule": settings.usage_storage_interval_seconds,
             },
+            "webhooks": {
+                "task": "engram.webhooks",
+                "schedule": settings.webhook_sweep_interval_seconds,
+            },
         },
     )
     return app

@@ -161,3 +161,12 @@ def meter_task() -> int:
     measured = measure_storage()
     forget_old_flushes()
     return measured
+
+
+@app.task(name="engram.webhooks", acks_late=True)
+def webhooks_task() -> int:
+    """Queue delivery jobs for webhooks whose next attempt is due (retries after a backoff, lost jobs)."""
+    from core.webhooks.delivery import sweep_due_webhooks
+
+    with system_session() as session:
+        return sweep_due_webhooks(session)

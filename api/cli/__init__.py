@@ -166,6 +166,7 @@ def mcp(agent_id: str | None, persona: str | None, url: str | None, api_key: str
 
 
 from api.cli.admin import datasource, key  # noqa: E402
+from api.cli.audit import audit  # noqa: E402
 from api.cli.bench import bench, eval_  # noqa: E402 - registered after the group exists
 from api.cli.catalog import ingest  # noqa: E402
 from api.cli.demo import demo  # noqa: E402
@@ -183,4 +184,5 @@ main.add_command(datasource)
 main.add_command(key)
 main.add_command(tenant)
 main.add_command(demo)
+main.add_command(audit)
 

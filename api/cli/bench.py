@@ -43,13 +43,15 @@ def eval_() -> None:
 @click.option("--saves", default=500, show_default=True, help="single saves timed per size")
 @click.option("--batches", default=20, show_default=True, help="batches of 1,000 timed for throughput")
 @click.option("--port", default=0, type=int, help="API port (default: a free one)")
+@click.option("--webhook", is_flag=True, help="batch_per_s with one webhook registered and without (alternating)")
 @json_option
-def bench_write(sizes: str, saves: int, batches: int, port: int, as_json: bool) -> None:
+def bench_write(sizes: str, saves: int, batches: int, port: int, webhook: bool, as_json: bool) -> None:
     """Single-save latency over REST at each tenant size, and :batch throughput."""
     from core.bench.write import run
     from core.embedded import free_port
 
-    figures = run(sizes=[int(s) for s in sizes.split(",")], saves=saves, batches=batches, port=port or free_port())
+    tenant_sizes = [int(s) for s in sizes.split(",")]
+    figures = run(sizes=tenant_sizes, saves=saves, batches=batches, port=port or free_port(), webhook=webhook)
     emit_figures(figures, as_json=as_json)
 
 

@@ -53,6 +53,8 @@ class McpEndpoint:
             api_key=bearer_token(request) or "",
             agent_id=request.headers.get(AGENT_HEADER) or None,
             persona=request.headers.get(PERSONA_HEADER) or None,
+            # The tool's REST calls carry the MCP request's id (api.observe keeps it in the scope's state).
+            request_id=getattr(request.state, "request_id", None),
         ) as client:
             yield client
 

@@ -14,6 +14,7 @@ from fastapi.responses import JSONResponse
 from api.auth import require_admin, require_caller
 from api.openapi import BEARER, IDENTITY, DatasourcePath, ModelPath, operation
 from api.schemas import Datasource, DatasourceList, Deleted, JobAccepted, ModelInspection
+from core.audit.service import record
 from core.db import tenant_session
 from core.entities import editing, service
 from core.entities.schemas import DatasourceIn, ModelPatchIn, ModelPutIn, NoOptionsIn, RefreshSamplesIn
@@ -51,6 +52,7 @@ def create_datasource(
     parsed: DatasourceIn = parse_model(DatasourceIn, body)
     with tenant_session(caller.tenant_id) as session:
         datasource = service.create_datasource(session, tenant_id=caller.tenant_id, body=parsed)
+        record(session, caller_or_actor=caller, action="datasource.add", target=f"datasource:{parsed.name}")
         out = service.datasource_to_dict(datasource, models=[])
     return JSONResponse(out, status_code=201)
 
@@ -76,6 +78,7 @@ def delete_datasource(name: DatasourcePath, caller: Caller = Depends(require_adm
     """Cascades to its models, columns, embeddings and memory references (counted in the answer)."""
     with tenant_session(caller.tenant_id) as session:
         result = service.delete_datasource(session, tenant_id=caller.tenant_id, name=name)
+        record(session, caller_or_actor=caller, action="datasource.remove", target=f"datasource:{name}")
     return {"datasource": name, "status": "deleted", **result.as_dict()}
 
 
@@ -83,6 +86,8 @@ def _queue(caller: Caller, *, name: str, kind: str, payload: dict[str, Any]) -> 
     with tenant_session(caller.tenant_id) as session:
         service.get_datasource(session, name=name)
         job = enqueue(session, tenant_id=caller.tenant_id, kind=kind, payload=payload)
+        action = "datasource.ingest" if kind == "ingest" else f"datasource.{kind}"
+        record(session, caller_or_actor=caller, action=action, target=f"datasource:{name}")
     return JSONResponse({"job_id": job.id}, status_code=202)
 
 
@@ -166,6 +171,7 @@ def put_model(
     parsed: ModelPutIn = parse_model(ModelPutIn, body)
     with tenant_session(caller.tenant_id) as session:
         editing.put_model(session, tenant_id=caller.tenant_id, datasource=datasource, name=name, body=parsed)
+        record(session, caller_or_actor=caller, action="model.put", target=f"model:{datasource}.{name}")
         return service.inspect_model(session, caller=caller, datasource=datasource, name=name)
 
 
@@ -188,6 +194,7 @@ def patch_model(
         editing.patch_model(
             session, tenant_id=caller.tenant_id, datasource=datasource, name=name, body=parsed
         )
+        record(session, caller_or_actor=caller, action="model.update", target=f"model:{datasource}.{name}")
         return service.inspect_model(session, caller=caller, datasource=datasource, name=name)
 
 
@@ -200,4 +207,5 @@ def delete_model(
     """Removes the model, its columns and embeddings, and strips references to them from memories."""
     with tenant_session(caller.tenant_id) as session:
         result = service.delete_model(session, tenant_id=caller.tenant_id, datasource=datasource, name=name)
+        record(session, caller_or_actor=caller, action="model.delete", target=f"model:{datasource}.{name}")
     return {"model": f"{datasource}.{name}", "status": "deleted", **result.as_dict()}

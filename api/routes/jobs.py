@@ -12,6 +12,7 @@ from fastapi.responses import JSONResponse
 from api.auth import bearer_token, caller_from_request, is_operator_key
 from api.openapi import BEARER, JobIdPath, Query, operation
 from api.schemas import Job, JobPage
+from core.audit.service import Actor, record
 from core.config import get_settings
 from core.db import system_session
 from core.entities.schemas import NoOptionsIn
@@ -20,6 +21,7 @@ from core.jobs import queries
 from core.jobs.models import JOB_KINDS, JOB_STATES
 from core.jobs.service import get_job
 from core.memories.schemas import parse_model
+from core.tenancy.context import Caller
 
 router = APIRouter(prefix="/v1", tags=["jobs"], dependencies=[Depends(BEARER)])
 
@@ -76,8 +78,9 @@ def read_job(job_id: JobIdPath, request: Request) -> dict[str, Any]:
     return as_seen_by(view, scope=scope)
 
 
-def retry_as(*, job_id: str, scope: int | None) -> JSONResponse:
-    """Retry on behalf of an authorised caller (this route and the dashboard share it)."""
+def retry_as(*, job_id: str, scope: int | None, caller: Caller | None = None) -> JSONResponse:
+    """Retry on behalf of an authorised caller (this route and the dashboard share it): a tenant admin
+    (`caller`) or the operator (none); either way the tenant's audit log records it."""
     settings = get_settings()
     with system_session() as session:
         job = queries.retry(
@@ -87,6 +90,9 @@ def retry_as(*, job_id: str, scope: int | None) -> JSONResponse:
             queued_after=timedelta(seconds=settings.outbox_redispatch_seconds),
             running_lease=timedelta(seconds=settings.job_running_lease_seconds),
         )
+        if job.tenant_id is not None:
+            actor = caller if caller is not None else Actor(tenant_id=job.tenant_id, user="operator")
+            record(session, caller_or_actor=actor, action="job.retry", target=f"job:{job_id}")
         names = queries.tenant_names(session, {job.tenant_id})
         body = queries.job_view(job, tenant_name=names.get(job.tenant_id) if job.tenant_id else None)
     return JSONResponse(as_seen_by(body, scope=scope), status_code=202)
@@ -109,6 +115,7 @@ def retry_job(job_id: JobIdPath, request: Request, body: Any = Body(default=None
     """Queue a failed or stuck job again (tenant admin key, or the operator key); 409 if it is not stuck."""
     parse_model(NoOptionsIn, {} if body is None else body)
     scope = tenant_scope(request)
-    if scope is not None and not caller_from_request(request).is_admin:
+    caller = caller_from_request(request) if scope is not None else None
+    if caller is not None and not caller.is_admin:
         raise Forbidden("retrying a job needs an admin key")
-    return retry_as(job_id=job_id, scope=scope)
+    return retry_as(job_id=job_id, scope=scope, caller=caller)

@@ -10,6 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from api.auth import forget_cached_keys, require_admin
 from api.openapi import BEARER, KeyIdPath, operation
 from api.schemas import IssuedKeyOut, KeyList, KeyRevoked
+from core.audit.service import record
 from core.db import tenant_session
 from core.errors import Invalid
 from core.memories.schemas import unknown_fields
@@ -82,6 +83,7 @@ def create_key(body: Any = Body(default=None), caller: Caller = Depends(require_
         tenant = session.get(Tenant, caller.tenant_id)
         assert tenant is not None
         issued = issue_key(session, tenant=tenant, user=user, role=role, binding=binding)
+        record(session, caller_or_actor=caller, action="key.create", target=f"key:{issued.id}")
     return {
         "api_key": issued.api_key,
         "id": issued.id,
@@ -106,6 +108,7 @@ def delete_key(key_id: KeyIdPath, caller: Caller = Depends(require_admin)) -> di
     """The key stops working at once on every API process."""
     with tenant_session(caller.tenant_id) as session:
         revoke_key(session, caller=caller, key_id=key_id)
+        record(session, caller_or_actor=caller, action="key.revoke", target=f"key:{key_id}")
         announce(session, tenant_id=caller.tenant_id, event="keys")  # other replicas drop it at commit
     forget_cached_keys(tenant_id=caller.tenant_id)
     return {"id": key_id, "revoked": True}

@@ -11,7 +11,9 @@ from fastapi.responses import JSONResponse
 from api.auth import require_caller
 from api.embedding_hooks import after_save, embed_now
 from api.openapi import BEARER, IDENTITY, MemoryIdPath, operation, query_from
+from api.quota_events import quota_exceeded
 from api.schemas import BatchResult, ForgetResult, HydrateResult, Memory, MemoryHistory, MemoryPage
+from core.audit import trail
 from core.db import tenant_session
 from core.embeddings.providers import EmbeddingProviderError
 from core.errors import EngramError, Invalid
@@ -85,6 +87,7 @@ def save_memory(
     caller = acting_identity(caller, body, request)
     with tenant_session(caller.tenant_id) as session:
         result = service.save_memory(session, caller=caller, item=item)
+        trail.memories_saved(session, caller=caller, items=[item], results=[result])
     usage_buffer.add(caller.tenant_id, saves=1)
     if item.sync_embed:
         result = after_save(caller=caller, result=result)
@@ -122,7 +125,9 @@ def save_batch(
             items.append(exc)
     with tenant_session(caller.tenant_id) as session:
         results = service.save_memories(session, caller=caller, items=items)
+        trail.memories_saved(session, caller=caller, items=items, results=results)
     usage_buffer.add(caller.tenant_id, saves=sum(1 for r in results if not isinstance(r, EngramError)))
+    quota_exceeded(caller.tenant_id, [r for r in results if isinstance(r, EngramError)])
     out = [
         r.model_dump(exclude={"similar_existing"}) if not isinstance(r, EngramError) else _error_item(r)
         for r in results
@@ -209,6 +214,7 @@ def patch_memory(
     caller = acting_identity(caller, body, request)
     with tenant_session(caller.tenant_id) as session:
         memory = service.patch_memory(session, caller=caller, memory_id=memory_id, patch=patch)
+        trail.memory_updated(session, caller=caller, memory_id=memory.id)
         out = service.memories_to_dicts(session, [memory])[0]
     if patch.sync_embed and patch.content is not None:
         # As on save; a provider failure leaves it to the embed job the edit queued.
@@ -232,7 +238,9 @@ def forget_memory(
     `purge=true` (owner or admin) deletes the row, its embeddings and links for good."""
     caller = acting_identity(caller, None, request)
     with tenant_session(caller.tenant_id) as session:
-        return service.forget_memory(session, caller=caller, memory_id=memory_id, reason=reason, purge=purge)
+        result = service.forget_memory(session, caller=caller, memory_id=memory_id, reason=reason, purge=purge)
+        trail.memory_forgotten(session, caller=caller, memory_id=memory_id, purged=purge)
+        return result
 
 
 @router.post(

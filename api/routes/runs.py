@@ -10,6 +10,7 @@ from api.auth import require_caller
 from api.openapi import BEARER, RunIdPath, operation
 from api.routes.memories import acting_identity
 from api.schemas import RunEnded
+from core.audit.service import record
 from core.db import tenant_session
 from core.errors import Invalid
 from core.lifecycle.expiry import end_run
@@ -44,4 +45,6 @@ def delete_run(run_id: RunIdPath, request: Request, caller: Caller = Depends(req
     caller = acting_identity(caller, None, request)
     all_categories, purge = _flag(request, "all"), _flag(request, "purge")
     with tenant_session(caller.tenant_id) as session:
-        return end_run(session, caller=caller, run_id=run_id, all_categories=all_categories, purge=purge).as_dict()
+        ended = end_run(session, caller=caller, run_id=run_id, all_categories=all_categories, purge=purge)
+        record(session, caller_or_actor=caller, action="run.purge" if purge else "run.end", target=f"run:{run_id}")
+        return ended.as_dict()

@@ -14,6 +14,7 @@ from api.auth import require_caller
 from api.openapi import BEARER, IDENTITY, operation
 from api.routes.memories import acting_identity
 from api.schemas import ImportResult
+from core.audit import trail
 from core.db import tenant_session
 from core.errors import BadRequest, EngramError, Invalid
 from core.memories import transfer
@@ -114,5 +115,6 @@ async def import_memories(request: Request, caller: Caller = Depends(require_cal
 def _import(caller: Caller, text: str) -> dict[str, Any]:
     with tenant_session(caller.tenant_id) as session:
         imported = transfer.import_markdown(session, caller=caller, text=text)
+        trail.memories_imported(session, caller=caller, memory_ids=imported["memory_ids"])
     usage_buffer.add(caller.tenant_id, saves=imported["imported"])
     return imported

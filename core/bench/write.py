@@ -8,8 +8,10 @@ per POST.
 
 from __future__ import annotations
 
+import base64
 import http.client
 import json
+import os
 import random
 import statistics
 import time
@@ -85,14 +87,24 @@ def _timed(post: Any, bodies: list[dict[str, Any]]) -> list[float]:
     return latencies
 
 
-def run(*, sizes: list[int], saves: int, batches: int, port: int) -> list[dict[str, Any]]:
-    """Figures: save_p50_ms / save_p95_ms per tenant size, and batch_per_s."""
+def run(*, sizes: list[int], saves: int, batches: int, port: int, webhook: bool = False) -> list[dict[str, Any]]:
+    """Figures: save_p50_ms / save_p95_ms per tenant size, and batch_per_s (with `webhook`: with one webhook
+    registered and without, batches alternating between the two)."""
+    with bench_stack() as stack:
+        if webhook and not os.environ.get("ENGRAM_SECRET_KEY"):  # webhook secrets are stored encrypted
+            os.environ["ENGRAM_SECRET_KEY"] = base64.urlsafe_b64encode(os.urandom(32)).decode()
+        return _measure(stack, sizes=sizes, saves=saves, batches=batches, port=port, webhook=webhook)
+
+
+def _measure(
+    stack: Any, *, sizes: list[int], saves: int, batches: int, port: int, webhook: bool
+) -> list[dict[str, Any]]:
     from core.db import system_session
     from core.tenancy.service import create_tenant
 
     rng = random.Random(7)
     figures: list[dict[str, Any]] = []
-    with bench_stack() as stack, api_process(stack, port=port) as url:
+    with api_process(stack, port=port) as url:
         with system_session() as session:
             key = create_tenant(session, name="bench-write").api_key
         lean = _LeanClient(url, key)
@@ -120,13 +132,42 @@ def run(*, sizes: list[int], saves: int, batches: int, port: int) -> list[dict[s
                 figures.append(_fig("save_p95_ms", _percentile(lean_ms, 0.95), "ms", memories=size))
                 figures.append(_fig("save_p50_ms_httpx", statistics.median(httpx_ms), "ms", memories=size))
             items = [[{"content": _note(rng)} for _ in range(1000)] for _ in range(batches)]
-            started = time.perf_counter()
-            for batch in items:
-                lean.post("/v1/memories:batch", {"items": batch})
-            elapsed = time.perf_counter() - started
-            figures.append(_fig("batch_per_s", batches * 1000 / elapsed, "memories/s", batch_size=1000))
+            if not webhook:
+                started = time.perf_counter()
+                for batch in items:
+                    lean.post("/v1/memories:batch", {"items": batch})
+                elapsed = time.perf_counter() - started
+                figures.append(_fig("batch_per_s", batches * 1000 / elapsed, "memories/s", batch_size=1000))
+            else:
+                figures += _batches_with_and_without_webhook(http, lean, items)
         lean.close()
     return figures
+
+
+def _batches_with_and_without_webhook(
+    http: httpx.Client, lean: _LeanClient, items: list[list[dict[str, Any]]]
+) -> list[dict[str, Any]]:
+    """batch_per_s with one enabled webhook subscribed to every memory event (its audit entries, delivery
+    rows and job written with each batch) and with it disabled (audit entries only), alternating batch by
+    batch so both see the same machine and tenant size. No worker runs: this is the write path's cost."""
+    events = ["memory.created", "memory.updated", "memory.forgotten", "memory.purged"]
+    created = http.post("/v1/webhooks", json={"url": "http://127.0.0.1:9/bench", "events": events})
+    created.raise_for_status()
+    hook = f"/v1/webhooks/{created.json()['id']}"
+    seconds = {False: 0.0, True: 0.0}
+    counts = {False: 0, True: 0}
+    for i, batch in enumerate(items):
+        enabled = i % 2 == 1
+        http.patch(hook, json={"enabled": enabled}).raise_for_status()
+        started = time.perf_counter()
+        lean.post("/v1/memories:batch", {"items": batch})
+        seconds[enabled] += time.perf_counter() - started
+        counts[enabled] += len(batch)
+    return [
+        _fig("batch_per_s", counts[on] / seconds[on], "memories/s", batch_size=1000, webhooks=int(on))
+        for on in (False, True)
+        if counts[on]
+    ]
 
 
 def _fig(metric: str, value: float, unit: str, **params: Any) -> dict[str, Any]:

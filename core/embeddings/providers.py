@@ -435,9 +435,9 @@ class LocalTransformerEmbedder(Embedder):
 
     name = MINILM_MODEL_NAME
     BATCH_SIZE = 64
-    # Measured on 8 question/note pairs (tests/test_embedder_minilm.py): related pairs 0.21-0.71, unrelated
-    # ones median 0.10, max 0.27, so the scales overlap; 0.15 drops most unrelated notes and no related one.
-    # The bundled model's 0.3 would drop a true paraphrase (0.21).
+    # Measured on 8 question/note pairs (tests/integration/embeddings/test_embedder_minilm.py): related pairs
+    # 0.21-0.71, unrelated ones median 0.10, max 0.27, so the scales overlap; 0.15 drops most unrelated notes
+    # and no related one. The bundled model's 0.3 would drop a true paraphrase (0.21).
     similarity_floor = 0.15
 
     def __init__(self, **kw: Any) -> None:

@@ -40,6 +40,18 @@ def decrypt_url(token: str) -> str:
         raise Unavailable("the datasource URL cannot be decrypted: ENGRAM_SECRET_KEY changed") from None
 
 
+def encrypt_secret(secret: str) -> str:
+    """Any other secret at rest (a webhook's signing secret), with the same key as datasource URLs."""
+    return _fernet().encrypt(secret.encode()).decode()
+
+
+def decrypt_secret(token: str) -> str:
+    try:
+        return _fernet().decrypt(token.encode()).decode()
+    except InvalidToken:
+        raise Unavailable("a stored secret cannot be decrypted: ENGRAM_SECRET_KEY changed") from None
+
+
 def redact_url(url: URL) -> str:
     """The URL without its password (``***``) nor secret-looking query parameters."""
     query = {

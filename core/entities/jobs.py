@@ -44,11 +44,15 @@ def _optional_names(job: Job, key: str) -> list[str] | None:
 def run_ingest_job(session: Session, job: Job) -> dict[str, Any]:
     tenant_id, datasource = _datasource_of(session, job)
     try:
-        return run_ingest(session, tenant_id=tenant_id, datasource=datasource)
+        result = run_ingest(session, tenant_id=tenant_id, datasource=datasource)
     except (NotFound, SourceRefused) as exc:
         raise PermanentJobError(exc.message) from None
     except SourceError as exc:
         raise PermanentJobError(f"source database: {exc}") from None
+    from core.webhooks.service import emit
+
+    emit(session, tenant_id=tenant_id, type="ingest.succeeded", data={"job_id": job.id, "datasource": datasource})
+    return result
 
 
 def run_refresh_samples_job(session: Session, job: Job) -> dict[str, Any]:

@@ -90,16 +90,35 @@ def run_purge_tenant(session: Session, job: Job) -> dict[str, Any]:
     tenant_id = job.payload.get("tenant_id")
     if not isinstance(tenant_id, int):
         return {"rows_removed": 0, "already_purged": True}
-    result = purge_tenant(system_session, tenant_id=tenant_id)
+    result = purge_tenant(system_session, tenant_id=tenant_id, before_tenant_row=_remove_audit_entries(tenant_id))
     erase_tenant(tenant_id)
     job.payload = {key: value for key, value in job.payload.items() if key != "tenant_id"}
     return result
+
+
+def _remove_audit_entries(tenant_id: int) -> Callable[[Session], dict[str, int]]:
+    """The offboarded tenant's audit entries, through the owner's function (the service cannot delete them)."""
+
+    def remove(session: Session) -> dict[str, int]:
+        from core.audit.service import purge_tenant_audit
+
+        return {"audit_entries": purge_tenant_audit(session, tenant_id=tenant_id)}
+
+    return remove
+
+
+def run_webhook(session: Session, job: Job) -> dict[str, Any]:
+    from core.webhooks.delivery import run_webhook_job
+
+    return run_webhook_job(session, job)
 
 
 HANDLERS: dict[str, Handler] = {
     "embed": run_embed,
     "purge_tenant": run_purge_tenant,
     "prune": run_prune,
+    # Bulk: deliveries to tenants' receivers (one webhook's at a time), never ahead of interactive work.
+    "webhook": run_webhook,
     "ingest": catalog_jobs.run_ingest_job,
     "refresh_samples": catalog_jobs.run_refresh_samples_job,
     "ingest_cleanup": catalog_jobs.run_ingest_cleanup_job,

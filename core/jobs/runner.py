@@ -31,6 +31,7 @@ from core.jobs.batches import HEAD_COLUMNS, JobHead, batch_key
 from core.jobs.handlers import BATCH_HANDLERS, HANDLERS
 from core.jobs.models import Job
 from core.jobs.service import PermanentJobError, now
+from core.webhooks.service import emit_job_failed
 
 log = logging.getLogger(__name__)
 _ATTEMPT_ERROR_CHARS = 2_000
@@ -240,7 +241,7 @@ def _record_failure(batch: list[_Claimed], exc: Exception, policy: _Policy) -> d
             # until then, and an early duplicate message is skipped.
             # Only this attempt's own row: if the job was re-dispatched meanwhile (lease expired) and another
             # attempt already finished it, a late failure here must not reopen it.
-            session.execute(
+            recorded = session.execute(
                 update(Job)
                 .where(Job.id == job.id, Job.state == "running", Job.attempts == job.attempts)
                 .values(
@@ -253,6 +254,8 @@ def _record_failure(batch: list[_Claimed], exc: Exception, policy: _Policy) -> d
                     finished_at=at if final else None,
                 )
             )
+            if final and recorded.rowcount == 1 and job.head.tenant_id is not None:  # tell the tenant's webhooks
+                emit_job_failed(session, tenant_id=job.head.tenant_id, job_id=job.id, kind=kind, error=error)
             outcomes[job.id] = RunOutcome(
                 state="failed" if final else "retry",
                 attempts=job.attempts,

@@ -15,6 +15,7 @@ from typing import Any
 from sqlalchemy import select, text
 from sqlalchemy.orm import Session
 
+from core.audit.service import prune_audit
 from core.config import Settings
 from core.db import tenant_session
 from core.jobs.models import Job
@@ -24,6 +25,7 @@ from core.lifecycle.eviction import evict_over_cap
 from core.lifecycle.expiry import expire_category
 from core.lifecycle.staleness import tenant_change_seq, watch_tenant
 from core.tenancy.models import Tenant
+from core.webhooks.delivery import prune_deliveries
 
 PRUNE_LOCK_KEY = 7_402_911_338
 
@@ -101,7 +103,17 @@ def run_prune(session: Session, *, settings: Settings) -> dict[str, Any]:
         interval=timedelta(hours=settings.importance_decay_interval_hours),
         previous=last_pass(session),
     )
-    return {**totals, "tenants": per_tenant, "decay": decay, "watched": watched}
+    # Audit entries past their retention, through the owner's function (the service's role cannot delete them).
+    audit_removed = prune_audit(session, retention_days=settings.audit_retention_days)
+    deliveries_removed = prune_deliveries(session, retention_days=settings.webhook_delivery_retention_days)
+    return {
+        **totals,
+        "tenants": per_tenant,
+        "decay": decay,
+        "watched": watched,
+        "audit_removed": audit_removed,
+        "webhook_deliveries_removed": deliveries_removed,
+    }
 
 
 def run_prune_job(session: Session, job: Job) -> dict[str, Any]:

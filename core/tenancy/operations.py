@@ -147,8 +147,20 @@ def update_tenant(session: Session, *, name: str, state: Any = None, quotas: Any
             changes.append("quotas")
     if changes:
         announce(session, tenant_id=tenant.id, event=",".join(changes))
+        _record_operator_action(session, tenant=tenant, name=name, actions=[f"tenant.{c}" for c in changes])
     session.flush()
     return tenant, changes
+
+
+def _record_operator_action(session: Session, *, tenant: Tenant, name: str, actions: list[str]) -> None:
+    """In the tenant's audit log (it sees what the operator did to it) and in the operator's own trail."""
+    from core.audit.service import Actor, record_many, record_operator
+
+    operator = Actor(tenant_id=tenant.id, user="operator")
+    record_many(session, caller_or_actor=operator, entries=[(action, f"tenant:{name}") for action in actions])
+    for action in actions:
+        detail = {"quotas": dict(tenant.quotas or {})} if action == "tenant.quotas" else {}
+        record_operator(session, action=action, tenant_name=name, actor="operator", detail=detail)
 
 
 def offboard(session: Session, *, name: str, requested_by: str = "operator") -> tuple[Tenant, str]:
@@ -169,5 +181,11 @@ def offboard(session: Session, *, name: str, requested_by: str = "operator") -> 
         payload={"tenant_id": tenant.id, "tenant": name, "requested_by": requested_by},
     )
     announce(session, tenant_id=tenant.id, event="deleted")
+    # The operator's trail keeps the offboarding (by name); the tenant's own log goes with its purge.
+    from core.audit.service import record_operator
+
+    record_operator(
+        session, action="tenant.offboard", tenant_name=name, actor=requested_by, detail={"purge_job_id": job.id}
+    )
     session.flush()
     return tenant, job.id

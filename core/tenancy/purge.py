@@ -20,7 +20,7 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.orm import Session
 
 from core.config import get_settings
-from core.tenancy.rls import tenant_tables
+from core.tenancy.rls import APPEND_ONLY_TABLES, tenant_tables
 
 log = logging.getLogger("engram.tenancy")
 
@@ -74,12 +74,16 @@ def _delete_chunks(session_factory: SessionFactory, *, table: str, tenant_id: in
 
 
 def purge_tenant(
-    session_factory: SessionFactory, *, tenant_id: int, before_tenant_row: Callable[[Session], None] | None = None
+    session_factory: SessionFactory,
+    *,
+    tenant_id: int,
+    before_tenant_row: Callable[[Session], dict[str, int] | None] | None = None,
 ) -> dict[str, Any]:
     """Remove every row of ``tenant_id`` (system mode sessions from ``session_factory``); idempotent.
 
     ``before_tenant_row`` runs in the final transaction, before the tenant's row is deleted (rows that only
-    the schema's owner may delete, such as the audit log's, are removed there through the owner's function).
+    the schema's owner may delete, such as the audit log's, are removed there through the owner's function);
+    it returns what it removed per table.
     """
     with session_factory() as session:
         state = session.execute(text("SELECT state FROM tenants WHERE id = :t"), {"t": tenant_id}).scalar()
@@ -92,12 +96,14 @@ def purge_tenant(
     for table in order:
         if table == "jobs":
             continue  # the tenant's jobs go with its row (the purge's own job has no tenant)
+        if table in APPEND_ONLY_TABLES:
+            continue  # the service may not delete from them: before_tenant_row removes them as the owner
         count = sum(_delete_chunks(session_factory, table=table, tenant_id=tenant_id))
         if count:
             removed[table] = count
     with session_factory() as session:
         if before_tenant_row is not None:
-            before_tenant_row(session)
+            removed.update({table: n for table, n in (before_tenant_row(session) or {}).items() if n})
         jobs = session.execute(text("DELETE FROM jobs WHERE tenant_id = :t"), {"t": tenant_id}).rowcount  # type: ignore[attr-defined]
         session.execute(text("DELETE FROM tenants WHERE id = :t AND state = 'deleting'"), {"t": tenant_id})
     if jobs:

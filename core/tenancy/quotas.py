@@ -78,7 +78,8 @@ def lock_quotas(session: Session, *, tenant_id: int) -> tuple[dict[str, Any], in
     Every save locks this row (its ids and change_seq are reserved there), so taking it first keeps one
     lock order for every save path: the tenant, then its memories."""
     row = session.execute(
-        text("SELECT quotas, memory_count, state FROM tenants WHERE id = :tenant FOR NO KEY UPDATE"), {"tenant": tenant_id}
+        text("SELECT quotas, memory_count, state FROM tenants WHERE id = :tenant FOR NO KEY UPDATE"),
+        {"tenant": tenant_id},
     ).one_or_none()
     if row is None or row.state == "deleting":
         # Offboarded a moment ago, by a request that raced this one: its keys are revoked, nothing is written.

@@ -36,6 +36,8 @@ SYSTEM_POLICY = "engram_system_mode"
 # The role a transaction of the app role switches to for the named system mode: owns nothing, cannot log
 # in, has no BYPASSRLS; the app role is a member that does not inherit it (only `SET ROLE` reaches it).
 SYSTEM_ROLE = "engram_system"
+# Tables the service may insert into and read but never update or delete from (the audit trails).
+APPEND_ONLY_TABLES = ("audit_entries", "operator_audit")
 
 
 def tenant_tables(connection: Connection) -> list[str]:
@@ -256,3 +258,7 @@ def grant_app_role(connection: Connection, *, role: str) -> None:
         f"ALTER DEFAULT PRIVILEGES IN SCHEMA public GRANT USAGE, SELECT, UPDATE ON SEQUENCES TO {role}",
     ):
         connection.execute(text(statement))
+    # Append-only tables: the service inserts and reads; entries leave only through the owner's functions.
+    for table in APPEND_ONLY_TABLES:
+        if connection.execute(text("SELECT to_regclass(:t)"), {"t": table}).scalar() is not None:
+            connection.execute(text(f'REVOKE UPDATE, DELETE, TRUNCATE ON "{table}" FROM {role}'))

@@ -1,0 +1,1 @@
+"""Helpers the tests share; the fixtures they share are in tests/conftest.py."""

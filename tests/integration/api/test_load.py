@@ -1,0 +1,191 @@
+"""Overload answers 503 + Retry-After (never a 500 or a hang), probes bypass request work, 405 lists every
+allowed method, and body limits by route."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import pytest
+from fastapi import FastAPI
+from fastapi.testclient import TestClient
+from sqlalchemy import create_engine, text
+
+from tests.helpers.api import assert_error
+
+
+def test_405_allow_lists_every_method_of_the_path(client, tenant):
+    response = client.put("/v1/memories/some-id", json={}, headers=tenant.headers())
+    assert_error(response, 405, "method_not_allowed")
+    allowed = {m.strip() for m in response.headers["allow"].split(",")}
+    assert {"GET", "PATCH", "DELETE"} <= allowed
+    response = client.delete("/v1/memories", headers=tenant.headers())
+    assert {"GET", "POST"} <= {m.strip() for m in response.headers["allow"].split(",")}
+
+
+def test_batch_body_is_bounded_below_the_theoretical_maximum(client, tenant):
+    from api.app import MAX_BATCH_BODY_BYTES, MAX_SINGLE_BODY_BYTES
+
+    assert MAX_BATCH_BODY_BYTES <= 16 * 1024 * 1024
+    headers = {**tenant.headers(), "Content-Type": "application/json"}
+    # Declared over the limit: refused before the body is read.
+    huge = b'{"items": [' + b" " * MAX_BATCH_BODY_BYTES + b"]}"
+    error = assert_error(client.post("/v1/memories:batch", content=huge, headers=headers), 413, "payload_too_large")
+    assert "batch" in error["message"]
+    single = json.dumps({"content": "x" * (MAX_SINGLE_BODY_BYTES + 1)})
+    assert_error(client.post("/v1/memories", content=single, headers=headers), 413, "payload_too_large")
+    # The contract's own limits still fit: a content of 50,000 bytes even as JSON escapes, and batches of
+    # full-size contents.
+    escaped = json.dumps({"content": "\x01" * 50_000})
+    assert len(escaped) > 250_000
+    assert client.post("/v1/memories", content=escaped, headers=headers).status_code == 201
+    items = [{"content": f"{n} " + "y" * 49_990} for n in range(40)]
+    response = client.post("/v1/memories:batch", json={"items": items}, headers=tenant.headers())
+    assert response.status_code == 200, response.text
+    assert all("memory_id" in r for r in response.json()["results"])
+
+
+def test_pool_exhaustion_is_503_with_retry_after(stack):
+    from api.errors import install_error_handlers
+
+    engine = create_engine(
+        stack.database_url.replace("postgresql://", "postgresql+psycopg://", 1),
+        pool_size=1,
+        max_overflow=0,
+        pool_timeout=0.2,
+    )
+    app = FastAPI()
+    install_error_handlers(app)
+
+    @app.get("/needs-db")
+    def needs_db() -> dict[str, Any]:
+        with engine.connect() as connection:
+            return {"one": connection.scalar(text("SELECT 1"))}
+
+    try:
+        with TestClient(app, raise_server_exceptions=False) as probe:
+            assert probe.get("/needs-db").json() == {"one": 1}
+            with engine.connect():  # the pool's only connection, held
+                response = probe.get("/needs-db")
+            assert_error(response, 503, "unavailable")
+            assert int(response.headers["retry-after"]) > 0
+            assert probe.get("/needs-db").status_code == 200
+    finally:
+        engine.dispose()
+
+
+class _Gate:
+    """An ASGI app whose requests wait until released; counts what it ran."""
+
+    def __init__(self) -> None:
+        self.release = asyncio.Event()
+        self.ran = 0
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        self.ran += 1
+        if scope["path"] not in ("/healthz",):
+            await self.release.wait()
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"ok"})
+
+
+async def _call(app: Any, path: str) -> tuple[int, dict[str, str]]:
+    sent: list[dict[str, Any]] = []
+
+    async def receive() -> dict[str, Any]:
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    await app({"type": "http", "method": "GET", "path": path, "headers": []}, receive, send)
+    start = sent[0]
+    return start["status"], {k.decode(): v.decode() for k, v in start.get("headers", [])}
+
+
+def test_load_shedder_runs_a_bounded_number_queues_briefly_and_refuses_the_rest():
+    from api.overload import LoadShedder
+
+    async def scenario() -> None:
+        gate = _Gate()
+        shedder = LoadShedder(gate, max_inflight=2, max_queued=1, queue_wait=0.3)
+        running = [asyncio.create_task(_call(shedder, "/v1/x")) for _ in range(2)]
+        await asyncio.sleep(0.05)
+        assert shedder.inflight == 2
+        queued = asyncio.create_task(_call(shedder, "/v1/x"))
+        await asyncio.sleep(0.05)
+        assert shedder.queued == 1
+        # The queue is full: refused at once, without running.
+        status, headers = await asyncio.wait_for(_call(shedder, "/v1/x"), timeout=0.1)
+        assert status == 503 and int(headers["retry-after"]) > 0
+        # Probes bypass the limit.
+        assert (await asyncio.wait_for(_call(shedder, "/healthz"), timeout=0.1))[0] == 200
+        # The queued request waited its bound, then was refused.
+        status, headers = await queued
+        assert status == 503 and "retry-after" in headers
+        assert gate.ran == 3  # the two running and the probe
+        gate.release.set()
+        assert [(await task)[0] for task in running] == [200, 200]
+        assert shedder.inflight == 0
+        # Freed slots admit again; a queued request gets the slot a finished one frees.
+        gate.release = asyncio.Event()
+        first = [asyncio.create_task(_call(shedder, "/v1/x")) for _ in range(3)]
+        await asyncio.sleep(0.05)
+        gate.release.set()
+        assert [(await task)[0] for task in first] == [200, 200, 200]
+
+    asyncio.run(scenario())
+
+
+@pytest.mark.parametrize("path", ["/healthz", "/readyz"])
+def test_probes_are_async_and_answer_outside_the_request_pool(client, path):
+    from api.routes import health
+
+    endpoint = health.healthz if path == "/healthz" else health.readyz
+    assert asyncio.iscoroutinefunction(endpoint)
+    assert client.get(path).status_code == 200
+    if path == "/readyz":
+        from core.db import get_engine
+
+        assert health._engine() is not get_engine()
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "http://localhost:8000",
+        "http://10.0.0.1:8000",
+        "https://127.0.0.1:8000",
+        "http://127.0.0.2:8000",
+        "http://127.0.0.1",
+        "http://user@127.0.0.1:8000",
+        "http://127.0.0.1:8000/v1",
+        "http://example.com:80",
+    ],
+)
+def test_bench_load_refuses_anything_but_loopback(url):
+    from core.bench.load import NotLoopback, check_loopback, run
+
+    with pytest.raises(NotLoopback):
+        check_loopback(url)
+    with pytest.raises(ValueError):
+        run(url=url, key="egk_x", clients=1, seconds=1, log=lambda m: None)
+    assert check_loopback("http://127.0.0.1:8123/") == "http://127.0.0.1:8123"
+
+
+def test_bench_load_short_run_loses_nothing_and_answers_only_2xx_or_503(stack, tenant):
+    from core.bench.load import run
+    from core.bench.stack import BenchStack, api_process
+    from core.embedded import free_port
+
+    with api_process(BenchStack(home=stack.home, env=stack.env), port=free_port()) as url:
+        figures = run(url=url, key=tenant.admin_key, clients=4, seconds=3, log=lambda m: None)
+    values = {f["metric"]: f["value"] for f in figures}
+    assert all(f["bench"] == "load" and f["params"] == {"clients": 4, "seconds": 3} for f in figures)
+    assert values["requests"] > 0 and values["saves_acknowledged"] > 0
+    assert values["lost_writes"] == 0
+    assert values["unanswered_30s"] == 0 and values["connection_errors"] == 0
+    statuses = {m[len("status_") :]: v for m, v in values.items() if m.startswith("status_")}
+    assert sum(statuses.values()) == values["requests"]
+    assert all(code.startswith("2") or code == "503" for code in statuses), statuses
