@@ -6,8 +6,8 @@ honouring ``Retry-After``, and raise a typed :class:`EngramError` subclass per s
 live in ``engram_client.langgraph`` (a LangGraph store) and ``engram_client.langchain`` (a retriever).
 
 Every REST call of engram has a method (memories with their history, export and import, runs, search, the
-catalog, jobs, keys, operations, tenants and usage); ``request`` makes any other call with the same key,
-retries and typed errors, its answer parsed as the pydantic model you name.
+catalog, jobs, keys, operations, tenants and usage, the audit log and webhooks); ``request`` makes any other
+call with the same key, retries and typed errors, its answer parsed as the pydantic model you name.
 """
 
 from engram_client.async_client import AsyncEngramClient
@@ -40,9 +40,13 @@ from engram_client.models import (
 )
 from engram_client.resources import (
     ApiKey,
+    AuditActor,
+    AuditEntry,
+    AuditPage,
     CoverageRow,
     Datasource,
     Deleted,
+    DeliveryAttempt,
     ImportResult,
     IssuedKey,
     JobAccepted,
@@ -58,6 +62,12 @@ from engram_client.resources import (
     TenantPage,
     Usage,
     UsageReport,
+    Webhook,
+    WebhookCreated,
+    WebhookDeleted,
+    WebhookDelivery,
+    WebhookDeliveryPage,
+    WebhookUpdated,
 )
 
 __version__ = "0.1.0"
@@ -65,6 +75,9 @@ __all__ = [
     "ApiKey",
     "Association",
     "AsyncEngramClient",
+    "AuditActor",
+    "AuditEntry",
+    "AuditPage",
     "AuthenticationError",
     "BadRequestError",
     "BatchResult",
@@ -72,6 +85,7 @@ __all__ = [
     "CoverageRow",
     "Datasource",
     "Deleted",
+    "DeliveryAttempt",
     "EngramClient",
     "EngramConnectionError",
     "EngramError",
@@ -105,4 +119,10 @@ __all__ = [
     "TenantPage",
     "Usage",
     "UsageReport",
+    "Webhook",
+    "WebhookCreated",
+    "WebhookDeleted",
+    "WebhookDelivery",
+    "WebhookDeliveryPage",
+    "WebhookUpdated",
 ]

@@ -1,11 +1,12 @@
-"""The catalog, job, key, operations and tenant calls of :class:`engram_client.AsyncEngramClient`.
+"""The catalog, job, key, operations, tenant, audit and webhook calls of
+:class:`engram_client.AsyncEngramClient`.
 
 Written by ``clients/python/scripts/make_async_admin.py`` from :mod:`engram_client._admin_sync`; do not edit.
 """
 
 from __future__ import annotations
 
-from datetime import date
+from datetime import date, datetime
 from typing import Any, Literal
 
 from engram_client import _admin_operations as op
@@ -13,6 +14,7 @@ from engram_client._calls import Call, Settings, T
 from engram_client.models import Job
 from engram_client.resources import (
     ApiKey,
+    AuditPage,
     CoverageRow,
     Datasource,
     Deleted,
@@ -27,6 +29,11 @@ from engram_client.resources import (
     Tenant,
     TenantPage,
     UsageReport,
+    Webhook,
+    WebhookCreated,
+    WebhookDeleted,
+    WebhookDeliveryPage,
+    WebhookUpdated,
 )
 
 JobState = Literal["queued", "running", "succeeded", "failed"]
@@ -197,3 +204,54 @@ class AsyncAdminCalls:
     async def usage(self, *, from_date: date | None = None, to_date: date | None = None) -> UsageReport:
         """The caller's tenant's usage and quotas; with dates, the daily counters of those days."""
         return await self._send(op.usage(locals()))
+
+    # Audit and webhooks (a tenant's admin key)
+
+    async def list_audit(
+        self,
+        *,
+        action: str | None = None,
+        actor: str | None = None,
+        since: datetime | None = None,
+        limit: int | None = None,
+        cursor: str | None = None,
+    ) -> AuditPage:
+        """Who did what in the tenant, newest first (``action``: one, e.g. ``memory.save``, or a family)."""
+        return await self._send(op.list_audit(locals()))
+
+    async def create_webhook(self, url: str, *, events: list[str], description: str | None = None) -> WebhookCreated:
+        """Deliver ``events`` to ``url``; the answer's ``secret`` (shown only here) signs the deliveries."""
+        return await self._send(op.create_webhook(locals()))
+
+    async def list_webhooks(self) -> list[Webhook]:
+        return await self._send(op.list_webhooks())
+
+    async def get_webhook(self, webhook_id: str) -> Webhook:
+        return await self._send(op.get_webhook(webhook_id))
+
+    async def update_webhook(
+        self,
+        webhook_id: str,
+        *,
+        url: str | None = None,
+        events: list[str] | None = None,
+        description: str | None = None,
+        enabled: bool | None = None,
+        rotate_secret: bool | None = None,
+    ) -> WebhookUpdated:
+        """Change the given fields; ``enabled=False`` pauses deliveries, ``rotate_secret`` issues a new secret."""
+        return await self._send(op.update_webhook(webhook_id, locals()))
+
+    async def delete_webhook(self, webhook_id: str) -> WebhookDeleted:
+        return await self._send(op.delete_webhook(webhook_id))
+
+    async def webhook_deliveries(
+        self,
+        webhook_id: str,
+        *,
+        state: Literal["pending", "succeeded", "failed"] | None = None,
+        limit: int | None = None,
+        cursor: str | None = None,
+    ) -> WebhookDeliveryPage:
+        """A webhook's deliveries, newest first, each with its attempts."""
+        return await self._send(op.webhook_deliveries(webhook_id, locals()))

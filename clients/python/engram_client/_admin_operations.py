@@ -1,4 +1,5 @@
-"""The requests of the calls around the memories: the catalog, jobs, keys, operations and tenants.
+"""The requests of the calls around the memories: the catalog, jobs, keys, operations, tenants, the audit
+log and webhooks.
 
 One function per REST call, shared by the sync and async clients (as :mod:`engram_client._operations` is
 for the memory calls), so both send exactly the same requests.
@@ -13,6 +14,7 @@ from engram_client._calls import Call, Settings, given, identity, list_parser, p
 from engram_client.models import Job
 from engram_client.resources import (
     ApiKey,
+    AuditPage,
     CoverageRow,
     Datasource,
     Deleted,
@@ -27,6 +29,11 @@ from engram_client.resources import (
     Tenant,
     TenantPage,
     UsageReport,
+    Webhook,
+    WebhookCreated,
+    WebhookDeleted,
+    WebhookDeliveryPage,
+    WebhookUpdated,
 )
 
 
@@ -154,3 +161,36 @@ def delete_tenant(name: str) -> Call[JobAccepted]:
 def usage(fields: Mapping[str, Any]) -> Call[UsageReport]:
     params = {"from": given(fields).get("from_date"), "to": given(fields).get("to_date")}
     return Call("GET", "/v1/usage", parser(UsageReport), params=params)
+
+
+# Audit and webhooks (a tenant's admin key)
+
+
+def list_audit(fields: Mapping[str, Any]) -> Call[AuditPage]:
+    return Call("GET", "/v1/audit", parser(AuditPage), params=given(fields))
+
+
+def create_webhook(fields: Mapping[str, Any]) -> Call[WebhookCreated]:
+    return Call("POST", "/v1/webhooks", parser(WebhookCreated), json=given(fields))
+
+
+def list_webhooks() -> Call[list[Webhook]]:
+    return Call("GET", "/v1/webhooks", list_parser(Webhook, "webhooks"))
+
+
+def get_webhook(webhook_id: str) -> Call[Webhook]:
+    return Call("GET", f"/v1/webhooks/{segment(webhook_id)}", parser(Webhook))
+
+
+def update_webhook(webhook_id: str, fields: Mapping[str, Any]) -> Call[WebhookUpdated]:
+    body = given(fields, skip=("webhook_id",))
+    return Call("PATCH", f"/v1/webhooks/{segment(webhook_id)}", parser(WebhookUpdated), json=body)
+
+
+def delete_webhook(webhook_id: str) -> Call[WebhookDeleted]:
+    return Call("DELETE", f"/v1/webhooks/{segment(webhook_id)}", parser(WebhookDeleted))
+
+
+def webhook_deliveries(webhook_id: str, fields: Mapping[str, Any]) -> Call[WebhookDeliveryPage]:
+    params = given(fields, skip=("webhook_id",))
+    return Call("GET", f"/v1/webhooks/{segment(webhook_id)}/deliveries", parser(WebhookDeliveryPage), params=params)

@@ -1,4 +1,4 @@
-"""The catalog, job, key, operations and tenant calls of :class:`engram_client.EngramClient`.
+"""The catalog, job, key, operations, tenant, audit and webhook calls of :class:`engram_client.EngramClient`.
 
 :mod:`engram_client._admin_async` is this file with every call awaitable (``scripts/make_async_admin.py``
 writes it from this one; a test keeps the two in step).
@@ -6,7 +6,7 @@ writes it from this one; a test keeps the two in step).
 
 from __future__ import annotations
 
-from datetime import date
+from datetime import date, datetime
 from typing import Any, Literal
 
 from engram_client import _admin_operations as op
@@ -14,6 +14,7 @@ from engram_client._calls import Call, Settings, T
 from engram_client.models import Job
 from engram_client.resources import (
     ApiKey,
+    AuditPage,
     CoverageRow,
     Datasource,
     Deleted,
@@ -28,6 +29,11 @@ from engram_client.resources import (
     Tenant,
     TenantPage,
     UsageReport,
+    Webhook,
+    WebhookCreated,
+    WebhookDeleted,
+    WebhookDeliveryPage,
+    WebhookUpdated,
 )
 
 JobState = Literal["queued", "running", "succeeded", "failed"]
@@ -198,3 +204,54 @@ class AdminCalls:
     def usage(self, *, from_date: date | None = None, to_date: date | None = None) -> UsageReport:
         """The caller's tenant's usage and quotas; with dates, the daily counters of those days."""
         return self._send(op.usage(locals()))
+
+    # Audit and webhooks (a tenant's admin key)
+
+    def list_audit(
+        self,
+        *,
+        action: str | None = None,
+        actor: str | None = None,
+        since: datetime | None = None,
+        limit: int | None = None,
+        cursor: str | None = None,
+    ) -> AuditPage:
+        """Who did what in the tenant, newest first (``action``: one, e.g. ``memory.save``, or a family)."""
+        return self._send(op.list_audit(locals()))
+
+    def create_webhook(self, url: str, *, events: list[str], description: str | None = None) -> WebhookCreated:
+        """Deliver ``events`` to ``url``; the answer's ``secret`` (shown only here) signs the deliveries."""
+        return self._send(op.create_webhook(locals()))
+
+    def list_webhooks(self) -> list[Webhook]:
+        return self._send(op.list_webhooks())
+
+    def get_webhook(self, webhook_id: str) -> Webhook:
+        return self._send(op.get_webhook(webhook_id))
+
+    def update_webhook(
+        self,
+        webhook_id: str,
+        *,
+        url: str | None = None,
+        events: list[str] | None = None,
+        description: str | None = None,
+        enabled: bool | None = None,
+        rotate_secret: bool | None = None,
+    ) -> WebhookUpdated:
+        """Change the given fields; ``enabled=False`` pauses deliveries, ``rotate_secret`` issues a new secret."""
+        return self._send(op.update_webhook(webhook_id, locals()))
+
+    def delete_webhook(self, webhook_id: str) -> WebhookDeleted:
+        return self._send(op.delete_webhook(webhook_id))
+
+    def webhook_deliveries(
+        self,
+        webhook_id: str,
+        *,
+        state: Literal["pending", "succeeded", "failed"] | None = None,
+        limit: int | None = None,
+        cursor: str | None = None,
+    ) -> WebhookDeliveryPage:
+        """A webhook's deliveries, newest first, each with its attempts."""
+        return self._send(op.webhook_deliveries(webhook_id, locals()))

@@ -1,5 +1,5 @@
 """The shapes of engram's other answers: memory history and transfer, runs, the catalog, jobs, keys,
-operations and tenants, as pydantic models.
+operations, tenants, the audit log and webhooks, as pydantic models.
 
 Like :mod:`engram_client.models` they mirror the server's OpenAPI schemas (compared by a test in the
 engram repository) and keep unknown fields, so a newer server never breaks an older SDK.
@@ -186,4 +186,80 @@ class TenantPage(_Model):
 
 class JobPage(_Model):
     jobs: list[Job]
+    next_cursor: str | None = None
+
+
+# Audit and webhooks
+
+
+class AuditActor(_Model):
+    user: str | None = None
+    key_id: str | None = None
+    agent_id: str | None = None
+
+
+class AuditEntry(_Model):
+    id: str
+    at: datetime
+    action: str
+    actor: AuditActor
+    target: str | None = None
+    request_id: str | None = None
+
+
+class AuditPage(_Model):
+    entries: list[AuditEntry]
+    next_cursor: str | None = None
+
+
+class Webhook(_Model):
+    id: str
+    url: str
+    events: list[str]
+    description: str | None = None
+    state: str
+    disabled_reason: str | None = None
+    failing_since: datetime | None = None
+    created_at: datetime | None = None
+    updated_at: datetime | None = None
+
+
+class WebhookCreated(Webhook):
+    """A new webhook; ``secret`` signs its deliveries (Standard Webhooks) and is shown only in this answer."""
+
+    secret: str
+
+
+class WebhookUpdated(Webhook):
+    """A changed webhook; ``secret`` only when a new one was issued (``rotate_secret``)."""
+
+    secret: str | None = None
+
+
+class WebhookDeleted(_Model):
+    id: str
+    deleted: bool
+
+
+class DeliveryAttempt(_Model):
+    attempt: int
+    at: datetime
+    status: int | None = None
+    error: str | None = None
+    duration_ms: float | None = None
+
+
+class WebhookDelivery(_Model):
+    id: str
+    type: str
+    state: str
+    attempts: list[DeliveryAttempt]
+    next_attempt_at: datetime | None = None
+    created_at: datetime | None = None
+    finished_at: datetime | None = None
+    data: dict[str, Any] | None = None
+
+
+class WebhookDeliveryPage(_Model):
+    deliveries: list[WebhookDelivery]
     next_cursor: str | None = None

@@ -12,7 +12,8 @@ import sys
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "engram_client"
-HEADER = '''"""The catalog, job, key, operations and tenant calls of :class:`engram_client.AsyncEngramClient`.
+HEADER = '''"""The catalog, job, key, operations, tenant, audit and webhook calls of
+:class:`engram_client.AsyncEngramClient`.
 
 Written by ``clients/python/scripts/make_async_admin.py`` from :mod:`engram_client._admin_sync`; do not edit.
 """

@@ -16,7 +16,7 @@ import pytest
 from engram_client import AsyncEngramClient, EngramClient
 from pydantic import BaseModel
 
-SDK = Path(__file__).resolve().parents[1] / "clients" / "python"
+SDK = Path(__file__).resolve().parents[3] / "clients" / "python"
 
 
 @pytest.fixture(scope="module")
@@ -67,6 +67,16 @@ RESPONSES: list[tuple[type[BaseModel], str]] = [
     (more.Tenant, "TenantOut"),
     (more.ProvisionedTenant, "ProvisionedOut"),
     (more.TenantPage, "TenantPage"),
+    (more.AuditActor, "AuditActor"),
+    (more.AuditEntry, "AuditEntryOut"),
+    (more.AuditPage, "AuditPage"),
+    (more.Webhook, "WebhookOut"),
+    (more.WebhookCreated, "WebhookCreated"),
+    (more.WebhookUpdated, "WebhookUpdated"),
+    (more.WebhookDeleted, "WebhookDeleted"),
+    (more.DeliveryAttempt, "DeliveryAttempt"),
+    (more.WebhookDelivery, "WebhookDeliveryOut"),
+    (more.WebhookDeliveryPage, "WebhookDeliveryPage"),
 ]
 
 
