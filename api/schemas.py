@@ -145,13 +145,18 @@ class KeyRevoked(_Out):
     revoked: bool
 
 
-def _list_or_single(schema: dict[str, Any]) -> None:
-    # A listed datasource carries model_count, a single one its models' names.
-    schema["required"] = [name for name in schema.get("required", []) if name not in ("models", "model_count")]
+def sometimes(*fields: str) -> ConfigDict:
+    """The config of an answer that carries ``fields`` only in some cases: not required in the document."""
+
+    def optional(schema: dict[str, Any]) -> None:
+        schema["required"] = [name for name in schema.get("required", []) if name not in fields]
+
+    return ConfigDict(json_schema_extra=optional)
 
 
 class Datasource(_Out):
-    model_config = ConfigDict(json_schema_extra=_list_or_single)
+    # A listed datasource carries model_count, a single one its models' names.
+    model_config = sometimes("models", "model_count")
 
     name: str
     url: str
@@ -281,6 +286,8 @@ class WebhookCreated(WebhookOut):
 
 
 class WebhookUpdated(WebhookOut):
+    model_config = sometimes("secret")
+
     secret: str | None = Field(default=None, description="the new signing secret, only when one was issued")
 
 

@@ -40,6 +40,28 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/audit": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * Read the audit log
+         * @description Every write and admin action of the tenant (and the operator's actions on it), newest first:
+         *     `at`, `action`, `actor` (`user`, `key_id`, `agent_id`), `target` and `request_id`. Append-only: the
+         *     service itself cannot change or remove an entry; entries older than the retention setting are pruned.
+         */
+        get: operations["read_audit"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/v1/datasources": {
         parameters: {
             query?: never;
@@ -567,6 +589,81 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/webhooks": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * List webhooks
+         * @description The tenant's webhooks (never their secrets), oldest first.
+         */
+        get: operations["list_webhooks"];
+        put?: never;
+        /**
+         * Register a webhook
+         * @description Deliveries of the listed events start with the next change. The answer carries the signing `secret`
+         *     (Standard Webhooks), shown only here: receivers verify `webhook-signature` with it.
+         */
+        post: operations["create_webhook"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/webhooks/{webhook_id}": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * Get a webhook
+         * @description One webhook: its URL, events and state (`disabled` after failing for too long, with the reason).
+         */
+        get: operations["get_webhook"];
+        put?: never;
+        post?: never;
+        /**
+         * Delete a webhook
+         * @description Stops its deliveries at once; its delivery history goes with it.
+         */
+        delete: operations["delete_webhook"];
+        options?: never;
+        head?: never;
+        /**
+         * Change a webhook or rotate its secret
+         * @description Change the given fields. `rotate_secret: true` issues a new secret, returned once in `secret`;
+         *     `enabled: true` resumes a disabled webhook (its pending deliveries go out again).
+         */
+        patch: operations["patch_webhook"];
+        trace?: never;
+    };
+    "/v1/webhooks/{webhook_id}/deliveries": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * List a webhook's deliveries
+         * @description Newest first, each with its event `type`, `data`, `state` and every attempt (time, HTTP status or
+         *     error, duration); the delivery's `id` is the `webhook-id` header of each attempt.
+         */
+        get: operations["list_deliveries"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
 }
 export type webhooks = Record<string, never>;
 export interface components {
@@ -614,6 +711,45 @@ export interface components {
             target_id: string;
             /** Weight */
             weight: number;
+        } & {
+            [key: string]: unknown;
+        };
+        /** AuditActor */
+        AuditActor: {
+            /** Agent Id */
+            agent_id: string | null;
+            /** Key Id */
+            key_id: string | null;
+            /** User */
+            user: string | null;
+        } & {
+            [key: string]: unknown;
+        };
+        /** AuditEntryOut */
+        AuditEntryOut: {
+            /** Action */
+            action: string;
+            actor: components["schemas"]["AuditActor"];
+            /**
+             * At
+             * Format: date-time
+             */
+            at: string;
+            /** Id */
+            id: string;
+            /** Request Id */
+            request_id: string | null;
+            /** Target */
+            target: string | null;
+        } & {
+            [key: string]: unknown;
+        };
+        /** AuditPage */
+        AuditPage: {
+            /** Entries */
+            entries: components["schemas"]["AuditEntryOut"][];
+            /** Next Cursor */
+            next_cursor: string | null;
         } & {
             [key: string]: unknown;
         };
@@ -744,6 +880,28 @@ export interface components {
              */
             user: string;
         };
+        /**
+         * CreateWebhookIn
+         * @description `POST /v1/webhooks`: where to deliver which events.
+         */
+        CreateWebhookIn: {
+            /**
+             * Description
+             * @description a note for the tenant's admins
+             * @default null
+             */
+            description?: string | null;
+            /**
+             * Events
+             * @description any of: memory.created, memory.updated, memory.forgotten, memory.purged, job.failed, ingest.succeeded, ingest.failed, quota.exceeded
+             */
+            events: string[];
+            /**
+             * Url
+             * @description an http(s) URL; hosted servers refuse loopback, private and metadata hosts
+             */
+            url: string;
+        };
         /** Datasource */
         Datasource: {
             /** Created At */
@@ -800,6 +958,24 @@ export interface components {
         Deleted: {
             /** Status */
             status: string;
+        } & {
+            [key: string]: unknown;
+        };
+        /** DeliveryAttempt */
+        DeliveryAttempt: {
+            /**
+             * At
+             * Format: date-time
+             */
+            at: string;
+            /** Attempt */
+            attempt: number;
+            /** Duration Ms */
+            duration_ms: number | null;
+            /** Error */
+            error: string | null;
+            /** Status */
+            status: number | null;
         } & {
             [key: string]: unknown;
         };
@@ -1413,6 +1589,42 @@ export interface components {
              */
             tags?: string[] | null;
         };
+        /**
+         * PatchWebhookIn
+         * @description `PATCH /v1/webhooks/{id}`: change the given fields; `rotate_secret` issues a new secret.
+         */
+        PatchWebhookIn: {
+            /**
+             * Description
+             * @description a new note
+             * @default null
+             */
+            description?: string | null;
+            /**
+             * Enabled
+             * @description false pauses deliveries; true resumes them
+             * @default null
+             */
+            enabled?: boolean | null;
+            /**
+             * Events
+             * @description the new list of events
+             * @default null
+             */
+            events?: string[] | null;
+            /**
+             * Rotate Secret
+             * @description issue a new signing secret (shown once)
+             * @default false
+             */
+            rotate_secret?: boolean;
+            /**
+             * Url
+             * @description a new URL (checked as at creation)
+             * @default null
+             */
+            url?: string | null;
+        };
         /** ProvisionedOut */
         ProvisionedOut: {
             /** Api Key */
@@ -1920,6 +2132,133 @@ export interface components {
             quotas: components["schemas"]["Quotas"];
             usage: components["schemas"]["Usage"];
         };
+        /** WebhookCreated */
+        WebhookCreated: {
+            /** Created At */
+            created_at: string | null;
+            /** Description */
+            description: string | null;
+            /** Disabled Reason */
+            disabled_reason: string | null;
+            /** Events */
+            events: string[];
+            /** Failing Since */
+            failing_since: string | null;
+            /** Id */
+            id: string;
+            /**
+             * Secret
+             * @description the signing secret (Standard Webhooks `whsec_...`), shown only now
+             */
+            secret: string;
+            /** State */
+            state: string;
+            /** Updated At */
+            updated_at: string | null;
+            /** Url */
+            url: string;
+        } & {
+            [key: string]: unknown;
+        };
+        /** WebhookDeleted */
+        WebhookDeleted: {
+            /** Deleted */
+            deleted: boolean;
+            /** Id */
+            id: string;
+        } & {
+            [key: string]: unknown;
+        };
+        /** WebhookDeliveryOut */
+        WebhookDeliveryOut: {
+            /** Attempts */
+            attempts: components["schemas"]["DeliveryAttempt"][];
+            /** Created At */
+            created_at: string | null;
+            /** Data */
+            data: {
+                [key: string]: unknown;
+            } | null;
+            /** Finished At */
+            finished_at: string | null;
+            /** Id */
+            id: string;
+            /** Next Attempt At */
+            next_attempt_at: string | null;
+            /** State */
+            state: string;
+            /** Type */
+            type: string;
+        } & {
+            [key: string]: unknown;
+        };
+        /** WebhookDeliveryPage */
+        WebhookDeliveryPage: {
+            /** Deliveries */
+            deliveries: components["schemas"]["WebhookDeliveryOut"][];
+            /** Next Cursor */
+            next_cursor: string | null;
+        } & {
+            [key: string]: unknown;
+        };
+        /** WebhookList */
+        WebhookList: {
+            /** Webhooks */
+            webhooks: components["schemas"]["WebhookOut"][];
+        } & {
+            [key: string]: unknown;
+        };
+        /** WebhookOut */
+        WebhookOut: {
+            /** Created At */
+            created_at: string | null;
+            /** Description */
+            description: string | null;
+            /** Disabled Reason */
+            disabled_reason: string | null;
+            /** Events */
+            events: string[];
+            /** Failing Since */
+            failing_since: string | null;
+            /** Id */
+            id: string;
+            /** State */
+            state: string;
+            /** Updated At */
+            updated_at: string | null;
+            /** Url */
+            url: string;
+        } & {
+            [key: string]: unknown;
+        };
+        /** WebhookUpdated */
+        WebhookUpdated: {
+            /** Created At */
+            created_at: string | null;
+            /** Description */
+            description: string | null;
+            /** Disabled Reason */
+            disabled_reason: string | null;
+            /** Events */
+            events: string[];
+            /** Failing Since */
+            failing_since: string | null;
+            /** Id */
+            id: string;
+            /**
+             * Secret
+             * @description the new signing secret, only when one was issued
+             */
+            secret?: string | null;
+            /** State */
+            state: string;
+            /** Updated At */
+            updated_at: string | null;
+            /** Url */
+            url: string;
+        } & {
+            [key: string]: unknown;
+        };
     };
     responses: never;
     parameters: never;
@@ -1965,6 +2304,91 @@ export interface operations {
                 };
                 content: {
                     "application/json": components["schemas"]["Readiness"];
+                };
+            };
+            /** @description A dependency (database, broker) is down; retry after `Retry-After` seconds. */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+        };
+    };
+    read_audit: {
+        parameters: {
+            query?: {
+                /** @description page size (at most 200) */
+                limit?: number;
+                /** @description the `next_cursor` of the previous page */
+                cursor?: string | null;
+                /** @description an action (`memory.save`) or a family of them (`memory`) */
+                action?: string | null;
+                /** @description a user, key id or agent id */
+                actor?: string | null;
+                /** @description only entries at or after this time (ISO 8601) */
+                since?: string | null;
+            };
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Read the audit log */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["AuditPage"];
+                };
+            };
+            /** @description Bad request: the body is not valid JSON, or an input names something that does not exist. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Missing or unknown API key. */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description The key may not do this (e.g. a member key on an admin route). */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Validation failed; `field` is the offending field's path (also for a field the call does not know). */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Rate limit of this key exceeded; see `Retry-After`. */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
                 };
             };
             /** @description A dependency (database, broker) is down; retry after `Retry-After` seconds. */
@@ -2617,7 +3041,7 @@ export interface operations {
         parameters: {
             query?: {
                 /** @description only jobs of this kind */
-                kind?: "embed" | "refresh_samples" | "ingest" | "ingest_cleanup" | "reconcile" | "prune" | "purge_tenant";
+                kind?: "embed" | "refresh_samples" | "ingest" | "ingest_cleanup" | "reconcile" | "prune" | "purge_tenant" | "webhook";
                 /** @description only jobs in this state */
                 state?: "queued" | "running" | "succeeded" | "failed";
                 /** @description only this tenant's jobs (operator key only) */
@@ -5223,6 +5647,539 @@ export interface operations {
             };
             /** @description The key may not do this (e.g. a member key on an admin route). */
             403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Validation failed; `field` is the offending field's path (also for a field the call does not know). */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Rate limit of this key exceeded; see `Retry-After`. */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description A dependency (database, broker) is down; retry after `Retry-After` seconds. */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+        };
+    };
+    list_webhooks: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description List webhooks */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["WebhookList"];
+                };
+            };
+            /** @description Missing or unknown API key. */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description The key may not do this (e.g. a member key on an admin route). */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Validation failed; `field` is the offending field's path (also for a field the call does not know). */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Rate limit of this key exceeded; see `Retry-After`. */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description A dependency (database, broker) is down; retry after `Retry-After` seconds. */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+        };
+    };
+    create_webhook: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                /**
+                 * @example {
+                 *       "events": [
+                 *         "memory.created",
+                 *         "ingest.failed"
+                 *       ],
+                 *       "url": "https://hooks.example.com/engram"
+                 *     }
+                 */
+                "application/json": components["schemas"]["CreateWebhookIn"];
+            };
+        };
+        responses: {
+            /** @description Register a webhook */
+            201: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["WebhookCreated"];
+                };
+            };
+            /** @description Bad request: the body is not valid JSON, or an input names something that does not exist. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Missing or unknown API key. */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description The key may not do this (e.g. a member key on an admin route). */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Content or body too large. */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description The body is not JSON (`Content-Type: application/json`). */
+            415: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Validation failed; `field` is the offending field's path (also for a field the call does not know). */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Rate limit of this key exceeded; see `Retry-After`. */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description A dependency (database, broker) is down; retry after `Retry-After` seconds. */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+        };
+    };
+    get_webhook: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description the webhook's id (from POST or GET /v1/webhooks) */
+                webhook_id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Get a webhook */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["WebhookOut"];
+                };
+            };
+            /** @description Missing or unknown API key. */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description The key may not do this (e.g. a member key on an admin route). */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Not found, or not visible to this key. */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Validation failed; `field` is the offending field's path (also for a field the call does not know). */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Rate limit of this key exceeded; see `Retry-After`. */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description A dependency (database, broker) is down; retry after `Retry-After` seconds. */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+        };
+    };
+    delete_webhook: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description the webhook's id (from POST or GET /v1/webhooks) */
+                webhook_id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Delete a webhook */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["WebhookDeleted"];
+                };
+            };
+            /** @description Missing or unknown API key. */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description The key may not do this (e.g. a member key on an admin route). */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Not found, or not visible to this key. */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Validation failed; `field` is the offending field's path (also for a field the call does not know). */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Rate limit of this key exceeded; see `Retry-After`. */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description A dependency (database, broker) is down; retry after `Retry-After` seconds. */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+        };
+    };
+    patch_webhook: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description the webhook's id (from POST or GET /v1/webhooks) */
+                webhook_id: string;
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                /**
+                 * @example {
+                 *       "events": [
+                 *         "memory.created"
+                 *       ],
+                 *       "rotate_secret": true
+                 *     }
+                 */
+                "application/json": components["schemas"]["PatchWebhookIn"];
+            };
+        };
+        responses: {
+            /** @description Change a webhook or rotate its secret */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["WebhookUpdated"];
+                };
+            };
+            /** @description Bad request: the body is not valid JSON, or an input names something that does not exist. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Missing or unknown API key. */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description The key may not do this (e.g. a member key on an admin route). */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Not found, or not visible to this key. */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Content or body too large. */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description The body is not JSON (`Content-Type: application/json`). */
+            415: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Validation failed; `field` is the offending field's path (also for a field the call does not know). */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Rate limit of this key exceeded; see `Retry-After`. */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description A dependency (database, broker) is down; retry after `Retry-After` seconds. */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+        };
+    };
+    list_deliveries: {
+        parameters: {
+            query?: {
+                /** @description page size (at most 200) */
+                limit?: number;
+                /** @description the `next_cursor` of the previous page */
+                cursor?: string;
+                /** @description only deliveries in this state */
+                state?: "pending" | "succeeded" | "failed";
+            };
+            header?: never;
+            path: {
+                /** @description the webhook's id (from POST or GET /v1/webhooks) */
+                webhook_id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description List a webhook's deliveries */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["WebhookDeliveryPage"];
+                };
+            };
+            /** @description Bad request: the body is not valid JSON, or an input names something that does not exist. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Missing or unknown API key. */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description The key may not do this (e.g. a member key on an admin route). */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Not found, or not visible to this key. */
+            404: {
                 headers: {
                     [name: string]: unknown;
                 };
