@@ -6,7 +6,7 @@ the REST routes through it, over the network or answered by an app in this proce
   goes through the very routes a server runs (same validation, authentication, answers and error JSON),
   so local use cannot drift from REST.
 * :func:`app_client` — the SDK's async client bound to an app that is already serving (``/mcp``): a tool
-  call is one request to the app that received it, on its own event loop.
+  call is one request to the app that received it, on the event loop serving it.
 """
 
 from __future__ import annotations
