@@ -616,7 +616,8 @@ def _fused(state: SearchState, rankings: dict[str, Ranking], bucket: str) -> Ran
     of (a fresh save is first for its own words before its embedding lands)."""
     blind = {}
     if "dense" in rankings and state.dense is not None:
-        candidates = sorted({d for ranking in rankings.values() for d, _ in ranking})
+        # Only the approximate path asks which candidates it could see (the exact path knows its rows).
+        candidates = [] if state.dense.exact else sorted({d for ranking in rankings.values() for d, _ in ranking})
         blind["dense"] = state.dense.blind(bucket, candidates)
     return relevance(rankings, blind=blind)
 
