@@ -182,6 +182,10 @@ class Eligibility:
             self._tenant_facts = source()
         return self._tenant_facts
 
+    def in_memory(self) -> bool:
+        """Whether verdicts come from the tenant's facts held in this process (no query per check)."""
+        return self._facts() is not None
+
     def known(self, memory_id: str) -> bool:
         """Whether the verdict on ``memory_id`` is known (asked or learned)."""
         return memory_id in self._verdicts

@@ -101,6 +101,11 @@ def _open_index(tenant_id: int) -> FulltextIndex | None:
     return _indexes.get(str(_index_path(tenant_id)))
 
 
+def is_open(tenant_id: int) -> bool:
+    """Whether this process has the tenant's index open (a search may then catch it up without waiting)."""
+    return _open_index(tenant_id) is not None
+
+
 def _index_path(tenant_id: int) -> Path:
     return Path(get_settings().index_dir) / f"tenant-{tenant_id}"
 
@@ -301,16 +306,17 @@ def catch_up_before_search(tenant_id: int) -> FulltextIndex:
     return index
 
 
-def catch_up_in(session: Session, tenant_id: int) -> bool:
+def catch_up_in(session: Session, tenant_id: int, *, current_seq: int | None = None) -> bool:
     """Bring the tenant's index up to the session's snapshot from inside its transaction, when that needs
     no waiting (core.search.fulltext.FulltextIndex.catch_up_in_memory): the changes are read in the
     session itself. False when it would have to wait: the caller then ends its transaction and calls
     :func:`catch_up_before_search`, as it does when the process has not opened the tenant's index yet
-    (opening may wait for the index lock)."""
+    (opening may wait for the index lock). ``current_seq``: the tenant's change seq in the session's
+    snapshot when the caller read it already (else it is read here)."""
     index = _open_index(tenant_id)
     if index is None:
         return False
-    current = _change_seq(session, tenant_id)
+    current = _change_seq(session, tenant_id) if current_seq is None else current_seq
     return index.catch_up_in_memory(
         lambda since: _changes_in(session, tenant_id=tenant_id, since=since), current_seq=current
     )
