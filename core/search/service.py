@@ -38,6 +38,8 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from itertools import chain
+from operator import itemgetter
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
@@ -79,6 +81,7 @@ from core.search.render import render_memory
 from core.search.schemas import SearchRequest, SearchResponse
 from core.tenancy.context import Caller
 
+_doc_id = itemgetter(0)  # of a ranking's (doc id, score)
 # The dense channel ranks a bucket with feedback from the first eligible full-text hits of that bucket.
 FEEDBACK_DOCS = 3
 FEEDBACK_FROM, FEEDBACK_TO = "fulltext", "dense"
@@ -508,7 +511,7 @@ def memory_candidates(state: SearchState) -> dict[tuple[str, str], Ranking]:
         if state.eligibility.in_memory():
             # Verdicts cost no query: full-text's are known before dense ranks, so its feedback is no guess
             # (and dense never ranks a bucket twice). The next step checks these candidates anyway.
-            state.eligibility.check(d for bucket in live for d, _ in candidates[FEEDBACK_FROM, bucket])
+            state.eligibility.check(map(_doc_id, chain.from_iterable(candidates[FEEDBACK_FROM, b] for b in live)))
         state.feedback.update({bucket: _feedback(state, candidates[FEEDBACK_FROM, bucket], bucket) for bucket in live})
         for bucket in live:
             candidates[FEEDBACK_TO, bucket] = _rank(state, FEEDBACK_TO, bucket, _first_look(state, bucket))
@@ -525,7 +528,7 @@ def eligible_candidates(state: SearchState) -> dict[str, dict[str, Ranking]]:
     live, candidates, eligibility = state.live(), state.candidates, state.eligibility
     if not candidates:
         return state.eligible
-    eligibility.check(d for ranking in candidates.values() for d, _ in ranking)
+    eligibility.check(map(_doc_id, chain.from_iterable(candidates.values())))
     if state.dense_fetch is not None:
         guessed = dict(state.feedback)
         state.feedback.update({bucket: _feedback(state, candidates[FEEDBACK_FROM, bucket], bucket) for bucket in live})
