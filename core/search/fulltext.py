@@ -544,8 +544,15 @@ class FulltextIndex:
             clauses.append((tantivy.Occur.Should, tantivy.Query.boost_query(exact, EXACT_ID_BOOST)))
         query = tantivy.Query.boolean_query(clauses)
         if doc_kinds is not None:
-            # Boost 0: the kind filter restricts the hits without shifting their scores.
-            kinds = tantivy.Query.term_set_query(self._schema, "doc_kind", sorted(doc_kinds))
+            # Boost 0: the kind filter restricts the hits without shifting their scores. Term queries, not a
+            # term set query: tantivy builds a term set's automaton afresh at every search (an FST builder
+            # each time), which cost 2-6 times the rest of the query here; the hits and scores are the same.
+            kind_terms = [tantivy.Query.term_query(self._schema, "doc_kind", kind) for kind in sorted(doc_kinds)]
+            kinds = (
+                kind_terms[0]
+                if len(kind_terms) == 1
+                else tantivy.Query.boolean_query([(tantivy.Occur.Should, term) for term in kind_terms])
+            )
             query = tantivy.Query.boolean_query(
                 [
                     (tantivy.Occur.Must, query),
