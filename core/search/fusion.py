@@ -167,6 +167,11 @@ def with_hops(fused: Sequence[tuple[str, float]], hops: Sequence[tuple[str, floa
     for doc_id, value in hops:
         lift.setdefault(doc_id, GRAPH_SHARE * min(max(float(value), 0.0), 1.0))
     order = {doc_id: n for n, (doc_id, _) in enumerate(fused)}
+    if not lift and len(order) == len(fused):
+        # No hop (the common case): each doc keeps its relevance (lifted by nothing) and its position.
+        unlifted = [(-(score + (1.0 - score) * 0.0), n, doc_id) for n, (doc_id, score) in enumerate(fused)]
+        unlifted.sort()
+        return [(doc_id, -negated) for negated, _, doc_id in unlifted]
     scored = {doc_id: score for doc_id, score in fused}
     for doc_id in lift:
         scored.setdefault(doc_id, 0.0)
