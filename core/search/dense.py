@@ -302,6 +302,8 @@ class DenseSearch:
         # Per memory bucket: (the feedback its scores were computed with, the scores of its rows).
         self._bucket_scores: dict[str, tuple[tuple[str, ...], np.ndarray]] = {}
         self._products: dict[tuple[str, ...], np.ndarray] = {}
+        # Per minority bucket: its rows' vectors, contiguous (see _block), once its scores were computed.
+        self._blocks: dict[str, np.ndarray] = {}
         self._pool: dict[str, list[tuple[str, float]]] | None = None
         if self._exact:
             single_threaded_blas()
@@ -403,7 +405,8 @@ class DenseSearch:
             elif 2 * len(rows) >= len(side.ids):
                 scores = self._product(query, feedback)[rows]
             else:
-                scores = _block(layout, bucket, side).T @ query
+                self._blocks[bucket] = block = _block(layout, bucket, side)
+                scores = block.T @ query
             self._bucket_scores[bucket] = (feedback, scores)
             cached = self._bucket_scores[bucket]
         return layout.rows[bucket], cached[1]
@@ -433,7 +436,14 @@ class DenseSearch:
         # The floor is on the question's own cosine (as on the approximate path), not the score that
         # feedback and run context moved: a doc must be like the question itself to be ranked. Entity scores
         # are that cosine already.
-        own = sub[top] if bucket == ENTITIES else side.matrix[rows[top]] @ self._query
+        if bucket == ENTITIES:
+            own = sub[top]
+        else:
+            # A minority bucket's vectors are at hand, contiguous, in its block (gathering its rows from the
+            # whole matrix touches a cache line per element); the same rows, hence the same product.
+            block = self._blocks.get(bucket)
+            vectors = np.ascontiguousarray(block[:, top].T) if block is not None else side.matrix[rows[top]]
+            own = vectors @ self._query
         top = top[own >= self._floor]
         ids = side.ids if bucket == ENTITIES else side.memory_ids
         return list(zip([ids[r] for r in rows[top].tolist()], sub[top].tolist(), strict=True))
