@@ -26,6 +26,7 @@ commit while it runs may be missed by full-text, as they would be by a search st
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from datetime import datetime
 from pathlib import Path
@@ -107,7 +108,13 @@ def is_open(tenant_id: int) -> bool:
 
 
 def _index_path(tenant_id: int) -> Path:
-    return Path(get_settings().index_dir) / f"tenant-{tenant_id}"
+    return _path_in(get_settings().index_dir, tenant_id)
+
+
+@functools.lru_cache(maxsize=4096)
+def _path_in(index_dir: Path, tenant_id: int) -> Path:
+    """A tenant's index directory (every search asks for it a few times: Path arithmetic is kept)."""
+    return Path(index_dir) / f"tenant-{tenant_id}"
 
 
 def forget_open_indexes() -> None:

@@ -14,6 +14,7 @@ memory's own rendered text (not the context it borrows).
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Callable, Sequence
 
@@ -67,6 +68,12 @@ def _names_said(text: str, wanted: set[str]) -> int:
         present = [name for name in wanted if name in lowered]
         if not present:
             return 0
-        words = set(_WORD.findall(lowered))
+        words = _ascii_words(lowered)
         return sum(1 for name in present if name in words)
     return len(wanted.intersection(w.lower() for w in _WORD.findall(text)))
+
+
+@functools.lru_cache(maxsize=4096)
+def _ascii_words(lowered: str) -> frozenset[str]:
+    """The words of a lowercased ASCII text; a tenant's hits come back search after search, so kept."""
+    return frozenset(_WORD.findall(lowered))
