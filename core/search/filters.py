@@ -161,14 +161,14 @@ class Eligibility:
         if facts is not None:
             memo = facts.memo(memory_filter)
             # The verdicts the memo holds, looked up in one pass in C; the few it lacks are judged here.
-            found = list(map(memo.get, missing, repeat(_UNKNOWN)))
-            if _UNKNOWN in found:
+            known = list(map(memo.get, missing, repeat(_UNKNOWN)))
+            if _UNKNOWN in known:
                 verdict, fact_of = memory_filter.verdict, facts.get
-                for n, known in enumerate(found):
-                    if known is _UNKNOWN:
+                for n, seen in enumerate(known):
+                    if seen is _UNKNOWN:
                         memory_id = missing[n]
-                        found[n] = memo[memory_id] = verdict(fact_of(memory_id))
-            verdicts.update(zip(missing, found, strict=True))
+                        known[n] = memo[memory_id] = verdict(fact_of(memory_id))
+            verdicts.update(zip(missing, known, strict=True))
             return
         tenant_id = memory_filter.caller.tenant_id
 
