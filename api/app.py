@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
 
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse
 from fastapi_offline import FastAPIOffline
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from uvicorn.middleware.proxy_headers import ProxyHeadersMiddleware
 
 import core.schema  # noqa: F401 - every table known to the ORM
 from api.errors import error_response, install_error_handlers
@@ -75,15 +79,23 @@ def create_app(*, install_queue: bool = False) -> FastAPI:
     # Added last, so it runs first: even shed requests and BodyGuard's refusals carry the request id and
     # are counted.
     app.add_middleware(RequestContext)
+    # Outermost: behind trusted proxies, every layer (the bad-key budget, the logs) sees the forwarded client.
+    if settings.trusted_proxies.strip():
+        app.add_middleware(ProxyHeadersMiddleware, trusted_hosts=settings.trusted_proxies)
 
     from api.dashboard import routes as dashboard
-    from api.routes import catalog, health, jobs, keys, memories, metrics, ops, runs, search, transfer
+    from api.dashboard import tenants as dashboard_tenants
+    from api.routes import catalog, health, jobs, keys, memories, metrics, ops, runs, search, tenants, transfer
 
-    for module in (health, keys, transfer, memories, jobs, catalog, search, ops, runs, dashboard, metrics):
+    for module in (
+        health, keys, transfer, memories, jobs, catalog, search, ops, runs, tenants, dashboard, dashboard_tenants,
+        metrics,
+    ):  # fmt: skip
         app.include_router(module.router)
     from api.mcp.http import mount_mcp
 
     mount_mcp(app)
+    _run_tenant_services(app)
     # Writes only commit job rows; the outbox relay in each worker publishes them (core.jobs.relay), so a
     # request never waits on the broker. `install_queue` also publishes from this process, for setups
     # without a worker relay (the in-process client, MCP over stdio).
@@ -92,6 +104,28 @@ def create_app(*, install_queue: bool = False) -> FastAPI:
 
         install_job_queue()
     return app
+
+
+def _run_tenant_services(app: FastAPI) -> None:
+    """While the app runs: apply operators' changes to tenants at once (api.tenant_events), and write the
+    usage this process buffered when it stops."""
+    previous = app.router.lifespan_context
+
+    @asynccontextmanager
+    async def lifespan(application: Any) -> AsyncIterator[Any]:
+        from api.tenant_events import TenantEventListener
+        from core.tenancy.usage import buffer
+
+        listener = TenantEventListener()
+        listener.start()
+        try:
+            async with previous(application) as state:
+                yield state
+        finally:
+            listener.stop()
+            buffer.flush()
+
+    app.router.lifespan_context = lifespan
 
 
 class BodyGuard:

@@ -13,12 +13,13 @@ import time
 from fastapi import Request
 from starlette.concurrency import run_in_threadpool
 
-from api.ratelimit import INVALID_KEY_BUDGET, Verdict, key_budget, limiter, remember_verdict
+from api.ratelimit import INVALID_KEY_BUDGET, Verdict, key_budget, limiter, remember_verdict, tenant_budget
 from core.config import get_settings
 from core.db import system_session
-from core.errors import Forbidden, RateLimited, Unauthorized
+from core.errors import Forbidden, RateLimited, TenantSuspended, Unauthorized
 from core.tenancy.context import Caller
 from core.tenancy.service import authenticate, hash_key
+from core.tenancy.usage import buffer as usage_buffer
 
 # Revocations made through this process apply at once; other processes see them within the TTL.
 _CACHE_TTL_SECONDS = 5.0
@@ -49,10 +50,15 @@ def bearer_token(request: Request) -> str | None:
     return None
 
 
-def forget_cached_keys() -> None:
+def forget_cached_keys(*, tenant_id: int | None = None) -> None:
+    """Drop cached callers: every one, or one tenant's (its state or keys changed, maybe on another replica)."""
     with _cache_lock:
-        _cache.clear()
-        _unknown.clear()
+        if tenant_id is None:
+            _cache.clear()
+            _unknown.clear()
+            return
+        for digest in [d for d, (_, caller) in _cache.items() if caller.tenant_id == tenant_id]:
+            del _cache[digest]
 
 
 def caller_for_key(api_key: str) -> Caller:
@@ -93,15 +99,18 @@ def _client_address(request: Request) -> str:
 
 
 def _lookup(token: str, request: Request) -> Caller:
-    """The caller of an uncached key; a client address over its budget of failed lookups gets 429 first."""
-    address = _client_address(request)
-    refused = limiter.exhausted(INVALID_KEY_BUDGET, address)
-    if refused is not None:
-        raise RateLimitExceeded("too many requests with invalid API keys from this address", headers=refused.headers())
+    """The caller of an uncached key. A valid key is always admitted, whoever shares its address; a failed
+    lookup spends the address's budget of failures, and past it the answer is 429 instead of 401, so only
+    the client sending bad keys is told to back off (behind a proxy, the address is the forwarded client's
+    when the proxy is trusted: ENGRAM_TRUSTED_PROXIES)."""
     try:
         return caller_for_key(token)
     except Unauthorized:
-        limiter.hit(INVALID_KEY_BUDGET, address)
+        verdict = limiter.hit(INVALID_KEY_BUDGET, _client_address(request))
+        if verdict is not None and not verdict.allowed:
+            raise RateLimitExceeded(
+                "too many requests with invalid API keys from this address", headers=verdict.headers()
+            ) from None
         raise
 
 
@@ -111,8 +120,12 @@ def _writes(request: Request) -> bool:
     return path.startswith("/v1/") and request.method not in ("GET", "HEAD", "OPTIONS") and path not in _READING_POSTS
 
 
-def _admit(caller: Caller, request: Request) -> Verdict | None:
-    """Spend one request of the key's budget (429 when spent) and refuse writes to a read-only key."""
+def _admit(caller: Caller, request: Request, *, meter: bool = True) -> Verdict | None:
+    """Refuse a suspended tenant's keys, spend one request of the key's budget and of the tenant's
+    requests_per_minute (429 when either is spent), refuse writes to a read-only key, and count the request
+    in the tenant's usage (``meter``; an MCP call over HTTP counts as the REST calls its tools make)."""
+    if caller.tenant_state == "suspended":
+        raise TenantSuspended(f"tenant {caller.tenant_name!r} is suspended; its operator can resume it")
     budget = key_budget()
     verdict = limiter.hit(budget, caller.key_id) if budget is not None else None
     if verdict is not None and not verdict.allowed:
@@ -121,14 +134,25 @@ def _admit(caller: Caller, request: Request) -> Verdict | None:
             f"rate limit of {settings.rate_limit_per_second:g} requests/s for this key exceeded",
             headers=verdict.headers(),
         )
+    if caller.tenant_requests_per_minute is not None:
+        tenant_verdict = limiter.hit(tenant_budget(caller.tenant_requests_per_minute), str(caller.tenant_id))
+        if tenant_verdict is not None and not tenant_verdict.allowed:
+            raise RateLimitExceeded(
+                f"quota requests_per_minute of {caller.tenant_requests_per_minute} for this tenant exceeded",
+                headers=tenant_verdict.headers(),
+            )
+        if tenant_verdict is not None and (verdict is None or tenant_verdict.remaining < verdict.remaining):
+            verdict = tenant_verdict
     if verdict is not None:
         remember_verdict(request.scope, verdict)
     if _writes(request):
         caller.require_write()
+    if meter:
+        usage_buffer.add(caller.tenant_id, requests=1)
     return verdict
 
 
-def caller_from_request(request: Request) -> Caller:
+def caller_from_request(request: Request, *, meter: bool = True) -> Caller:
     """The tenant caller behind the Authorization header (401 otherwise); may query the database."""
     token = bearer_token(request)
     if token is None:
@@ -138,7 +162,7 @@ def caller_from_request(request: Request) -> Caller:
     caller = _cached(token)
     if caller is None:
         caller = _lookup(token, request)
-    _admit(caller, request)
+    _admit(caller, request, meter=meter)
     return caller
 
 

@@ -32,6 +32,7 @@ TAGS: list[dict[str, str]] = [
     {"name": "jobs", "description": "Background jobs (embedding, ingest, sample refresh, ...) and their retries."},
     {"name": "operations", "description": "Embedding coverage per tenant, doc kind and model."},
     {"name": "keys", "description": "API keys of the caller's tenant (admin keys only)."},
+    {"name": "tenants", "description": "Operating tenants (operator key): provision, suspend, limit, meter, offboard."},
     {"name": "health", "description": "Liveness and readiness; no key needed."},
 ]
 

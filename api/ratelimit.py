@@ -1,8 +1,9 @@
 """Request budgets kept in Redis, so they hold across API replicas (the `limits` library, sliding window).
 
-Two budgets: per API key (ENGRAM_RATE_LIMIT_PER_SECOND on average, bursts up to ENGRAM_RATE_LIMIT_BURST),
-and per client address for keys that fail to authenticate, so guessing keys cannot turn each guess into a
-database lookup. When Redis is unreachable the limiter fails open: a save must not fail because its budget
+Three budgets: per API key (ENGRAM_RATE_LIMIT_PER_SECOND on average, bursts up to ENGRAM_RATE_LIMIT_BURST),
+per tenant (its requests_per_minute quota, every key together), and per client address for keys that fail
+to authenticate (past it, a failed lookup is answered 429 rather than 401; a valid key is never refused).
+When Redis is unreachable the limiter fails open: a save must not fail because its budget
 cannot be read. It then logs a warning and leaves Redis alone for a few seconds, so an outage does not add
 a connect timeout to every request.
 """
@@ -15,7 +16,7 @@ import threading
 import time
 from dataclasses import dataclass
 
-from limits import RateLimitItem, RateLimitItemPerSecond
+from limits import RateLimitItem, RateLimitItemPerMinute, RateLimitItemPerSecond
 from limits.storage import RedisStorage
 from limits.strategies import SlidingWindowCounterRateLimiter
 from starlette.types import Scope
@@ -134,21 +135,6 @@ class RedisRateLimiter:
             window[3] += 1
             return list(window)
 
-    def exhausted(self, item: RateLimitItem, identifier: str) -> Verdict | None:
-        """The refusal for `identifier` when its budget is spent (without spending), else None."""
-        limiter = self._get()
-        if limiter is None:
-            return None
-        try:
-            if limiter.test(item, identifier):
-                return None
-            stats = limiter.get_window_stats(item, identifier)
-        except Exception as error:  # noqa: BLE001 - fail open, as in hit()
-            self._failed(error)
-            return None
-        reset = max(1, math.ceil(stats.reset_time - time.time()))
-        return Verdict(allowed=False, limit=item.amount, remaining=0, reset_seconds=reset)
-
 
 def key_budget() -> RateLimitItem | None:
     """The per-key budget as a sliding window: `burst` requests per `burst / rate` seconds keeps both the
@@ -159,6 +145,11 @@ def key_budget() -> RateLimitItem | None:
         return None
     seconds = max(1, round(burst / rate))
     return RateLimitItemPerSecond(max(1, round(rate * seconds)), seconds, namespace="engram-key")
+
+
+def tenant_budget(requests_per_minute: int) -> RateLimitItem:
+    """A tenant's requests_per_minute quota: every key of the tenant together, across replicas."""
+    return RateLimitItemPerMinute(requests_per_minute, 1, namespace="engram-tenant")
 
 
 INVALID_KEY_BUDGET = RateLimitItemPerSecond(INVALID_KEYS_PER_MINUTE, 60, namespace="engram-badkey")

@@ -103,6 +103,21 @@ class BoundedCache(Generic[V]):
             self._publish_locked()
         return None if old is None else old[0]
 
+    def drop_tenant(self, tenant_id: int) -> int:
+        """Drop the entries of one tenant (keyed by its id, or by a tuple leading with it); returns how many."""
+        dropped: list[tuple[Hashable, V]] = []
+        with self._lock:
+            for key in list(self._items):
+                if key == tenant_id or (isinstance(key, tuple) and key and key[0] == tenant_id):
+                    value, weight = self._items.pop(key)
+                    self._bytes -= weight
+                    dropped.append((key, value))
+            self._publish_locked()
+        if self._on_evict is not None:
+            for key, value in dropped:
+                self._on_evict(key, value)
+        return len(dropped)
+
     def clear(self) -> None:
         with self._lock:
             self._items.clear()
@@ -155,6 +170,13 @@ class BoundedCache(Generic[V]):
         if self._on_evict is not None:
             for key, value in evicted:
                 self._on_evict(key, value)
+
+
+def drop_tenant_everywhere(tenant_id: int) -> int:
+    """Drop one tenant's entries from every registered cache (an offboarded tenant's state is erased)."""
+    with _registry_lock:
+        caches = list(_registry.values())
+    return sum(cache.drop_tenant(tenant_id) for cache in caches)
 
 
 def cache_sizes() -> dict[str, tuple[int, int]]:

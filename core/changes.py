@@ -10,6 +10,7 @@ from __future__ import annotations
 from sqlalchemy import func, update
 from sqlalchemy.orm import Session
 
+from core.errors import Unauthorized
 from core.tenancy.models import Tenant
 
 
@@ -28,5 +29,8 @@ def bump_change_seq(session: Session, *, tenant_id: int, auto_ids: int = 0, supp
             change_seq=Tenant.change_seq + 1,
         )
         .returning(Tenant.memory_seq, Tenant.change_seq)
-    ).one()
+    ).one_or_none()
+    if row is None:
+        # The tenant was offboarded (its row purged) by a request racing this one: its keys are revoked.
+        raise Unauthorized("invalid API key")
     return int(row[0]), int(row[1])

@@ -151,6 +151,23 @@ class Settings(BaseSettings):
     # so ~90 MB at most; core.search.facts). A larger tenant is judged in SQL; 0 turns the cache off.
     search_facts_max_memories: int = 200_000
 
+    # Operating tenants (core.tenancy.operations). Quotas a new tenant gets when its creation names none
+    # (unset: unlimited); an operator changes a tenant's with PATCH /v1/tenants/{name}.
+    default_max_memories: int | None = Field(default=None, ge=0)
+    default_max_datasources: int | None = Field(default=None, ge=0)
+    default_requests_per_minute: int | None = Field(default=None, ge=1)
+    default_embedding_texts_per_day: int | None = Field(default=None, ge=0)
+    # API processes buffer usage counts and flush them this often (usage is current within a minute).
+    usage_flush_seconds: float = Field(default=5.0, gt=0)
+    # How often beat measures the storage of tenants whose data changed since their last measurement.
+    usage_storage_interval_seconds: float = Field(default=60.0, gt=0)
+    # Addresses (IPs or CIDR networks, comma-separated) of the proxies or load balancers in front of the
+    # API whose X-Forwarded-For / X-Forwarded-Proto headers are believed; empty: none, the peer address is
+    # the client's. "*" believes any peer (only behind a proxy that always overwrites the headers).
+    trusted_proxies: str = ""
+    # Rows an offboarding's purge deletes per transaction (each chunk commits: a killed purge resumes).
+    purge_chunk_rows: int = Field(default=5_000, ge=1)
+
     @property
     def index_dir(self) -> Path:
         return self.home / "index"

@@ -93,6 +93,16 @@ def pg_data_dir_for(home: Path) -> Path:
     return _shared_dir(name="pg", key=str(home.resolve()))
 
 
+def existing_pg_data_dir(home: Path) -> Path | None:
+    """The initialised cluster of `home`, if it has one; creates nothing (a command pointed at a home that
+    holds no engram must leave no trace)."""
+    home = home.expanduser()
+    candidates = [home / "pg"]
+    if SHARED_ROOT.is_dir():
+        candidates.append(SHARED_ROOT / f"pg-{hashlib.sha256(str(home.resolve()).encode()).hexdigest()[:16]}")
+    return next((path for path in candidates if (path / "PG_VERSION").is_file()), None)
+
+
 def read_or_make_secret(path: Path) -> str:
     """The secret stored at ``path``, made (random, 0600) on first use."""
     if not path.exists():

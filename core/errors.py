@@ -50,3 +50,27 @@ class RateLimited(EngramError):
 
 class Unavailable(EngramError):
     status, code = 503, "unavailable"
+
+
+class TenantSuspended(Forbidden):
+    code = "tenant_suspended"
+
+
+class QuotaExceeded(Forbidden):
+    """A write past one of the tenant's quotas (CONTRACT section 9): nothing of it is written."""
+
+    code = "quota_exceeded"
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        quota: str | None = None,
+        limit: int | None = None,
+        field: str | None = None,
+        details: dict[str, Any] | None = None,
+    ) -> None:
+        details = {**(details or {}), **({"quota": quota, "limit": limit} if quota is not None else {})}
+        super().__init__(message, field=field, details=details)
+        self.quota = details.get("quota")
+        self.limit = details.get("limit")

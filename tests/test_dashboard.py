@@ -194,6 +194,13 @@ def test_job_detail_has_every_attempt_with_its_traceback_and_timings(client, ten
     assert job["created_at"] and job["started_at"] and job["finished_at"] and job["duration_seconds"] >= 0
     assert client.get("/dashboard/api/jobs/nope", headers=OPERATOR).status_code == 404
     assert client.get(f"/dashboard/api/jobs/{job_id}").status_code == 401
+    # The operator's REST view has the traceback too; the tenant's key gets the error message alone.
+    [operator_attempt] = client.get(f"/v1/jobs/{job_id}", headers=OPERATOR).json()["attempt_errors"]
+    assert "Traceback" in operator_attempt["traceback"]
+    for path in (f"/v1/jobs/{job_id}", "/v1/jobs?state=failed"):
+        body = client.get(path, headers=tenant.headers()).text
+        assert "not found" in body and "Traceback" not in body and "traceback" not in body
+        assert "/core/" not in body and ".py" not in body
 
 
 def test_throughput_per_hour_over_a_day(client, tenant):

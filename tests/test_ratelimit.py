@@ -153,9 +153,13 @@ def test_saves_succeed_when_redis_is_down(client, tenant, tight_budget, caplog):
         limiter._down_until = 0.0
 
 
-def test_failed_key_lookups_are_limited_per_address(client, tenant):
-    """Guessing keys: past the address's budget of failures, 429 without a database lookup."""
+def test_failed_key_lookups_are_limited_per_address_and_never_refuse_a_valid_key(client, tenant, make_tenant):
+    """Guessing keys: past the address's budget of failures, the guesses get 429. A valid key is never refused
+    for sharing the address (behind a load balancer every caller does): not one used a moment ago, and not a
+    key of another tenant that this process has never seen."""
     assert client.get("/v1/memories", headers=tenant.headers()).status_code == 200  # now cached
+    other = make_tenant("unseen")  # its key was never used: its first call is a lookup
+    member = client.post("/v1/keys", json={"user": "new@example.com"}, headers=tenant.headers()).json()["api_key"]
     active = limiter._get()
     assert active is not None
     active.clear(INVALID_KEY_BUDGET, "testclient")  # other tests' 401s spent some of it
@@ -166,7 +170,52 @@ def test_failed_key_lookups_are_limited_per_address(client, tenant):
         ]
         assert statuses[:INVALID_KEYS_PER_MINUTE] == [401] * INVALID_KEYS_PER_MINUTE
         assert statuses[-1] == 429
-        # A cached valid key from the same address still works.
         assert client.get("/v1/memories", headers=tenant.headers()).status_code == 200
+        assert client.get("/v1/memories", headers=other.headers()).status_code == 200
+        assert client.get("/v1/memories", headers={"Authorization": f"Bearer {member}"}).status_code == 200
+    finally:
+        active.clear(INVALID_KEY_BUDGET, "testclient")
+
+
+def test_trusted_proxies_decide_whose_address_a_bad_key_spends(stack, tenant):
+    """ENGRAM_TRUSTED_PROXIES: behind a trusted proxy, each forwarded client has its own budget of bad keys; a
+    forwarded address from a peer that is not trusted is ignored (the peer's own address is used)."""
+    import os
+
+    from fastapi.testclient import TestClient
+
+    from api.app import create_app
+    from core.config import reset_settings_cache
+
+    active = limiter._get()
+    assert active is not None
+    os.environ["ENGRAM_TRUSTED_PROXIES"] = "testclient"  # the test client's peer "address"
+    reset_settings_cache()
+    try:
+        with TestClient(create_app(), raise_server_exceptions=False) as proxied:
+            guesser = {"X-Forwarded-For": "203.0.113.7"}
+            active.clear(INVALID_KEY_BUDGET, "203.0.113.7")
+            statuses = [
+                proxied.get("/v1/memories", headers={**guesser, "Authorization": f"Bearer egk_g{i}"}).status_code
+                for i in range(INVALID_KEYS_PER_MINUTE + 1)
+            ]
+            assert statuses[-1] == 429
+            bystander = {"X-Forwarded-For": "198.51.100.9", "Authorization": "Bearer egk_typo"}
+            assert proxied.get("/v1/memories", headers=bystander).status_code == 401  # its own budget
+    finally:
+        os.environ.pop("ENGRAM_TRUSTED_PROXIES")
+        reset_settings_cache()
+        for address in ("203.0.113.7", "198.51.100.9"):
+            active.clear(INVALID_KEY_BUDGET, address)
+    # Without the setting the header is not believed: the same guesses spend the peer's budget.
+    active.clear(INVALID_KEY_BUDGET, "testclient")
+    try:
+        with TestClient(create_app(), raise_server_exceptions=False) as direct:
+            for i in range(INVALID_KEYS_PER_MINUTE):
+                forged = {"X-Forwarded-For": f"192.0.2.{i}", "Authorization": f"Bearer egk_h{i}"}
+                direct.get("/v1/memories", headers=forged)
+            forged = {"X-Forwarded-For": "192.0.2.250", "Authorization": "Bearer egk_x"}
+            spent = direct.get("/v1/memories", headers=forged)
+            assert spent.status_code == 429
     finally:
         active.clear(INVALID_KEY_BUDGET, "testclient")

@@ -151,3 +151,32 @@ def test_local_client_and_mcp_path_enforce_the_binding_too(client, tenant):
             local.save_memory(content="theirs", agent_id="agent-b")
         assert refused.value.status == 403
     assert client.get("/v1/memories/lc1", headers=tenant.headers()).json()["agent_id"] == "agent-a"
+
+
+def test_an_admin_naming_an_agent_or_persona_sees_what_they_see(client, tenant):
+    """CONTRACT section 2: the admin key, naming an agent_id and/or persona, gets that view (a filter) on every
+    read; naming neither, it sees everything; it may still change anything."""
+    saves = [
+        {"id": "planner-core", "content": "planner note about invoices", "agent_id": "planner"},
+        {"id": "coder-core", "content": "coder note about invoices", "agent_id": "coder"},
+        {"id": "shared", "content": "workspace note about invoices", "agent_id": "coder", "category": "workspace"},
+        {"id": "analyst", "content": "analyst persona note about invoices", "persona": "analyst"},
+    ]
+    for body in saves:
+        assert client.post("/v1/memories", json=body, headers=tenant.headers()).status_code == 201
+    everything = {m["id"] for m in client.get("/v1/memories", headers=tenant.headers()).json()["memories"]}
+    assert everything >= {"planner-core", "coder-core", "shared", "analyst"}
+    as_planner = {"agent_id": "planner"}
+    listed = client.get("/v1/memories", params=as_planner, headers=tenant.headers()).json()["memories"]
+    assert {m["id"] for m in listed} == {"planner-core", "shared"}
+    found = client.post("/v1/search", json={"question": "invoices", **as_planner}, headers=tenant.headers()).json()
+    assert {h["id"] for h in found["memories"]} == {"planner-core", "shared"}
+    assert client.get("/v1/memories/coder-core", params=as_planner, headers=tenant.headers()).status_code == 404
+    as_analyst = client.get("/v1/memories", params={"persona": "analyst"}, headers=tenant.headers()).json()
+    assert "analyst" in {m["id"] for m in as_analyst["memories"]}
+    assert "analyst" not in {m["id"] for m in listed}
+    hydrated = client.post("/v1/hydrate", json={"budget_bytes": 10_000, **as_planner}, headers=tenant.headers())
+    assert {m["id"] for m in hydrated.json()["memories"]} == {"planner-core", "shared"}
+    # Changing: an upsert of another agent's id, named as planner, still goes through for the admin.
+    upsert = {"id": "coder-core", "content": "revised by the admin", **as_planner}
+    assert client.post("/v1/memories", json=upsert, headers=tenant.headers()).status_code == 201

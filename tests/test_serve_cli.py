@@ -145,3 +145,32 @@ def test_sigterm_stops_everything(served):
     assert not (served["home"] / "runtime.json").exists()
     assert runtime["database_url"].startswith("postgresql+psycopg://postgres:")  # the embedded one needs a password
     assert runtime["datasource_policy"] == "local"
+
+
+def test_tenant_commands_on_the_served_home(served):
+    """`engram tenant ...` on a home that `serve` runs: REST calls with the home's operator key."""
+    env, home = served["env"], str(served["home"])
+    created = json.loads(_engram("tenant", "create", "globex", "--json", "--max-memories", "1", "--home", home,
+                                 env=env).stdout)  # fmt: skip
+    key = {"Authorization": f"Bearer {created['api_key']}"}
+    url = f"http://127.0.0.1:{served['port']}"
+    shown = json.loads(_engram("tenant", "show", "globex", "--format", "json", "--home", home, env=env).stdout)
+    assert shown["state"] == "active" and shown["quotas"]["max_memories"] == 1
+    _engram("tenant", "suspend", "globex", "--home", home, env=env)
+    assert httpx.get(f"{url}/v1/memories", headers=key).json()["error"]["code"] == "tenant_suspended"
+    table = _engram("tenant", "list", "--state", "suspended", "--home", home, env=env).stdout
+    assert "globex" in table and "suspended" in table
+    _engram("tenant", "resume", "globex", "--home", home, env=env)
+    assert httpx.get(f"{url}/v1/memories", headers=key).status_code == 200
+    _engram("tenant", "quota", "globex", "--max-memories", "none", "--requests-per-minute", "600", "--home", home,
+            env=env)  # fmt: skip
+    quotas = json.loads(_engram("tenant", "quota", "globex", "--format", "json", "--home", home, env=env).stdout)
+    assert quotas["max_memories"] is None and quotas["requests_per_minute"] == 600
+    bad = _engram("tenant", "quota", "globex", "--max-memories", "lots", "--home", home, env=env, check=False)
+    assert bad.returncode != 0 and "whole number" in bad.stderr
+    started = json.loads(_engram("tenant", "delete", "globex", "--yes", "--format", "json", "--home", home,
+                                 env=env).stdout)  # fmt: skip
+    assert started["job_id"]
+    assert httpx.get(f"{url}/v1/memories", headers=key).status_code == 401
+    missing = _engram("tenant", "show", "globex", "--home", home, env=env, check=False)
+    assert missing.returncode != 0 and json.loads(missing.stderr)["error"]["code"] == "not_found"

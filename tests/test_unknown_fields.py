@@ -67,7 +67,9 @@ def test_documented_aliases_and_identity_fields_are_accepted(client, tenant):
     memory_id = save(
         client, tenant, {"learning": "alias note", "entities": [], "agent_id": "planner", "persona": "analyst"}
     )
-    got = client.get(f"/v1/memories/{memory_id}", params={"agent_id": "planner"}, headers=tenant.headers()).json()
+    # An admin naming an agent and persona sees what they see (CONTRACT section 2).
+    identity = {"agent_id": "planner", "persona": "analyst"}
+    got = client.get(f"/v1/memories/{memory_id}", params=identity, headers=tenant.headers()).json()
     assert got["content"] == "alias note" and got["agent_id"] == "planner"
     patched = client.patch(
         f"/v1/memories/{memory_id}",

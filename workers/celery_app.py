@@ -42,6 +42,10 @@ def make_celery() -> Celery:
                 "task": "engram.prune",
                 "schedule": settings.prune_interval_seconds,
             },
+            "meter": {
+                "task": "engram.meter",
+                "schedule": settings.usage_storage_interval_seconds,
+            },
         },
     )
     return app

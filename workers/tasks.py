@@ -151,3 +151,13 @@ def prune_task() -> str | None:
     with system_session() as session:
         job = enqueue_prune(session)
         return job.id if job is not None else None
+
+
+@app.task(name="engram.meter", acks_late=True)
+def meter_task() -> int:
+    """Measure the storage of tenants whose data changed (usage's storage_bytes), and forget old flush ids."""
+    from core.tenancy.usage import forget_old_flushes, measure_storage
+
+    measured = measure_storage()
+    forget_old_flushes()
+    return measured

@@ -3,7 +3,6 @@ commands start fast."""
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import sys
@@ -78,6 +77,8 @@ def api(host: str | None, port: int | None, workers: int | None, migrate: bool, 
         log_config=None,
         log_level=settings.log_level.lower(),
         access_log=False,
+        # Forwarded headers are believed only from ENGRAM_TRUSTED_PROXIES, by api.app (not uvicorn's default).
+        proxy_headers=False,
     )
 
 
@@ -164,64 +165,13 @@ def mcp(agent_id: str | None, persona: str | None, url: str | None, api_key: str
         raise click.ClickException(str(exc)) from None
 
 
-@main.group()
-def tenant() -> None:
-    """Tenants."""
-
-
-@tenant.command("create")
-@click.argument("name")
-@click.option("--json", "as_json", is_flag=True, help='print {"tenant", "api_key"} only')
-@click.option("--admin-user", default="admin@localhost", show_default=True)
-@home_option
-def tenant_create(name: str, as_json: bool, admin_user: str, home: str | None) -> None:
-    """Create a tenant and its first admin key."""
-    _set_home(home)
-    from core.runtime import database_session_for_cli
-
-    with database_session_for_cli():
-        from core.db import system_session
-        from core.errors import EngramError
-        from core.migrate import upgrade
-        from core.tenancy.service import create_tenant
-
-        upgrade()
-        try:
-            with system_session() as session:
-                issued = create_tenant(session, name=name, admin_user=admin_user)
-        except EngramError as exc:
-            raise click.ClickException(exc.message) from None
-    if as_json:
-        click.echo(json.dumps({"tenant": issued.tenant, "api_key": issued.api_key}))
-    else:
-        click.echo(f"tenant {issued.tenant} created\nadmin key (shown once): {issued.api_key}")
-
-
-@tenant.command("list")
-@click.option("--format", "fmt", type=click.Choice(["json", "table"]), default="table", show_default=True)
-@home_option
-def tenant_list(fmt: str, home: str | None) -> None:
-    """Every tenant with its live keys and memories (reads the database, as `tenant create` writes it)."""
-    _set_home(home)
-    from core.runtime import database_session_for_cli
-
-    with database_session_for_cli():
-        from core.db import system_session
-        from core.tenancy.overview import tenant_overview
-
-        with system_session() as session:
-            rows = tenant_overview(session)
-    from api.cli.memory import emit
-
-    emit({"tenants": rows}, fmt=fmt, rows=rows, columns=("name", "keys", "memories", "created_at"))
-
-
 from api.cli.admin import datasource, key  # noqa: E402
 from api.cli.bench import bench, eval_  # noqa: E402 - registered after the group exists
 from api.cli.catalog import ingest  # noqa: E402
 from api.cli.demo import demo  # noqa: E402
 from api.cli.memory import memory  # noqa: E402
 from api.cli.ops import jobs, search  # noqa: E402
+from api.cli.tenants import tenant  # noqa: E402
 
 main.add_command(memory)
 main.add_command(search)
@@ -231,5 +181,6 @@ main.add_command(bench)
 main.add_command(eval_)
 main.add_command(datasource)
 main.add_command(key)
+main.add_command(tenant)
 main.add_command(demo)
 

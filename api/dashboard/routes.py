@@ -93,7 +93,7 @@ def require_operator(request: Request, *, changes_state: bool = False) -> None:
         raise Forbidden(f"dashboard calls that change state must send the {CSRF_HEADER} header")
 
 
-def _login_page(*, error: str | None = None, status: int = 200) -> HTMLResponse:
+def login_page(*, error: str | None = None, status: int = 200) -> HTMLResponse:
     page = (STATIC_DIR / "login.html").read_text()
     message = f'<p class="error" role="alert">{html.escape(error)}</p>' if error else ""
     return HTMLResponse(page.replace("<!--error-->", message), status_code=status)
@@ -103,7 +103,7 @@ def _login_page(*, error: str | None = None, status: int = 200) -> HTMLResponse:
 @router.get("/", include_in_schema=False)
 def dashboard_page(request: Request) -> Response:
     if not is_operator_request(request):
-        return _login_page()
+        return login_page()
     return FileResponse(STATIC_DIR / "index.html", media_type="text/html", headers={"Cache-Control": "no-store"})
 
 
@@ -125,9 +125,9 @@ async def login(request: Request) -> Response:
     key = await _submitted_key(request)
     operator_key = get_settings().operator_key
     if not operator_key:
-        return _login_page(error="No operator key is configured (ENGRAM_OPERATOR_KEY).", status=401)
+        return login_page(error="No operator key is configured (ENGRAM_OPERATOR_KEY).", status=401)
     if not is_operator_key(key):
-        return _login_page(error="That is not the operator key.", status=401)
+        return login_page(error="That is not the operator key.", status=401)
     response = RedirectResponse("/dashboard", status_code=303)
     response.set_cookie(
         COOKIE_NAME,

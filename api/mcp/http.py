@@ -74,7 +74,8 @@ class McpEndpoint:
 
         request = Request(scope, receive)
         try:
-            await run_in_threadpool(caller_from_request, request)
+            # Not metered: its tools' REST calls are, each as one request.
+            await run_in_threadpool(lambda: caller_from_request(request, meter=False))
         except EngramError as exc:
             headers = {"WWW-Authenticate": "Bearer"} if exc.status == 401 else dict(getattr(exc, "headers", {}))
             await error_response(exc.status, exc.message, code=exc.code, headers=headers)(scope, receive, send)

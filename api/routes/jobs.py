@@ -53,7 +53,16 @@ def list_jobs(request: Request) -> dict[str, Any]:
         tenant_id = queries.tenant_id_by_name(session, name=tenant_name) if tenant_name else None
         filters = queries.parse_filters(params, tenant_id=tenant_id)
         jobs, next_cursor = queries.list_jobs(session, filters=filters, scope=scope)
-    return {"jobs": jobs, "next_cursor": next_cursor}
+    return {"jobs": [as_seen_by(job, scope=scope) for job in jobs], "next_cursor": next_cursor}
+
+
+def as_seen_by(job: dict[str, Any], *, scope: int | None) -> dict[str, Any]:
+    """A job as its caller may see it: a tenant's key gets each failed attempt's error message, never the
+    worker's traceback (server paths, code); the operator (scope None) sees everything."""
+    if scope is None or not job.get("attempt_errors"):
+        return job
+    attempts = [{k: v for k, v in attempt.items() if k != "traceback"} for attempt in job["attempt_errors"]]
+    return {**job, "attempt_errors": attempts}
 
 
 @router.get("/jobs/{job_id}", **operation(summary="Read a job", response=Job, errors=(404,)))
@@ -63,7 +72,8 @@ def read_job(job_id: JobIdPath, request: Request) -> dict[str, Any]:
     with system_session() as session:
         job = get_job(session, job_id=job_id, tenant_id=scope)
         names = queries.tenant_names(session, {job.tenant_id})
-        return queries.job_view(job, tenant_name=names.get(job.tenant_id) if job.tenant_id else None)
+        view = queries.job_view(job, tenant_name=names.get(job.tenant_id) if job.tenant_id else None)
+    return as_seen_by(view, scope=scope)
 
 
 def retry_as(*, job_id: str, scope: int | None) -> JSONResponse:
@@ -79,7 +89,7 @@ def retry_as(*, job_id: str, scope: int | None) -> JSONResponse:
         )
         names = queries.tenant_names(session, {job.tenant_id})
         body = queries.job_view(job, tenant_name=names.get(job.tenant_id) if job.tenant_id else None)
-    return JSONResponse(body, status_code=202)
+    return JSONResponse(as_seen_by(body, scope=scope), status_code=202)
 
 
 @router.post(

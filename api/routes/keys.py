@@ -15,6 +15,7 @@ from core.errors import Invalid
 from core.memories.schemas import unknown_fields
 from core.tenancy.context import Caller
 from core.tenancy.models import ApiKey, Tenant
+from core.tenancy.operations import announce
 from core.tenancy.service import KeyBinding, issue_key, list_keys, revoke_key
 
 router = APIRouter(prefix="/v1", tags=["keys"], dependencies=[Depends(BEARER)])
@@ -105,5 +106,6 @@ def delete_key(key_id: KeyIdPath, caller: Caller = Depends(require_admin)) -> di
     """The key stops working at once on every API process."""
     with tenant_session(caller.tenant_id) as session:
         revoke_key(session, caller=caller, key_id=key_id)
-    forget_cached_keys()
+        announce(session, tenant_id=caller.tenant_id, event="keys")  # other replicas drop it at commit
+    forget_cached_keys(tenant_id=caller.tenant_id)
     return {"id": key_id, "revoked": True}

@@ -28,6 +28,7 @@ from core.memories.schemas import (
     unknown_fields,
 )
 from core.tenancy.context import Caller
+from core.tenancy.usage import buffer as usage_buffer
 
 router = APIRouter(prefix="/v1", tags=["memories"], dependencies=[Depends(BEARER)])
 
@@ -84,6 +85,7 @@ def save_memory(
     caller = acting_identity(caller, body, request)
     with tenant_session(caller.tenant_id) as session:
         result = service.save_memory(session, caller=caller, item=item)
+    usage_buffer.add(caller.tenant_id, saves=1)
     if item.sync_embed:
         result = after_save(caller=caller, result=result)
     return JSONResponse(result.model_dump(), status_code=201)
@@ -120,6 +122,7 @@ def save_batch(
             items.append(exc)
     with tenant_session(caller.tenant_id) as session:
         results = service.save_memories(session, caller=caller, items=items)
+    usage_buffer.add(caller.tenant_id, saves=sum(1 for r in results if not isinstance(r, EngramError)))
     out = [
         r.model_dump(exclude={"similar_existing"}) if not isinstance(r, EngramError) else _error_item(r)
         for r in results

@@ -14,6 +14,7 @@ from core.memories.schemas import parse_model
 from core.search import service
 from core.search.schemas import SearchRequest, SearchResponse
 from core.tenancy.context import Caller
+from core.tenancy.usage import buffer as usage_buffer
 
 router = APIRouter(prefix="/v1", tags=["search"], dependencies=[Depends(BEARER)])
 
@@ -59,5 +60,6 @@ def search(
     caller = acting_identity(caller, body, request)
     with tenant_session(caller.tenant_id) as session:
         response = service.search(session, caller=caller, request=search_request)
+    usage_buffer.add(caller.tenant_id, searches=1)
     # Serialised by the model itself (pydantic-core): FastAPI's encoder walked every hit in Python first.
     return Response(content=response.model_dump_json(), media_type="application/json")

@@ -19,6 +19,7 @@ from core.errors import BadRequest, EngramError, Invalid
 from core.memories import transfer
 from core.memories.schemas import unknown_fields
 from core.tenancy.context import Caller
+from core.tenancy.usage import buffer as usage_buffer
 
 router = APIRouter(prefix="/v1", tags=["memories"], dependencies=[Depends(BEARER)])
 
@@ -112,4 +113,6 @@ async def import_memories(request: Request, caller: Caller = Depends(require_cal
 
 def _import(caller: Caller, text: str) -> dict[str, Any]:
     with tenant_session(caller.tenant_id) as session:
-        return transfer.import_markdown(session, caller=caller, text=text)
+        imported = transfer.import_markdown(session, caller=caller, text=text)
+    usage_buffer.add(caller.tenant_id, saves=imported["imported"])
+    return imported

@@ -26,7 +26,8 @@ import re
 import threading
 from abc import ABC, abstractmethod
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +48,39 @@ class EmbeddingProviderError(Exception):
     def __init__(self, message: str, *, retryable: bool = True) -> None:
         super().__init__(message)
         self.retryable = retryable
+
+
+_meter = threading.local()
+
+
+@contextmanager
+def metered_tokens() -> Iterator[list[int]]:
+    """Count the tokens providers report for the embedding calls this thread makes inside the block: the
+    block's value is a one-item list holding the total (0 for local models, which report none)."""
+    previous = getattr(_meter, "tokens", None)
+    tokens = [0]
+    _meter.tokens = tokens
+    try:
+        yield tokens
+    finally:
+        _meter.tokens = previous
+        if previous is not None:
+            previous[0] += tokens[0]
+
+
+def _count_tokens(response: Any) -> None:
+    """Add a provider response's reported usage (OpenAI shape, as litellm returns it) to the thread's meter."""
+    tokens = getattr(_meter, "tokens", None)
+    if tokens is None:
+        return
+    usage = response.get("usage") if isinstance(response, dict) else getattr(response, "usage", None)
+    if usage is None:
+        return
+    reported = usage.get("prompt_tokens") if isinstance(usage, dict) else getattr(usage, "prompt_tokens", None)
+    if reported is None:
+        reported = usage.get("total_tokens") if isinstance(usage, dict) else getattr(usage, "total_tokens", None)
+    if isinstance(reported, int):
+        tokens[0] += reported
 
 
 def _import_extra(module: str, *, model: str, install: str) -> Any:
@@ -305,6 +339,7 @@ class LiteLLMEmbedder(Embedder):
         litellm = self._module()
         try:
             resp = litellm.embedding(model=self.name, input=batch, timeout=self.timeout, **self._kwargs)
+            _count_tokens(resp)
             data = resp["data"] if isinstance(resp, dict) else resp.data
             rows = sorted(data, key=lambda d: d["index"] if isinstance(d, dict) else d.index)
             vecs = [d["embedding"] if isinstance(d, dict) else d.embedding for d in rows]

@@ -16,6 +16,7 @@ from core.embeddings.store import catalog_gaps, drop_other_models, memory_gaps
 from core.jobs.models import Job
 from core.jobs.service import enqueue
 from core.tenancy.models import Tenant
+from core.tenancy.usage import embedding_quota_spent
 
 GAP_JOB_SIZE = 500
 MAX_GAPS_PER_RUN = 50_000
@@ -32,9 +33,13 @@ def reconcile_embeddings(*, model: str) -> dict[int, int]:
         tenants = session.execute(
             select(Tenant.id, Tenant.change_seq).where(
                 (Tenant.embeddings_checked_seq != Tenant.change_seq)
-                | (Tenant.embeddings_checked_model.is_distinct_from(model))
+                | (Tenant.embeddings_checked_model.is_distinct_from(model)),
+                # A suspended tenant's embedding waits for its resumption; an offboarded one's never comes.
+                Tenant.state == "active",
             )
         ).all()
+        # Tenants that spent today's embedding_texts_per_day: their gaps wait for tomorrow.
+        spent = embedding_quota_spent(session)
         busy = set(
             session.scalars(
                 select(Job.tenant_id).where(Job.kind == "embed", Job.state.in_(("queued", "running"))).distinct()
@@ -42,7 +47,7 @@ def reconcile_embeddings(*, model: str) -> dict[int, int]:
         )
     queued: dict[int, int] = {}
     for tenant_id, change_seq in tenants:
-        if tenant_id in busy:
+        if tenant_id in busy or tenant_id in spent:
             continue
         with system_session() as session:
             scope_to_tenant(session, tenant_id)

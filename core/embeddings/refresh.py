@@ -20,13 +20,14 @@ from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.orm import Session
 
 from core.embeddings.docs import Doc as Doc
-from core.embeddings.providers import Embedder
+from core.embeddings.providers import Embedder, metered_tokens
 from core.embeddings.store_models import Embedding
 from core.embeddings.wire import VectorArray, driver_connection, vector_cursor
 from core.memories.models import Memory
 from core.metrics import EMBEDDED_TEXTS, EMBEDDING_CALLS, EMBEDDING_FAILURES
 from core.refs import MEMORY_PREFIX
 from core.search.render import content_hash, render_memory
+from core.tenancy.usage import embedding_allowance, next_day_start, record_embedding
 
 if TYPE_CHECKING:
     from core.embeddings.similarity import LinkPlan
@@ -153,17 +154,21 @@ def embed_docs(
         return {"embedded": 0, "unchanged": 0}
     hashes = {d.canonical_id: content_hash(d.text) for d in docs}
     todo = [d for d in docs if current.get(d.canonical_id) != hashes[d.canonical_id]]
+    unchanged = len(docs) - len(todo)
+    todo, waiting = _within_daily_quota(session, tenant_id=tenant_id, todo=todo)
     blocks: list[np.ndarray] = []
-    for start in range(0, len(todo), batch_size):
-        chunk = todo[start : start + batch_size]
-        EMBEDDING_CALLS.labels(embedder.name).inc()
-        try:
-            blocks.append(np.asarray(embedder.embed_documents([d.text for d in chunk]), dtype=np.float32))
-        except Exception:
-            EMBEDDING_FAILURES.labels(embedder.name).inc()
-            raise
-        EMBEDDED_TEXTS.labels(embedder.name).inc(len(chunk))
-    result: dict[str, Any] = {"embedded": len(todo), "unchanged": len(docs) - len(todo)}
+    with metered_tokens() as tokens:
+        for start in range(0, len(todo), batch_size):
+            chunk = todo[start : start + batch_size]
+            EMBEDDING_CALLS.labels(embedder.name).inc()
+            try:
+                blocks.append(np.asarray(embedder.embed_documents([d.text for d in chunk]), dtype=np.float32))
+            except Exception:
+                EMBEDDING_FAILURES.labels(embedder.name).inc()
+                raise
+            EMBEDDED_TEXTS.labels(embedder.name).inc(len(chunk))
+    record_embedding(session, tenant_id=tenant_id, texts=len(todo), tokens=tokens[0])
+    result: dict[str, Any] = {"embedded": len(todo), "unchanged": unchanged, **waiting}
     if not todo:
         return result
     vectors = np.concatenate(blocks)
@@ -191,6 +196,20 @@ def embed_docs(
         session, tenant_id=tenant_id, model=embedder.name, docs=todo, hashes=hashes, vectors=vectors, links=plan
     )
     return result
+
+
+def _within_daily_quota(session: Session, *, tenant_id: int, todo: list[Doc]) -> tuple[list[Doc], dict[str, Any]]:
+    """The docs the tenant's embedding_texts_per_day still allows today, and what waits past it. The rest
+    are left without a vector: reconcile finds them again once the quota allows (tomorrow, UTC)."""
+    limit, used = embedding_allowance(session, tenant_id=tenant_id)
+    if limit is None or len(todo) <= limit - used:
+        return todo, {}
+    allowed = max(0, limit - used)
+    resumes = next_day_start().isoformat()
+    return todo[:allowed], {
+        "deferred": len(todo) - allowed,
+        "waiting": f"quota embedding_texts_per_day of {limit} reached; embedding resumes {resumes}",
+    }
 
 
 def delete_embeddings(session: Session, *, canonical_ids: list[str]) -> None:

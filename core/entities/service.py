@@ -31,6 +31,7 @@ from core.memories.models import Memory
 from core.memories.service import memories_to_dicts
 from core.memories.visibility import visible_clause
 from core.tenancy.context import Caller
+from core.tenancy.quotas import check_datasource_quota
 
 MAX_LEARNINGS = 100
 
@@ -67,6 +68,7 @@ def create_datasource(session: Session, *, tenant_id: int, body: DatasourceIn) -
     if session.scalar(select(Datasource.name).where(Datasource.name == body.name)) is not None:
         raise Conflict(f"datasource {body.name!r} already exists", field="name")
     check_reachable(url)
+    check_datasource_quota(session, tenant_id=tenant_id)
     _, change_seq = bump_change_seq(session, tenant_id=tenant_id)
     now = datetime.now(UTC)
     inserted = session.execute(

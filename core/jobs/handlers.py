@@ -80,8 +80,25 @@ def run_prune(session: Session, job: Job) -> dict[str, Any]:
     return run_prune_job(session, job)
 
 
+def run_purge_tenant(session: Session, job: Job) -> dict[str, Any]:
+    """Offboarding (core.tenancy.purge): every row of the tenant, then its cached state and index here.
+    The job keeps the tenant's name; its id is dropped from the payload once the tenant is gone."""
+    from core.db import system_session
+    from core.search.erasure import erase_tenant
+    from core.tenancy.purge import purge_tenant
+
+    tenant_id = job.payload.get("tenant_id")
+    if not isinstance(tenant_id, int):
+        return {"rows_removed": 0, "already_purged": True}
+    result = purge_tenant(system_session, tenant_id=tenant_id)
+    erase_tenant(tenant_id)
+    job.payload = {key: value for key, value in job.payload.items() if key != "tenant_id"}
+    return result
+
+
 HANDLERS: dict[str, Handler] = {
     "embed": run_embed,
+    "purge_tenant": run_purge_tenant,
     "prune": run_prune,
     "ingest": catalog_jobs.run_ingest_job,
     "refresh_samples": catalog_jobs.run_refresh_samples_job,

@@ -11,7 +11,7 @@ from sqlalchemy.orm import Mapped, mapped_column
 
 from core.db import Base
 
-JOB_KINDS = ("embed", "refresh_samples", "ingest", "ingest_cleanup", "reconcile", "prune")
+JOB_KINDS = ("embed", "refresh_samples", "ingest", "ingest_cleanup", "reconcile", "prune", "purge_tenant")
 JOB_STATES = ("queued", "running", "succeeded", "failed")
 
 

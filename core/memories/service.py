@@ -32,6 +32,7 @@ from core.memories.views import memory_to_dict as memory_to_dict
 from core.memories.visibility import is_visible, may_modify, visible_clause
 from core.refs import MEMORY_PREFIX, memory_ref
 from core.tenancy.context import Caller
+from core.tenancy.quotas import exceeded, memory_quota
 from core.tracing import job_context
 
 
@@ -63,7 +64,7 @@ def _precheck(session: Session, caller: Caller, planned: list[_Planned], batch_i
             continue
         current = existing.get(p.item.id) if p.item.id is not None else None
         if current is not None:
-            if not is_visible(current, caller):
+            if not caller.is_admin and not is_visible(current, caller):
                 p.error = Invalid(f"id {p.item.id!r} is already used by a memory you cannot see", field="id")
                 continue
             if not may_modify(current, caller):
@@ -77,6 +78,23 @@ def _precheck(session: Session, caller: Caller, planned: list[_Planned], batch_i
                     field=f"associations.{i}.target_id",
                 )
                 break
+
+
+def _hold_to_quota(planned: list[_Planned], *, limit: int, count: int) -> None:
+    """Refuse, in input order, the items that would add a memory past the tenant's max_memories: an item adds
+    one unless it upserts a memory that is kept and not forgotten (an id repeated in the batch adds once)."""
+    added: set[str] = set()
+    for p in planned:
+        if p.error is not None:
+            continue
+        adds = p.existing is None or p.existing.status == "forgotten"
+        key = p.item.id if p.item.id is not None else f"#{p.index}"
+        if not adds or key in added:
+            continue
+        if count + len(added) >= limit:
+            p.error = exceeded("max_memories", limit, what="memories")
+            continue
+        added.add(key)
 
 
 def save_memories(
@@ -96,7 +114,11 @@ def save_memories(
         except EngramError as exc:
             p.error = exc
         planned.append(p)
+    # The tenant's row first (its quota and count, and the ids every save reserves there), then its memories.
+    limit, count = memory_quota(session, tenant_id=caller.tenant_id)
     _precheck(session, caller, planned, batch_ids)
+    if limit is not None:
+        _hold_to_quota(planned, limit=limit, count=count)
     valid = [p for p in planned if p.error is None]
     if valid:
         _write(session, caller, valid)

@@ -12,7 +12,7 @@ AGENT_SCOPED = ("core", "daily", "conversation")
 
 
 def visible_clause(caller: Caller) -> ColumnElement[bool]:
-    if caller.is_admin:
+    if caller.sees_all:
         return true()
     persona_ok: ColumnElement[bool] = Memory.persona.is_(None)
     if caller.persona is not None:
@@ -24,7 +24,7 @@ def visible_clause(caller: Caller) -> ColumnElement[bool]:
 
 
 def is_visible(memory: Memory, caller: Caller) -> bool:
-    if caller.is_admin:
+    if caller.sees_all:
         return True
     if memory.persona is not None and memory.persona != caller.persona:
         return False

@@ -115,7 +115,7 @@ class MemoryFilter:
         if self.datasource is not None and self.datasource not in fact.roots:
             return None
         caller = self.caller
-        if not caller.is_admin:
+        if not caller.sees_all:
             if fact.persona is not None and fact.persona != caller.persona:
                 return None
             if fact.agent_id is not None and fact.category in AGENT_SCOPED and fact.agent_id != caller.agent_id:

@@ -91,7 +91,7 @@ def tenant_index(tenant_id: int) -> FulltextIndex:
     """The process-wide handle on a tenant's index (opened once per process and directory, and kept while
     it is among the ``fulltext_max_open_indexes`` most recently used). Opening one may wait (bounded) for
     the index lock, when its directory holds no sound index yet."""
-    path = _index_path(tenant_id)
+    path = index_path(tenant_id)
     return _indexes.get_or_create(
         str(path), lambda: FulltextIndex(path, lock_wait=get_settings().index_lock_wait_seconds)
     )
@@ -99,7 +99,7 @@ def tenant_index(tenant_id: int) -> FulltextIndex:
 
 def _open_index(tenant_id: int) -> FulltextIndex | None:
     """The tenant's index if this process has it open already (never opens one, so never waits)."""
-    return _indexes.get(str(_index_path(tenant_id)))
+    return _indexes.get(str(index_path(tenant_id)))
 
 
 def is_open(tenant_id: int) -> bool:
@@ -107,7 +107,7 @@ def is_open(tenant_id: int) -> bool:
     return _open_index(tenant_id) is not None
 
 
-def _index_path(tenant_id: int) -> Path:
+def index_path(tenant_id: int) -> Path:
     return _path_in(get_settings().index_dir, tenant_id)
 
 
@@ -115,6 +115,11 @@ def _index_path(tenant_id: int) -> Path:
 def _path_in(index_dir: Path, tenant_id: int) -> Path:
     """A tenant's index directory (every search asks for it a few times: Path arithmetic is kept)."""
     return Path(index_dir) / f"tenant-{tenant_id}"
+
+
+def forget_index_handle(tenant_id: int) -> None:
+    """Drop this process's handle on the tenant's index (a search holding it finishes on it)."""
+    _indexes.pop(str(index_path(tenant_id)))
 
 
 def forget_open_indexes() -> None:

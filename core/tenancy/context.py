@@ -25,10 +25,19 @@ class Caller:
     bound_agent_id: str | None = None
     bound_persona: str | None = None
     read_only: bool = False
+    # The tenant's operating state and its requests_per_minute quota, as authentication read them.
+    tenant_state: str = "active"
+    tenant_requests_per_minute: int | None = None
 
     @property
     def is_admin(self) -> bool:
         return self.role == "admin"
+
+    @property
+    def sees_all(self) -> bool:
+        """An admin call that names no agent and no persona sees the whole tenant; an admin call naming one
+        sees what that agent/persona sees (a filter), and may still change anything."""
+        return self.is_admin and self.agent_id is None and self.persona is None
 
     def acting_as(self, *, agent_id: str | None, persona: str | None) -> Caller:
         """The same key, naming the agent and persona it acts for on this call (its binding, if bound)."""

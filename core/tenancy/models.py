@@ -2,10 +2,23 @@
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import date, datetime
 from decimal import Decimal
+from typing import Any
 
-from sqlalchemy import BigInteger, Boolean, DateTime, ForeignKey, Identity, Numeric, String, UniqueConstraint, func
+from sqlalchemy import (
+    BigInteger,
+    Boolean,
+    Date,
+    DateTime,
+    ForeignKey,
+    Identity,
+    Numeric,
+    String,
+    UniqueConstraint,
+    func,
+)
+from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import Mapped, mapped_column
 
 from core.db import Base
@@ -26,6 +39,40 @@ class Tenant(Base):
     embeddings_checked_seq: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
     embeddings_checked_model: Mapped[str | None] = mapped_column(String(200), nullable=True)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
+    # Operating state (core.tenancy.operations): active, suspended (keys refused, data kept) or deleting.
+    state: Mapped[str] = mapped_column(String(20), default="active", server_default="active")
+    # The limits that are not unlimited: max_memories, max_datasources, requests_per_minute,
+    # embedding_texts_per_day (core.tenancy.quotas).
+    quotas: Mapped[dict[str, Any]] = mapped_column(JSONB, default=dict, server_default="{}")
+    # Memories not forgotten, kept by triggers on `memories` (migration 0016): never written by the ORM.
+    memory_count: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    # What the tenant's rows, vectors and index took when measured at change_seq `storage_seq`.
+    storage_bytes: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    storage_seq: Mapped[int] = mapped_column(BigInteger, default=-1, server_default="-1")
+    storage_measured_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+
+
+class TenantUsage(Base):
+    """A tenant's metered use on one UTC day (core.tenancy.usage)."""
+
+    __tablename__ = "tenant_usage"
+
+    tenant_id: Mapped[int] = mapped_column(BigInteger, ForeignKey("tenants.id", ondelete="CASCADE"), primary_key=True)
+    day: Mapped[date] = mapped_column(Date, primary_key=True)
+    requests: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    searches: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    saves: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    embedded_texts: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    embedding_tokens: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+
+
+class UsageFlush(Base):
+    """The id of each buffered usage flush that committed: a retried flush is not counted twice."""
+
+    __tablename__ = "usage_flushes"
+
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now(), index=True)
 
 
 class User(Base):

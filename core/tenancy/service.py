@@ -15,6 +15,7 @@ from sqlalchemy.sql import func
 from core.errors import Conflict, Invalid, NotFound, Unauthorized
 from core.tenancy.context import Caller
 from core.tenancy.models import ApiKey, Tenant, User
+from core.tenancy.quotas import full_quotas
 
 ROLES = ("admin", "member")
 KEY_PREFIX = "egk_"
@@ -132,13 +133,13 @@ def authenticate(session: Session, *, api_key: str) -> Caller:
     if not api_key.startswith(KEY_PREFIX):
         raise Unauthorized("invalid API key")
     row = session.execute(
-        select(ApiKey, Tenant.name)
+        select(ApiKey, Tenant.name, Tenant.state, Tenant.quotas)
         .join(Tenant, Tenant.id == ApiKey.tenant_id)
-        .where(ApiKey.key_hash == hash_key(api_key), ApiKey.revoked_at.is_(None))
+        .where(ApiKey.key_hash == hash_key(api_key), ApiKey.revoked_at.is_(None), Tenant.state != "deleting")
     ).first()
     if row is None:
         raise Unauthorized("invalid API key")
-    key, tenant_name = row
+    key, tenant_name, tenant_state, quotas = row
     return Caller(
         tenant_id=key.tenant_id,
         tenant_name=tenant_name,
@@ -150,6 +151,8 @@ def authenticate(session: Session, *, api_key: str) -> Caller:
         bound_agent_id=key.agent_id,
         bound_persona=key.persona,
         read_only=key.read_only,
+        tenant_state=tenant_state,
+        tenant_requests_per_minute=full_quotas(quotas)["requests_per_minute"],
     )
 
 
