@@ -14,6 +14,7 @@ it reads; builders take the tenant id for that reason.
 
 from __future__ import annotations
 
+import contextlib
 import re
 import threading
 from collections import OrderedDict
@@ -73,17 +74,20 @@ def _params(fixed: dict[str, Any], values: dict[str, Any], arrays: frozenset[str
     params = {**fixed, **values}
     for name in arrays:
         value = params.get(name)
-        if type(value) is list and all(type(item) is str for item in value):
-            params[name] = array_literal(value)
+        if type(value) is list:
+            with contextlib.suppress(TypeError):  # an item that is not a string: psycopg adapts the list
+                params[name] = array_literal(value)
     return params
 
 
 def array_literal(items: list[str]) -> str:
-    """PostgreSQL's text form of a text[] holding ``items`` (each quoted; quotes and backslashes escaped)."""
+    """PostgreSQL's text form of a text[] holding ``items`` (each quoted; quotes and backslashes escaped).
+    Raises TypeError when an item is not a string."""
     if not items:
         return "{}"
-    joined = '","'.join(item.replace("\\", "\\\\").replace('"', '\\"') for item in items)
-    return '{"' + joined + '"}'
+    if '"' in (whole := "".join(items)) or "\\" in whole:
+        items = [item.replace("\\", "\\\\").replace('"', '\\"') for item in items]
+    return '{"' + '","'.join(items) + '"}'
 
 
 def run(session: Session, key: Hashable, build: Callable[[], Executable], **values: Any) -> Sequence[Any]:
