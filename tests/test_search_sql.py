@@ -8,9 +8,14 @@ from sqlalchemy import any_, select
 from core.db import tenant_session
 from core.memories.models import Memory
 from core.search import sql
-from tests.test_search_api import save
 
 AWKWARD = ["plain", 'quote " inside', "back\\slash", 'both \\" mixed', "", "NULL", "{a,b}", "comma, space", "ünïcödé"]
+
+
+def save(client, tenant, body):  # type: ignore[no-untyped-def]
+    response = client.post("/v1/memories", json=body, headers=tenant.headers())
+    assert response.status_code == 201, response.text
+    return response.json()["memory_id"]
 
 
 def test_text_array_literals_parse_back_to_the_same_strings(client, tenant):
