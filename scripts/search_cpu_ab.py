@@ -17,6 +17,7 @@ import argparse
 import json
 import os
 import random
+import shutil
 import statistics
 import subprocess
 import sys
@@ -162,6 +163,7 @@ def main() -> None:
             worker.wait(timeout=60)
         spec.with_suffix(".stop").touch()
         holder.wait(timeout=120)
+        shutil.rmtree(workdir, ignore_errors=True)
 
 
 if __name__ == "__main__":
