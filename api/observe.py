@@ -19,6 +19,7 @@ from __future__ import annotations
 import logging
 import time
 import uuid
+from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -50,6 +51,23 @@ def route_template(scope: Scope) -> str:
     route = scope.get("route")
     path = getattr(route, "path", None)
     return path if isinstance(path, str) and path else UNMATCHED_ROUTE
+
+
+# The metric children of each (method, route template, status) seen, looked up once per process: bounded by
+# the routes and statuses there are, as the series themselves are.
+_children: dict[tuple[str, str, int], tuple[Any, Any]] = {}
+
+
+def _count(method: str, route: str, status: int, seconds: float) -> None:
+    key = (method, route, status)
+    children = _children.get(key)
+    if children is None:
+        children = _children[key] = (
+            HTTP_REQUESTS.labels(method, route, str(status)),
+            HTTP_REQUEST_SECONDS.labels(method, route),
+        )
+    children[0].inc()
+    children[1].observe(seconds)
 
 
 class RequestContext:
@@ -90,8 +108,7 @@ class RequestContext:
                 seconds = time.perf_counter() - began
                 route = route_template(scope)
                 method = scope["method"] if scope["method"] in _METHODS else "OTHER"
-                HTTP_REQUESTS.labels(method, route, str(status)).inc()
-                HTTP_REQUEST_SECONDS.labels(method, route).observe(seconds)
+                _count(method, route, status, seconds)
                 if self._access_log:
                     access_log.info(
                         "%s %s %d %.1fms",

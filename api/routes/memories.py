@@ -6,12 +6,13 @@ import contextlib
 from typing import Any
 
 from fastapi import APIRouter, Body, Depends, Query, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import Response
 
 from api.auth import require_caller
 from api.embedding_hooks import after_save, embed_now
 from api.openapi import BEARER, IDENTITY, MemoryIdPath, operation, query_from
 from api.quota_events import quota_exceeded
+from api.responses import json_answer
 from api.schemas import BatchResult, ForgetResult, HydrateResult, Memory, MemoryHistory, MemoryPage
 from core.audit import trail
 from core.db import tenant_session
@@ -78,7 +79,7 @@ def _error_item(exc: EngramError) -> dict[str, Any]:
 )
 def save_memory(
     request: Request, body: Any = Body(default=None), caller: Caller = Depends(require_caller)
-) -> JSONResponse:
+) -> Response:
     """Save (or, with an existing `id`, upsert) one memory. `content` may also be sent as `learning`;
     `linked_entities` is a list of entity ids (resolved strictly) or an inline query dict (resolved
     leniently and stored as the memory's example query). Durable and found by entity and full-text search
@@ -91,7 +92,7 @@ def save_memory(
     usage_buffer.add(caller.tenant_id, saves=1)
     if item.sync_embed:
         result = after_save(caller=caller, result=result)
-    return JSONResponse(result.model_dump(), status_code=201)
+    return json_answer(result.model_dump(), status_code=201)
 
 
 @router.post(
@@ -107,7 +108,7 @@ def save_memory(
 )
 def save_batch(
     request: Request, body: Any = Body(default=None), caller: Caller = Depends(require_caller)
-) -> dict[str, Any]:
+) -> Response:
     """Save many memories in one transaction. Results come in input order; an invalid item is an
     `{"error": {...}}` in its slot (its `field` prefixed `items.N.`) while the valid ones are saved."""
     if not isinstance(body, dict) or not isinstance(body.get("items"), list):
@@ -132,7 +133,7 @@ def save_batch(
         r.model_dump(exclude={"similar_existing"}) if not isinstance(r, EngramError) else _error_item(r)
         for r in results
     ]
-    return {"results": out}
+    return json_answer({"results": out})
 
 
 _LIST_QUERY = {name: doc for name, doc in query_from(ListFilters).items() if name != "tags"} | IDENTITY
@@ -168,12 +169,12 @@ def get_memory(
     request: Request,
     include_forgotten: bool = Query(default=False, description="also a forgotten memory (admin keys)"),
     caller: Caller = Depends(require_caller),
-) -> dict[str, Any]:
+) -> Response:
     """Exact recall by id (counts an access). `include_forgotten=true` (admins) also shows a forgotten one."""
     caller = acting_identity(caller, None, request)
     with tenant_session(caller.tenant_id) as session:
         memory = service.get_memory(session, caller=caller, memory_id=memory_id, include_forgotten=include_forgotten)
-        return service.memories_to_dicts(session, [memory])[0]
+        return json_answer(service.memories_to_dicts(session, [memory])[0])
 
 
 @router.get(

@@ -29,9 +29,10 @@ Both need the memory layout (bucket and run neighbours of every row), read in on
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -118,6 +119,9 @@ class _Layout:
     # The matrix rows it covers: the first ``n`` of the memory side of ``lineage`` (core.embeddings.matrix).
     lineage: int = 0
     n: int = 0
+    # Per bucket of a minority of the rows: (a weak reference to the matrix buffer, its rows' vectors copied
+    # column by column), made by the first search that needs it (see DenseSearch._block).
+    blocks: dict[str, tuple[weakref.ref[np.ndarray], np.ndarray]] = field(default_factory=dict, compare=False)
 
 
 def _extended(layout: _Layout, *, n: int, version: int, change_seq: int) -> _Layout:
@@ -222,6 +226,19 @@ def _layout(session: Session, *, tenant_id: int, model: str, matrix: TenantMatri
     return layout
 
 
+def _block(layout: _Layout, bucket: str, side: Side) -> np.ndarray:
+    """The vectors of a bucket's rows as one contiguous (dims, rows) array, copied once per layout and buffer:
+    gathering a few thousand scattered columns of the matrix at every search cost more than the product."""
+    buffer = side.matrix.base
+    held = layout.blocks.get(bucket)
+    if held is not None and held[0]() is buffer:
+        return held[1]
+    block = np.ascontiguousarray(side.matrix[layout.rows[bucket]].T)
+    if buffer is not None:
+        layout.blocks[bucket] = (weakref.ref(buffer), block)
+    return block
+
+
 def with_context(scores: np.ndarray, neighbours: np.ndarray, rows: np.ndarray | None = None) -> np.ndarray:
     """Blend each row's cosine with the mean cosine of its run neighbours (weight ``CONTEXT_WEIGHT``).
 
@@ -285,6 +302,8 @@ class DenseSearch:
         # Per memory bucket: (the feedback its scores were computed with, the scores of its rows).
         self._bucket_scores: dict[str, tuple[tuple[str, ...], np.ndarray]] = {}
         self._products: dict[tuple[str, ...], np.ndarray] = {}
+        # Per minority bucket: its rows' vectors, contiguous (see _block), once its scores were computed.
+        self._blocks: dict[str, np.ndarray] = {}
         self._pool: dict[str, list[tuple[str, float]]] | None = None
         if self._exact:
             single_threaded_blas()
@@ -327,7 +346,13 @@ class DenseSearch:
         if self._exact:
             side = self._matrix.entities if bucket == ENTITIES else self._matrix.memories
             prefix = "" if bucket == ENTITIES else MEMORY_PREFIX
-            return lambda doc_id: prefix + doc_id not in side
+            row, n = side.rows.get, side.n
+
+            def sees_not(doc_id: str) -> bool:
+                found = row(prefix + doc_id)
+                return found is None or found >= n
+
+            return sees_not
         if bucket == ENTITIES:
             return lambda doc_id: False
         pooled = {doc_id for doc_id, _ in self._hnsw_rank(bucket, HNSW_POOL)}
@@ -380,7 +405,8 @@ class DenseSearch:
             elif 2 * len(rows) >= len(side.ids):
                 scores = self._product(query, feedback)[rows]
             else:
-                scores = side.matrix[rows] @ query
+                self._blocks[bucket] = block = _block(layout, bucket, side)
+                scores = block.T @ query
             self._bucket_scores[bucket] = (feedback, scores)
             cached = self._bucket_scores[bucket]
         return layout.rows[bucket], cached[1]
@@ -391,6 +417,11 @@ class DenseSearch:
         if hit is None:
             hit = self._products[feedback] = self._matrix.memories.matrix @ query
         return hit
+
+    @property
+    def exact(self) -> bool:
+        """Whether this search ranks by the exact product (else by the approximate HNSW query)."""
+        return self._exact
 
     def _exact_rank(self, bucket: str, limit: int, feedback: tuple[str, ...]) -> list[tuple[str, float]]:
         side = self._matrix.entities if bucket == ENTITIES else self._matrix.memories
@@ -403,8 +434,17 @@ class DenseSearch:
         top = np.argpartition(-sub, k - 1)[:k] if k < len(sub) else np.arange(len(sub))
         top = top[np.argsort(-sub[top], kind="stable")]
         # The floor is on the question's own cosine (as on the approximate path), not the score that
-        # feedback and run context moved: a doc must be like the question itself to be ranked.
-        top = top[side.matrix[rows[top]] @ self._query >= self._floor]
+        # feedback and run context moved: a doc must be like the question itself to be ranked. Entity scores
+        # are that cosine already.
+        if bucket == ENTITIES:
+            own = sub[top]
+        else:
+            # A minority bucket's vectors are at hand, contiguous, in its block (gathering its rows from the
+            # whole matrix touches a cache line per element); the same rows, hence the same product.
+            block = self._blocks.get(bucket)
+            vectors = np.ascontiguousarray(block[:, top].T) if block is not None else side.matrix[rows[top]]
+            own = vectors @ self._query
+        top = top[own >= self._floor]
         ids = side.ids if bucket == ENTITIES else side.memory_ids
         return list(zip([ids[r] for r in rows[top].tolist()], sub[top].tolist(), strict=True))
 

@@ -148,13 +148,16 @@ def score(
     candidates = {doc_id for entity in query_entities for doc_id in candidate_postings.get(entity, {})}
     idfs = {entity: idf(stats, entity) for entity in set(query_entities)}
     scores: dict[str, float] = {}
+    # Each query entity's idf and postings, looked up once per query instead of once per candidate.
+    terms = [(idfs[entity], candidate_postings.get(entity, {})) for entity in query_entities]
+    doc_len = stats.doc_len
     for doc_id in candidates:
-        norm = k1 * (1 - b + b * stats.doc_len[doc_id] / avgdl)
+        norm = k1 * (1 - b + b * doc_len[doc_id] / avgdl)
         total = 0.0
         # Same term order and operation order as rank_bm25, so results agree to the last bits.
-        for entity in query_entities:
-            tf = candidate_postings.get(entity, {}).get(doc_id, 0)
-            total += idfs[entity] * (delta + (tf * (k1 + 1)) / (norm + tf))
+        for entity_idf, postings in terms:
+            tf = postings.get(doc_id, 0)
+            total += entity_idf * (delta + (tf * (k1 + 1)) / (norm + tf))
         scores[doc_id] = total
     return scores
 

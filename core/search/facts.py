@@ -180,6 +180,7 @@ def tenant_facts(session: Session, *, tenant_id: int, current_seq: int, memories
         if facts is None:
             facts = _tenants[tenant_id] = TenantFacts(tenant_id)
         _tenants.move_to_end(tenant_id)
+        moved = memories - _sizes.get(tenant_id, -1)
         _held += memories - _sizes.get(tenant_id, 0)
         _sizes[tenant_id] = memories
         # Make room: the least recently searched tenants go first (never the one asked for).
@@ -187,7 +188,8 @@ def tenant_facts(session: Session, *, tenant_id: int, current_seq: int, memories
             evicted, _ = _tenants.popitem(last=False)
             _held -= _sizes.pop(evicted, 0)
             evictions += 1
-        _publish()
+        if moved or evictions:
+            _publish()  # (the gauges only move with a tenant's size or the tenants held)
     if evictions:
         CACHE_EVICTIONS.labels(_CACHE).inc(evictions)
     return facts if facts.catch_up(session, current_seq=current_seq) else None

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
+from itertools import repeat
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import (
@@ -151,18 +152,23 @@ class Eligibility:
         self._verdicts.update(verdicts)
 
     def check(self, memory_ids: Iterable[str]) -> None:
-        missing = [m for m in dict.fromkeys(memory_ids) if m not in self._verdicts]
+        verdicts = self._verdicts
+        missing = [m for m in dict.fromkeys(memory_ids) if m not in verdicts]
         if not missing:
             return
         memory_filter = self.memory_filter
         facts = self._facts()
         if facts is not None:
-            verdict, fact_of, memo = memory_filter.verdict, facts.get, facts.memo(memory_filter)
-            for memory_id in missing:
-                known = memo.get(memory_id, _UNKNOWN)
-                if known is _UNKNOWN:
-                    known = memo[memory_id] = verdict(fact_of(memory_id))
-                self._verdicts[memory_id] = known
+            memo = facts.memo(memory_filter)
+            # The verdicts the memo holds, looked up in one pass in C; the few it lacks are judged here.
+            known = list(map(memo.get, missing, repeat(_UNKNOWN)))
+            if _UNKNOWN in known:
+                verdict, fact_of = memory_filter.verdict, facts.get
+                for n, seen in enumerate(known):
+                    if seen is _UNKNOWN:
+                        memory_id = missing[n]
+                        known[n] = memo[memory_id] = verdict(fact_of(memory_id))
+            verdicts.update(zip(missing, known, strict=True))
             return
         tenant_id = memory_filter.caller.tenant_id
 
@@ -181,6 +187,10 @@ class Eligibility:
         if source is not None:
             self._tenant_facts = source()
         return self._tenant_facts
+
+    def in_memory(self) -> bool:
+        """Whether verdicts come from the tenant's facts held in this process (no query per check)."""
+        return self._facts() is not None
 
     def known(self, memory_id: str) -> bool:
         """Whether the verdict on ``memory_id`` is known (asked or learned)."""

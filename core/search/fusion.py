@@ -86,11 +86,24 @@ def channel_votes(ranking: Sequence[tuple[str, float]], *, channel: str, k: int 
     stronger evidence.
     """
     votes: dict[str, float] = {}
-    top = ranking[0][1] if ranking else 0.0
-    low = ranking[-1][1] if ranking else 0.0
-    for rank, (doc_id, score) in enumerate(ranking, start=1):
-        if doc_id not in votes:
-            votes[doc_id] = (k + 1) / (k + rank) * evidence_share(score, top=top, low=low, channel=channel)
+    if not ranking:
+        return votes
+    top, low = ranking[0][1], ranking[-1][1]
+    # evidence_share written out per kind of channel (the same operations in the same order, so the same
+    # floats): a search fuses a few hundred hits, and a call per hit cost more than the arithmetic.
+    lexical, similarity = channel in LEXICAL, channel in SIMILARITY
+    rank = 0
+    for doc_id, score in ranking:
+        rank += 1
+        if doc_id in votes:
+            continue
+        if lexical:
+            share = max(float(score), 0.0) / top if top > 0 else 1.0
+        elif similarity:
+            share = (float(score) - low) / (top - low) if top > low else 1.0
+        else:
+            share = 1.0
+        votes[doc_id] = (k + 1) / (k + rank) * share
     return votes
 
 
@@ -116,19 +129,29 @@ def relevance(
     ranked_by: dict[str, dict[str, float]] = {}
     for name in names:
         votes = ranked_by[name] = channel_votes(rankings[name], channel=name, k=k)
-        for rank, (doc_id, vote) in enumerate(votes.items(), start=1):
-            totals[doc_id] = totals.get(doc_id, 0.0) + vote
-            if rank < best.get(doc_id, rank + 1):
+        rank = 0
+        for doc_id, vote in votes.items():
+            rank += 1
+            total = totals.get(doc_id)
+            if total is None:
+                totals[doc_id] = 0.0 + vote
                 best[doc_id] = rank
+            else:
+                totals[doc_id] = total + vote
+                if rank < best[doc_id]:
+                    best[doc_id] = rank
     blinds = [(ranked_by[name], sees_not) for name, sees_not in (blind or {}).items() if name in ranked_by]
     channels = len(names)
-    fused: list[tuple[float, int, str]] = []
-    for doc_id, total in totals.items():
-        seen_by = channels
-        for ranked, sees_not in blinds:
-            if doc_id not in ranked and sees_not(doc_id):
-                seen_by -= 1
-        fused.append((-(total / seen_by if seen_by else 0.0), best[doc_id], doc_id))
+    if blinds:
+        fused: list[tuple[float, int, str]] = []
+        for doc_id, total in totals.items():
+            seen_by = channels
+            for ranked, sees_not in blinds:
+                if doc_id not in ranked and sees_not(doc_id):
+                    seen_by -= 1
+            fused.append((-(total / seen_by if seen_by else 0.0), best[doc_id], doc_id))
+    else:
+        fused = [(-(total / channels), best[doc_id], doc_id) for doc_id, total in totals.items()]
     fused.sort()
     return [(doc_id, -negated) for negated, _, doc_id in fused]
 
@@ -144,14 +167,26 @@ def with_hops(fused: Sequence[tuple[str, float]], hops: Sequence[tuple[str, floa
     for doc_id, value in hops:
         lift.setdefault(doc_id, GRAPH_SHARE * min(max(float(value), 0.0), 1.0))
     order = {doc_id: n for n, (doc_id, _) in enumerate(fused)}
+    if not lift and len(order) == len(fused):
+        # No hop (the common case): each doc keeps its relevance (lifted by nothing) and its position.
+        unlifted = [(-(score + (1.0 - score) * 0.0), n, doc_id) for n, (doc_id, score) in enumerate(fused)]
+        unlifted.sort()
+        return [(doc_id, -negated) for negated, _, doc_id in unlifted]
     scored = {doc_id: score for doc_id, score in fused}
     for doc_id in lift:
         scored.setdefault(doc_id, 0.0)
     extra = len(order)
     hop_order = {doc_id: extra + n for n, (doc_id, _) in enumerate(hops)}
-    out = [(doc_id, score + (1.0 - score) * lift.get(doc_id, 0.0)) for doc_id, score in scored.items()]
-    out.sort(key=lambda hit: (-hit[1], order.get(hit[0], hop_order.get(hit[0], extra)), hit[0]))
-    return out
+    # Sorted as plain tuples (negated score, position, id): the order the docstring gives, compared in C.
+    ordered = []
+    for doc_id, score in scored.items():
+        lifted = score + (1.0 - score) * lift.get(doc_id, 0.0)
+        position = order.get(doc_id)
+        if position is None:
+            position = hop_order.get(doc_id, extra)
+        ordered.append((-lifted, position, doc_id))
+    ordered.sort()
+    return [(doc_id, -negated) for negated, _, doc_id in ordered]
 
 
 def single_ranking_scores(count: int, *, k: int = RRF_K) -> list[float]:

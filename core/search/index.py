@@ -26,6 +26,7 @@ commit while it runs may be missed by full-text, as they would be by a search st
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from datetime import datetime
 from pathlib import Path
@@ -101,8 +102,19 @@ def _open_index(tenant_id: int) -> FulltextIndex | None:
     return _indexes.get(str(index_path(tenant_id)))
 
 
+def is_open(tenant_id: int) -> bool:
+    """Whether this process has the tenant's index open (a search may then catch it up without waiting)."""
+    return _open_index(tenant_id) is not None
+
+
 def index_path(tenant_id: int) -> Path:
-    return Path(get_settings().index_dir) / f"tenant-{tenant_id}"
+    return _path_in(get_settings().index_dir, tenant_id)
+
+
+@functools.lru_cache(maxsize=4096)
+def _path_in(index_dir: Path, tenant_id: int) -> Path:
+    """A tenant's index directory (every search asks for it a few times: Path arithmetic is kept)."""
+    return Path(index_dir) / f"tenant-{tenant_id}"
 
 
 def forget_index_handle(tenant_id: int) -> None:
@@ -306,16 +318,17 @@ def catch_up_before_search(tenant_id: int) -> FulltextIndex:
     return index
 
 
-def catch_up_in(session: Session, tenant_id: int) -> bool:
+def catch_up_in(session: Session, tenant_id: int, *, current_seq: int | None = None) -> bool:
     """Bring the tenant's index up to the session's snapshot from inside its transaction, when that needs
     no waiting (core.search.fulltext.FulltextIndex.catch_up_in_memory): the changes are read in the
     session itself. False when it would have to wait: the caller then ends its transaction and calls
     :func:`catch_up_before_search`, as it does when the process has not opened the tenant's index yet
-    (opening may wait for the index lock)."""
+    (opening may wait for the index lock). ``current_seq``: the tenant's change seq in the session's
+    snapshot when the caller read it already (else it is read here)."""
     index = _open_index(tenant_id)
     if index is None:
         return False
-    current = _change_seq(session, tenant_id)
+    current = _change_seq(session, tenant_id) if current_seq is None else current_seq
     return index.catch_up_in_memory(
         lambda since: _changes_in(session, tenant_id=tenant_id, since=since), current_seq=current
     )

@@ -14,6 +14,7 @@ memory's own rendered text (not the context it borrows).
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Callable, Sequence
 
@@ -50,8 +51,29 @@ def with_names(
     for order, (doc_id, score) in enumerate(ranking):
         text = text_of(doc_id)
         if text is not None:
-            said = wanted.intersection(w.lower() for w in _WORD.findall(text))
-            score *= 1.0 - NAME_SHARE + NAME_SHARE * len(said) / len(wanted)
+            score *= 1.0 - NAME_SHARE + NAME_SHARE * _names_said(text, wanted) / len(wanted)
         scored.append((-score, order, doc_id))
     scored.sort()
     return [(doc_id, -negated) for negated, _, doc_id in scored]
+
+
+def _names_said(text: str, wanted: set[str]) -> int:
+    """How many of ``wanted`` (lowercased names) ``text`` says as whole words, ignoring case.
+
+    An ASCII text is lowercased whole (which moves no word boundary there) and split into words only when
+    a name occurs in it at all: most hits name nobody, and splitting every hit's text was most of a
+    conversation search's re-ranking."""
+    if text.isascii():
+        lowered = text.lower()
+        present = [name for name in wanted if name in lowered]
+        if not present:
+            return 0
+        words = _ascii_words(lowered)
+        return sum(1 for name in present if name in words)
+    return len(wanted.intersection(w.lower() for w in _WORD.findall(text)))
+
+
+@functools.lru_cache(maxsize=4096)
+def _ascii_words(lowered: str) -> frozenset[str]:
+    """The words of a lowercased ASCII text; a tenant's hits come back search after search, so kept."""
+    return frozenset(_WORD.findall(lowered))

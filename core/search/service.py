@@ -38,6 +38,8 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from itertools import chain
+from operator import itemgetter
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
@@ -56,7 +58,7 @@ from core.search.dense import ENTITIES, DenseSearch, DenseUnavailable, dense_mod
 from core.search.filters import EXAMPLE_QUERIES, MEMORIES, Eligibility, MemoryFilter, any_of
 from core.search.fulltext import ENTITY_KINDS
 from core.search.fusion import relevance, with_hops
-from core.search.index import catch_up_before_search, catch_up_in
+from core.search.index import catch_up_before_search, catch_up_in, is_open
 from core.search.modes import ordered_buckets
 from core.search.names import question_names, with_names
 from core.search.rankings import (
@@ -79,6 +81,7 @@ from core.search.render import render_memory
 from core.search.schemas import SearchRequest, SearchResponse
 from core.tenancy.context import Caller
 
+_doc_id = itemgetter(0)  # of a ranking's (doc id, score)
 # The dense channel ranks a bucket with feedback from the first eligible full-text hits of that bucket.
 FEEDBACK_DOCS = 3
 FEEDBACK_FROM, FEEDBACK_TO = "fulltext", "dense"
@@ -141,6 +144,8 @@ class SearchState:
     entities: Ranking = field(default_factory=list)
     # Memories already read for the hits (with the graph's query), by id.
     loaded: dict[str, Memory] = field(default_factory=dict)
+    # Whether the full-text index is to be caught up to the head's change seq when the head is read (see search).
+    catch_up: bool = False
 
     def warn(self, message: str) -> None:
         if message not in self.response.warnings:
@@ -151,7 +156,13 @@ class SearchState:
         return [bucket for bucket, cap in self.caps.items() if bucket_depth(cap)]
 
 
-def new_state(session: Session, *, caller: Caller, request: SearchRequest, head: Head | None = None) -> SearchState:
+class CatchUpFirst(Exception):
+    """The full-text index cannot reach the head's change seq without waiting (see search)."""
+
+
+def new_state(
+    session: Session, *, caller: Caller, request: SearchRequest, head: Head | None = None, catch_up: bool = False
+) -> SearchState:
     memory_filter = MemoryFilter(
         caller=caller,
         include_stale=request.include_stale,
@@ -171,6 +182,7 @@ def new_state(session: Session, *, caller: Caller, request: SearchRequest, head:
         caps={MEMORIES: request.max_memories, EXAMPLE_QUERIES: request.max_example_queries},
         model=dense_model(),
         head=head,
+        catch_up=catch_up,
     )
     state.eligibility.facts_source = lambda: _facts(state)
     return state
@@ -178,9 +190,19 @@ def new_state(session: Session, *, caller: Caller, request: SearchRequest, head:
 
 def head_of(state: SearchState) -> Head:
     if state.head is None:
-        state.head = read_head(state.session, tenant_id=state.caller.tenant_id, model=state.model)
-        _last_heads[state.caller.tenant_id] = state.head
+        _head_read(state, read_head(state.session, tenant_id=state.caller.tenant_id, model=state.model))
+    assert state.head is not None
     return state.head
+
+
+def _head_read(state: SearchState, head: Head) -> None:
+    """Record the head the search read; catch the full-text index up to its change seq when asked to."""
+    state.head = head
+    _last_heads[state.caller.tenant_id] = head
+    if state.catch_up:
+        state.catch_up = False
+        if not catch_up_in(state.session, state.caller.tenant_id, current_seq=head.change_seq):
+            raise CatchUpFirst
 
 
 def snapshot_of(state: SearchState) -> CatalogSnapshot:
@@ -211,11 +233,15 @@ def guess_snapshot(state: SearchState) -> None:
         state.guessed_version, state.snapshot = guess
 
 
-def run_search(session: Session, *, caller: Caller, request: SearchRequest) -> SearchState:
-    """Run the steps of one search; start again with the head it read when the catalog moved under a guess."""
+def run_search(session: Session, *, caller: Caller, request: SearchRequest, catch_up: bool = False) -> SearchState:
+    """Run the steps of one search; start again with the head it read when the catalog moved under a guess.
+
+    ``catch_up``: bring the full-text index up to the head's change seq as soon as the head is read, in this
+    transaction; raises CatchUpFirst when that would have to wait."""
     head: Head | None = None
     while True:
-        state = new_state(session, caller=caller, request=request, head=head)
+        state = new_state(session, caller=caller, request=request, head=head, catch_up=catch_up)
+        catch_up = False  # a restart keeps the head it read, so the index is caught up already
         moved = _run_steps(state)
         if moved is None:
             return state
@@ -421,8 +447,8 @@ def _entity_bm25(
         queries.append(entity_channel.query(tenant_id=tenant_id, query_entities=tokens, eligibility=eligibility))
     results = sql.run_many(state.session, queries, meanwhile=meanwhile) if queries else []
     if first:
-        head = state.head = head_from_rows(results.pop(0), model=state.model)
-        _last_heads[tenant_id] = head
+        head = head_from_rows(results.pop(0), model=state.model)
+        _head_read(state, head)
         if state.guessed_version is not None and head.catalog_version != state.guessed_version:
             return [], head
     ranking, _ = entity_channel.from_rows(results[0] if results else [], query_entities=tokens, eligibility=eligibility)
@@ -482,6 +508,10 @@ def memory_candidates(state: SearchState) -> dict[tuple[str, str], Ranking]:
         for bucket in live:
             candidates[channel, bucket] = _rank(state, channel, bucket, _first_look(state, bucket))
     if state.dense_fetch is not None:
+        if state.eligibility.in_memory():
+            # Verdicts cost no query: full-text's are known before dense ranks, so its feedback is no guess
+            # (and dense never ranks a bucket twice). The next step checks these candidates anyway.
+            state.eligibility.check(map(_doc_id, chain.from_iterable(candidates[FEEDBACK_FROM, b] for b in live)))
         state.feedback.update({bucket: _feedback(state, candidates[FEEDBACK_FROM, bucket], bucket) for bucket in live})
         for bucket in live:
             candidates[FEEDBACK_TO, bucket] = _rank(state, FEEDBACK_TO, bucket, _first_look(state, bucket))
@@ -498,7 +528,7 @@ def eligible_candidates(state: SearchState) -> dict[str, dict[str, Ranking]]:
     live, candidates, eligibility = state.live(), state.candidates, state.eligibility
     if not candidates:
         return state.eligible
-    eligibility.check(d for ranking in candidates.values() for d, _ in ranking)
+    eligibility.check(map(_doc_id, chain.from_iterable(candidates.values())))
     if state.dense_fetch is not None:
         guessed = dict(state.feedback)
         state.feedback.update({bucket: _feedback(state, candidates[FEEDBACK_FROM, bucket], bucket) for bucket in live})
@@ -507,18 +537,20 @@ def eligible_candidates(state: SearchState) -> dict[str, dict[str, Ranking]]:
                 candidates[FEEDBACK_TO, bucket] = _rank(state, FEEDBACK_TO, bucket, _first_look(state, bucket))
             eligibility.check(d for bucket in live for d, _ in candidates[FEEDBACK_TO, bucket])
     depths = {bucket: bucket_depth(state.caps[bucket]) for bucket in live}
+    picked = {key: eligibility.pick(ranking, key[1], depths[key[1]]) for key, ranking in candidates.items()}
     short = [
         (channel, bucket)
         for (channel, bucket), ranking in candidates.items()
-        if len(ranking) == _first_look(state, bucket) < MAX_SCAN
-        and len(eligibility.pick(ranking, bucket, depths[bucket])) < depths[bucket]
+        if len(ranking) == _first_look(state, bucket) < MAX_SCAN and len(picked[channel, bucket]) < depths[bucket]
     ]
     if short:
         candidates.update({key: _rank(state, key[0], key[1], MAX_SCAN) for key in short})
         eligibility.check(d for key in short for d, _ in candidates[key])
+        # (Verdicts already known do not change, so only the deeper rankings are picked again.)
+        picked.update({key: eligibility.pick(candidates[key], key[1], depths[key[1]]) for key in short})
     state.eligible = {bucket: {} for bucket in live}
-    for (channel, bucket), ranking in candidates.items():
-        state.eligible[bucket][channel] = eligibility.pick(ranking, bucket, depths[bucket])
+    for channel, bucket in candidates:
+        state.eligible[bucket][channel] = picked[channel, bucket]
     return state.eligible
 
 
@@ -616,7 +648,8 @@ def _fused(state: SearchState, rankings: dict[str, Ranking], bucket: str) -> Ran
     of (a fresh save is first for its own words before its embedding lands)."""
     blind = {}
     if "dense" in rankings and state.dense is not None:
-        candidates = sorted({d for ranking in rankings.values() for d, _ in ranking})
+        # Only the approximate path asks which candidates it could see (the exact path knows its rows).
+        candidates = [] if state.dense.exact else sorted({d for ranking in rankings.values() for d, _ in ranking})
         blind["dense"] = state.dense.blind(bucket, candidates)
     return relevance(rankings, blind=blind)
 
@@ -671,10 +704,16 @@ def search(session: Session, *, caller: Caller, request: SearchRequest) -> Searc
     """Run one search for ``caller`` in the caller's session (read-only)."""
     request.check()
     session.connection(execution_options={"isolation_level": "REPEATABLE READ"})
-    if request.mode == "hybrid" and request.question_text and not catch_up_in(session, caller.tenant_id):
-        # Catching up would wait (for another thread's catch-up or a commit's lock): the search gives its
-        # transaction and connection back first, so waiting holds neither, and the catch-up's own
-        # connection is the only one in use. Then it starts again in a new snapshot.
+    if request.mode == "hybrid" and request.question_text:
+        # The index is caught up to the change seq of the head, the search's first read (no read of its own).
+        if is_open(caller.tenant_id):
+            try:
+                return run_search(session, caller=caller, request=request, catch_up=True).response
+            except CatchUpFirst:
+                pass
+        # Catching up would wait (for another thread's catch-up, a commit's lock, or opening the index): the
+        # search gives its transaction and connection back first, so waiting holds neither, and the
+        # catch-up's own connection is the only one in use. Then it starts again in a new snapshot.
         session.rollback()
         catch_up_before_search(caller.tenant_id)
         session.connection(execution_options={"isolation_level": "REPEATABLE READ"})

@@ -14,6 +14,8 @@ it reads; builders take the tenant id for that reason.
 
 from __future__ import annotations
 
+import contextlib
+import re
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Sequence
@@ -26,8 +28,10 @@ from sqlalchemy.sql.elements import BindParameter
 
 CACHE_ENTRIES = 1024
 _dialect = postgresql.psycopg.dialect()  # type: ignore[attr-defined]
-_cache: OrderedDict[Hashable, tuple[str, dict[str, Any]]] = OrderedDict()
+_cache: OrderedDict[Hashable, tuple[str, dict[str, Any], frozenset[str]]] = OrderedDict()
 _lock = threading.Lock()
+# A parameter the SQL casts to text[] (every ``text_array``).
+_PLACEHOLDER = re.compile(r"%\((\w+)\)s(::TEXT\[\])?")
 
 
 def text_array(name: str) -> BindParameter[Any]:
@@ -37,6 +41,12 @@ def text_array(name: str) -> BindParameter[Any]:
 
 def compiled(key: Hashable, build: Callable[[], Executable]) -> tuple[str, dict[str, Any]]:
     """(driver SQL, the parameters fixed at build time) of the statement ``build()`` makes for ``key``."""
+    sql, fixed, _ = _compiled(key, build)
+    return sql, fixed
+
+
+def _compiled(key: Hashable, build: Callable[[], Executable]) -> tuple[str, dict[str, Any], frozenset[str]]:
+    """As :func:`compiled`, with the names of the parameters the SQL casts to text[]."""
     with _lock:
         hit = _cache.get(key)
         if hit is not None:
@@ -45,7 +55,10 @@ def compiled(key: Hashable, build: Callable[[], Executable]) -> tuple[str, dict[
     statement: Any = build()
     # render_postcompile writes IN lists out, so the SQL holds only plain named parameters.
     result = statement.compile(dialect=_dialect, compile_kwargs={"render_postcompile": True})
-    entry = (str(result), dict(result.params))
+    sql = str(result)
+    found = _PLACEHOLDER.findall(sql)
+    uncast = {name for name, cast in found if not cast}
+    entry = (sql, dict(result.params), frozenset(name for name, cast in found if cast and name not in uncast))
     with _lock:
         _cache[key] = entry
         while len(_cache) > CACHE_ENTRIES:
@@ -53,14 +66,38 @@ def compiled(key: Hashable, build: Callable[[], Executable]) -> tuple[str, dict[
     return entry
 
 
+def _params(fixed: dict[str, Any], values: dict[str, Any], arrays: frozenset[str]) -> dict[str, Any]:
+    """The statement's parameters; a list of strings the SQL casts to text[] goes as the array's literal text.
+
+    psycopg adapts a list element by element in Python (finding a dumper for the list, then quoting each
+    string); the literal costs one pass in C, and PostgreSQL parses it as the cast says."""
+    params = {**fixed, **values}
+    for name in arrays:
+        value = params.get(name)
+        if type(value) is list:
+            with contextlib.suppress(TypeError):  # an item that is not a string: psycopg adapts the list
+                params[name] = array_literal(value)
+    return params
+
+
+def array_literal(items: list[str]) -> str:
+    """PostgreSQL's text form of a text[] holding ``items`` (each quoted; quotes and backslashes escaped).
+    Raises TypeError when an item is not a string."""
+    if not items:
+        return "{}"
+    if '"' in (whole := "".join(items)) or "\\" in whole:
+        items = [item.replace("\\", "\\\\").replace('"', '\\"') for item in items]
+    return '{"' + '","'.join(items) + '"}'
+
+
 def run(session: Session, key: Hashable, build: Callable[[], Executable], **values: Any) -> Sequence[Any]:
     """Rows of the statement compiled for ``key``, with ``values`` for its execution-time parameters."""
-    sql, fixed = compiled(key, build)
+    sql, fixed, arrays = _compiled(key, build)
     # Straight to the driver's cursor, in the session's transaction: SQLAlchemy's execution context and
     # result wrapping cost more than a small indexed query (no engine event applies to driver SQL).
     connection: Any = session.connection().connection.driver_connection
     with connection.cursor() as cursor:
-        cursor.execute(sql, {**fixed, **values})
+        cursor.execute(sql, _params(fixed, values, arrays))
         return cursor.fetchall() if cursor.description is not None else []
 
 
@@ -81,9 +118,9 @@ def run_many(
     cursors = []
     with connection.pipeline():
         for key, build, values in queries:
-            text, fixed = compiled(key, build)
+            text, fixed, arrays = _compiled(key, build)
             cursor = connection.cursor()
-            cursor.execute(text, {**fixed, **values})
+            cursor.execute(text, _params(fixed, values, arrays))
             cursors.append(cursor)
         if meanwhile is not None:
             # Each statement went out as it was executed; the rows are read when the pipeline ends.

@@ -5,10 +5,12 @@ on. Real tantivy indexes in temporary directories."""
 from __future__ import annotations
 
 import random
+import threading
 from pathlib import Path
 
 import pytest
 
+from core.search import fulltext
 from core.search.delta import Bm25Stats, fieldnorm
 from core.search.fulltext import DocChange, FulltextIndex
 
@@ -224,8 +226,8 @@ def test_bm25_statistics_read_off_an_explanation() -> None:
 
 def test_catching_up_in_memory_never_waits(base: tuple[Path, Log, random.Random]) -> None:
     """Rule: from inside a transaction the index catches up only when that needs no waiting: the gate is
-    free and the changes stay in memory. Otherwise it reports False and changes nothing (the search then
-    catches up outside its transaction)."""
+    free (or held by another in-memory catch-up, see the next test) and the changes stay in memory. Otherwise
+    it reports False and changes nothing (the search then catches up outside its transaction)."""
     path, log, rng = base
     held = FulltextIndex(path)
     log.add(_upsert("memory:t1", "tern colony count", seq=log.seq + 1))
@@ -244,6 +246,38 @@ def test_catching_up_in_memory_never_waits(base: tuple[Path, Log, random.Random]
     assert held.catch_up_in_memory(log.fetch, current_seq=log.seq) is False
     assert held.seq < log.seq and held.applied_seq == 400
     assert held.catch_up(log.fetch, current_seq=log.seq) == log.seq and held.applied_seq == log.seq
+
+
+def test_an_in_memory_catch_up_waits_briefly_for_another_one(
+    base: tuple[Path, Log, random.Random], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Rule: a catch-up from a transaction that finds another thread catching up in memory (which waits on
+    nothing) waits for it, at most IN_MEMORY_WAIT_SECONDS, and then finds the index current; one that finds
+    any other holder of the gate (a catch-up that commits) still gives up at once."""
+    monkeypatch.setattr(fulltext, "IN_MEMORY_WAIT_SECONDS", 30.0)  # the rule, not the machine's speed
+    path, log, rng = base
+    held = FulltextIndex(path)
+    log.add(_upsert("memory:w1", "skua nest count", seq=log.seq + 1))
+    entered, release, first = threading.Event(), threading.Event(), []
+    fetched = len(log.fetches)
+
+    def slow_fetch(since: int) -> tuple[list[DocChange], int]:
+        entered.set()
+        release.wait(30)
+        return log.fetch(since)
+
+    ahead = threading.Thread(target=lambda: first.append(held.catch_up_in_memory(slow_fetch, current_seq=log.seq)))
+    ahead.start()
+    assert entered.wait(30)
+    timer = threading.Timer(0.05, release.set)
+    timer.start()
+    assert held.catch_up_in_memory(log.fetch, current_seq=log.seq) is True
+    ahead.join(30)
+    assert first == [True] and len(log.fetches) == fetched + 1  # the second found the index current: no fetch
+    assert held.search("skua", limit=1)[0][0] == "memory:w1"
+    log.add(_upsert("memory:w2", "skua chick count", seq=log.seq + 1))
+    with held._writer_gate:
+        assert held.catch_up_in_memory(log.fetch, current_seq=log.seq) is False
 
 
 def test_a_small_index_catches_up_in_memory_only_when_current(tmp_path: Path) -> None:

@@ -1,0 +1,23 @@
+"""JSON answers of plain data, encoded by orjson.
+
+A route that returns a dict has FastAPI walk it with ``jsonable_encoder`` (a Python call per value) and then
+``json.dumps`` it: 10 ms for a 1,000-item batch's results, a tenth of the batch's time, and ~0.1 ms for one
+memory. orjson encodes the same data in C (0.05 ms for the batch). Pydantic models answer with their own
+``model_dump_json`` (api.routes.search); this is for the routes whose answer is built as plain data.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+from fastapi.encoders import jsonable_encoder
+from fastapi.responses import Response
+
+
+def json_answer(content: Any, *, status_code: int = 200) -> Response:
+    """``content`` (dicts, lists, strings, numbers, booleans, None) as an application/json response; a value
+    orjson does not know (a datetime it does; a Decimal, a model) goes through FastAPI's encoder."""
+    return Response(
+        orjson.dumps(content, default=jsonable_encoder), status_code=status_code, media_type="application/json"
+    )
