@@ -17,15 +17,18 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import random
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, TypeVar
 
 import psycopg
 from psycopg import pq
 from sqlalchemy import BigInteger, ForeignKey, create_engine, event
 from sqlalchemy.engine import Connection, Engine, make_url
+from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import (
     DeclarativeBase,
     Mapped,
@@ -198,6 +201,33 @@ def tenant_session(tenant_id: int) -> Iterator[Session]:
         raise
     finally:
         session.close()
+
+
+T = TypeVar("T")
+
+# What PostgreSQL ends a transaction with when it lost a race with another one: the transaction was rolled
+# back whole, so running it again from the start is safe, and usually succeeds at once.
+CONFLICTS = (psycopg.errors.DeadlockDetected, psycopg.errors.SerializationFailure)
+WRITE_ATTEMPTS = 4
+
+
+def is_conflict(exc: BaseException) -> bool:
+    return isinstance(exc, OperationalError) and isinstance(exc.orig, CONFLICTS)
+
+
+def tenant_write(tenant_id: int, work: Callable[[Session], T], *, attempts: int = WRITE_ATTEMPTS) -> T:
+    """Run ``work`` in a tenant transaction, again from the start when PostgreSQL ends it for a deadlock or
+    a serialization failure. Writes take one lock order (core.changes.lock_tenant_writes), so a conflict is
+    rare (another table's order, a trigger); the client sees it only when every attempt lost."""
+    for attempt in range(1, attempts + 1):
+        try:
+            with tenant_session(tenant_id) as session:
+                return work(session)
+        except OperationalError as exc:
+            if attempt == attempts or not is_conflict(exc):
+                raise
+            time.sleep(random.uniform(0, 0.02 * 2**attempt))  # jitter: the two losers do not meet again
+    raise AssertionError("unreachable")
 
 
 @contextmanager
