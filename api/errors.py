@@ -15,6 +15,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 
+from core.dbwaits import AnswerTimeout
 from core.errors import EngramError, QuotaExceeded
 
 log = logging.getLogger("engram.api")
@@ -62,6 +63,8 @@ def busy_response(message: str) -> JSONResponse:
 def database_busy_message(error: BaseException | None) -> str | None:
     """What a 503 says when PostgreSQL is up but ended the request's transaction (rolled back whole, so a
     retry is safe), or None when the error is not one of those."""
+    if isinstance(error, AnswerTimeout):
+        return f"{error}; retry shortly"
     if isinstance(error, psycopg.errors.LockNotAvailable):
         # lock_timeout (core.db.limit_waits) ended a wait for a row another request holds.
         return "the data is busy with other writes; retry shortly"

@@ -16,7 +16,8 @@ from api.openapi import BEARER, IDENTITY, operation
 from api.routes.memories import acting_identity
 from api.schemas import ImportResult
 from core.audit import trail
-from core.db import tenant_session, tenant_write
+from core.config import get_settings
+from core.db import allow_longer, tenant_session, tenant_write
 from core.errors import BadRequest, EngramError, Invalid
 from core.memories import transfer
 from core.memories.schemas import unknown_fields
@@ -114,8 +115,10 @@ async def import_memories(request: Request, caller: Caller = Depends(require_cal
 
 
 def _import(caller: Caller, text: str) -> dict[str, Any]:
+    seconds = get_settings().db_import_statement_timeout_seconds
 
     def import_all(session: Session) -> dict[str, Any]:
+        allow_longer(session, seconds=seconds)  # a whole export is more than a request's budget
         imported = transfer.import_markdown(session, caller=caller, text=text)
         trail.memories_imported(session, caller=caller, memory_ids=imported["memory_ids"])
         return imported
