@@ -7,6 +7,7 @@ import logging
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -103,16 +104,29 @@ def worker(concurrency: int, pool: str, supervise: bool, home: str | None) -> No
     from core.config import get_settings
     from workers.celery_app import app
 
-    app.worker_main(
-        [
-            "worker",
-            f"--loglevel={get_settings().log_level.upper()}",
-            f"--concurrency={concurrency}",
-            f"--pool={pool}",
-            "-Q",
-            "engram",
-        ]
-    )
+    argv = [f"--loglevel={get_settings().log_level.upper()}", f"--concurrency={concurrency}", f"--pool={pool}"]
+    sys.exit(run_celery(app, ["worker", *argv, "-Q", "engram"]))
+
+
+def run_celery(app: Any, argv: list[str]) -> int:
+    """Run a `celery` sub-command on ``app`` and return its exit code.
+
+    Celery's own ``app.worker_main``/``app.start`` drop it (the click command's return value is ignored), so
+    a worker that died of an "Unrecoverable error" exited 0, and a manager that restarts only on failure
+    (systemd on-failure, a Kubernetes Job) left it down. An exception that ends the command propagates
+    (exit 1).
+    """
+    from celery.bin.celery import celery as celery_command
+    from click.exceptions import Exit
+
+    celery_command.params[0].default = app  # as app.start does: the -A option's value
+    try:
+        code = celery_command.main(args=argv, standalone_mode=False)
+    except Exit as exc:
+        code = exc.exit_code
+    finally:
+        celery_command.params[0].default = None
+    return code if isinstance(code, int) else 0
 
 
 @main.command()
@@ -125,7 +139,7 @@ def beat(home: str | None) -> None:
 
     schedule = get_settings().home / "celerybeat-schedule"
     schedule.parent.mkdir(parents=True, exist_ok=True)
-    app.start(["beat", f"--loglevel={get_settings().log_level.upper()}", f"--schedule={schedule}"])
+    sys.exit(run_celery(app, ["beat", f"--loglevel={get_settings().log_level.upper()}", f"--schedule={schedule}"]))
 
 
 @main.command()
