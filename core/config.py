@@ -200,6 +200,14 @@ class Settings(BaseSettings):
     db_role_lock_timeout_seconds: float = 60.0
     db_role_idle_in_transaction_seconds: float = 600.0
 
+    # Graceful shutdown (api.serve.graceful). Idle keep-alive connections are kept this long, longer than
+    # clients keep theirs (httpx 5 s, aiohttp 15 s, Node 5 s), so the client is the side that closes one.
+    api_keep_alive_seconds: int = 75
+    # On SIGTERM: how long connections stay open to answer (with Connection: close) what clients send on
+    # them, then how long running requests may take to finish.
+    api_drain_seconds: float = 6.0
+    api_shutdown_timeout_seconds: int = 30
+
     @property
     def index_dir(self) -> Path:
         return self.home / "index"

@@ -39,6 +39,7 @@ from sqlalchemy.orm import (
     sessionmaker,
     with_loader_criteria,
 )
+from sqlalchemy.pool import NullPool
 
 from core.config import get_settings
 from core.dbwaits import ANSWER_MARGIN_SECONDS, BoundedConnection, run_simple
@@ -139,11 +140,15 @@ def get_engine() -> Engine:
 
 
 def get_owner_engine() -> Engine:
-    """The schema owner's engine: migrations and DDL only (never tenant data, which its policies hide)."""
+    """The schema owner's engine: migrations and DDL only (never tenant data, which its policies hide).
+
+    Unpooled: a connection as the owner (who bypasses nothing, but may change the schema and the policies)
+    closes as soon as its work is done, so no process that serves requests or runs jobs keeps one idle
+    after migrating or building an index."""
     global _owner_engine
     with _lock:
         if _owner_engine is None:
-            _owner_engine = create_engine(owner_database_url(), pool_size=1, max_overflow=2, pool_pre_ping=True)
+            _owner_engine = create_engine(owner_database_url(), poolclass=NullPool)
         return _owner_engine
 
 

@@ -65,14 +65,14 @@ def api(host: str | None, port: int | None, workers: int | None, migrate: bool, 
 
     logging.getLogger("engram.api").info("%s", describe_policy())  # what tenants may connect to
     if migrate:
+        from core.db import dispose_engine
         from core.migrate import upgrade
 
         upgrade()
-    uvicorn.run(
-        "api.main:app",
+        dispose_engine()  # nothing opened to migrate outlives it in a process that serves requests
+    options: dict[str, Any] = dict(
         host=host or settings.host,
         port=port or settings.port,
-        workers=workers or settings.api_workers,
         # Logging is ours (core.logging, configured again in each worker by api.main); the access log is
         # api.observe's, which knows the request id and the route.
         log_config=None,
@@ -80,7 +80,16 @@ def api(host: str | None, port: int | None, workers: int | None, migrate: bool, 
         access_log=False,
         # Forwarded headers are believed only from ENGRAM_TRUSTED_PROXIES, by api.app (not uvicorn's default).
         proxy_headers=False,
+        timeout_keep_alive=settings.api_keep_alive_seconds,
+        timeout_graceful_shutdown=settings.api_shutdown_timeout_seconds,
     )
+    processes = workers or settings.api_workers
+    if processes == 1:
+        from api.serve.graceful import run_api
+
+        run_api("api.main:app", drain_seconds=settings.api_drain_seconds, **options)
+    else:  # uvicorn's own process manager (its shutdown closes idle connections at once)
+        uvicorn.run("api.main:app", workers=processes, **options)
 
 
 @main.command()
@@ -98,8 +107,9 @@ def worker(concurrency: int, pool: str, supervise: bool, home: str | None) -> No
     _set_home(home)
     if supervise:
         from api.serve.supervise import run_supervised
+        from core.runtime import engram_command
 
-        argv = [sys.executable, "-m", "api.cli", "worker", f"--concurrency={concurrency}", f"--pool={pool}"]
+        argv = [*engram_command(), "worker", f"--concurrency={concurrency}", f"--pool={pool}"]
         sys.exit(run_supervised("worker", [*argv, "--no-supervise", *(["--home", home] if home else [])]))
     from core.config import get_settings
     from workers.celery_app import app
