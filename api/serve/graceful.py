@@ -23,11 +23,13 @@ import asyncio
 import contextlib
 import os
 import socket
+import sys
 import time
 from typing import Any
 
 import uvicorn
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from uvicorn.server import STARTUP_FAILURE
 
 
 class CloseWhenDraining:
@@ -108,4 +110,8 @@ class DrainingServer(uvicorn.Server):
 def run_api(app: str, *, drain_seconds: float, **options: Any) -> None:
     """``uvicorn.run`` for one process, with the draining shutdown above."""
     config = uvicorn.Config(app, **options)
-    DrainingServer(config, drain_seconds=drain_seconds).run()
+    server = DrainingServer(config, drain_seconds=drain_seconds)
+    with contextlib.suppress(KeyboardInterrupt):
+        server.run()
+    if not server.started:  # as uvicorn.run: the port could not be bound, or the app failed to start
+        sys.exit(STARTUP_FAILURE)
