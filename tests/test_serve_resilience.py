@@ -108,6 +108,21 @@ def test_after_migrating_only_the_app_role_is_connected(served):
     assert set(roles) == {"engram_app"}, roles
 
 
+def test_an_idle_keep_alive_connection_outlives_the_clients_own_expiry(served):
+    """The server keeps an idle connection longer than clients keep theirs (httpx: 5 s), so it is never the
+    server's close that a client's next request crosses (the steady-load ReadError)."""
+    import socket
+
+    request = b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
+    host, port = served.url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=10) as connection:
+        connection.sendall(request)
+        assert connection.recv(65536).startswith(b"HTTP/1.1 200")
+        time.sleep(6.0)
+        connection.sendall(request)
+        assert connection.recv(65536).startswith(b"HTTP/1.1 200")
+
+
 def _server_process(served: Served, name: str) -> psutil.Process:
     for child in psutil.Process(served.process.pid).children(recursive=True):
         if name in child.name() and psutil.Process(child.ppid()).pid == served.process.pid:
