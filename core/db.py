@@ -210,14 +210,17 @@ def limit_waits(
     transaction left idle longer than ``idle_in_transaction_seconds`` (a client that went away mid-request)
     is ended by the server instead of pinning locks and a connection; and a server that does not answer at
     all is given up on by the client just after the statement timeout (core.dbwaits). Workers keep the app
-    role's longer defaults (`migrate` sets them). Applies to connections opened after the call, so it is
-    made before the first one.
+    role's longer defaults (`migrate` sets them). Applies to connections opened after the call: the pool
+    is started afresh.
     """
     global _statement_timeout_seconds
     _statement_timeout_seconds = statement_timeout_seconds
     _session_settings["statement_timeout"] = f"{int(statement_timeout_seconds * 1000)}ms"
     _session_settings["lock_timeout"] = f"{int(lock_timeout_seconds * 1000)}ms"
     _session_settings["idle_in_transaction_session_timeout"] = f"{int(idle_in_transaction_seconds * 1000)}ms"
+    with _lock:
+        if _engine is not None:  # connections opened before (a test process) would keep the old bounds
+            _engine.dispose()
 
 
 def dispose_engine() -> None:

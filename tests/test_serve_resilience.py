@@ -111,23 +111,33 @@ def test_after_migrating_only_the_app_role_is_connected(served):
 def test_an_idle_keep_alive_connection_outlives_the_clients_own_expiry(served):
     """The server keeps an idle connection longer than clients keep theirs (httpx: 5 s), so it is never the
     server's close that a client's next request crosses (the steady-load ReadError)."""
-    import socket
+    import http.client
 
-    request = b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
     host, port = served.url.removeprefix("http://").split(":")
-    with socket.create_connection((host, int(port)), timeout=10) as connection:
-        connection.sendall(request)
-        assert connection.recv(65536).startswith(b"HTTP/1.1 200")
+    connection = http.client.HTTPConnection(host, int(port), timeout=10)
+    try:
+        connection.request("GET", "/healthz")
+        first = connection.getresponse()
+        assert first.status == 200 and first.read()
+        opened = connection.sock
         time.sleep(6.0)
-        connection.sendall(request)
-        assert connection.recv(65536).startswith(b"HTTP/1.1 200")
+        connection.request("GET", "/healthz")  # raises RemoteDisconnected had the server closed it
+        again = connection.getresponse()
+        assert again.status == 200 and again.read()
+        assert connection.sock is opened  # the same connection, not a new one
+    finally:
+        connection.close()
 
 
-def _server_process(served: Served, name: str) -> psutil.Process:
-    for child in psutil.Process(served.process.pid).children(recursive=True):
-        if name in child.name() and psutil.Process(child.ppid()).pid == served.process.pid:
-            return child
-    raise AssertionError(f"no {name} under serve")
+def _server_process(served: Served, name: str) -> psutil.Process | None:
+    """serve's own child named ``name`` (PostgreSQL's backends are the postmaster's children, not serve's)."""
+    for child in psutil.Process(served.process.pid).children():
+        try:
+            if name in child.name():
+                return child
+        except psutil.NoSuchProcess:
+            continue
+    return None
 
 
 def _saves_again(served: Served) -> bool:
@@ -143,9 +153,15 @@ def _saves_again(served: Served) -> bool:
 @pytest.mark.parametrize("server", ["valkey-server", "postgres"])
 def test_serve_restarts_an_embedded_server_that_dies(served, server):
     before = _server_process(served, server)
+    assert before is not None, f"no {server} under serve"
     before.kill()
     before.wait(10)
-    wait_for(lambda: _server_process(served, server).pid != before.pid, timeout=90, interval=0.5)
+
+    def replaced() -> bool:
+        after = _server_process(served, server)
+        return after is not None and after.pid != before.pid
+
+    wait_for(replaced, timeout=90, interval=0.5)
     wait_for(lambda: _saves_again(served), timeout=60, interval=0.5)
     assert "restarted" in served.output()
 
