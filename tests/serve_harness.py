@@ -22,6 +22,11 @@ from core.embedded import free_port
 REPO = Path(__file__).resolve().parents[1]
 
 
+def _run(argv: list[str]) -> None:
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, f"{' '.join(argv)}:\n{done.stdout[-2000:]}\n{done.stderr[-3000:]}"
+
+
 def install_wheel(base: Path) -> Path:
     """Build this checkout's wheel and install it into a fresh virtualenv under ``base``; returns `engram`.
 
@@ -35,10 +40,10 @@ def install_wheel(base: Path) -> Path:
         shutil.copy2(REPO / name, source / name)
     python = sys.executable
     wheel_args = ["wheel", "--no-deps", "--no-build-isolation", "--no-index", "-q", "-w", str(base / "dist")]
-    subprocess.run([python, "-m", "pip", *wheel_args, str(source)], check=True, capture_output=True, timeout=300)
+    _run([python, "-m", "pip", *wheel_args, str(source)])
     wheel = next((base / "dist").glob("engram_memory_server-*.whl"))
     venv = base / "venv"
-    subprocess.run([python, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
+    _run([python, "-m", "venv", "--without-pip", str(venv)])
     venv_python = venv / "bin" / "python"
     site = subprocess.run(
         [str(venv_python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
@@ -48,7 +53,7 @@ def install_wheel(base: Path) -> Path:
     ).stdout.strip()
     Path(site, "shared-dependencies.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
     install_args = ["--python", str(venv_python), "install", "--no-deps", "--no-index", "-q", str(wheel)]
-    subprocess.run([python, "-m", "pip", *install_args], check=True, capture_output=True, timeout=300)
+    _run([python, "-m", "pip", *install_args])
     shutil.rmtree(source)
     return venv / "bin" / "engram"
 
