@@ -12,8 +12,8 @@ import pytest
 from sqlalchemy import text
 from sqlalchemy.engine import make_url
 
-from tests.freezable_proxy import FreezableProxy
-from tests.live_api import running_api
+from tests.helpers.processes import running_api
+from tests.helpers.proxy import FreezableProxy
 
 # The API's budget (db_statement_timeout_seconds + the client's margin) and slack for a loaded machine.
 BUDGET_SECONDS = 4.5

@@ -13,7 +13,7 @@ import httpx
 import pytest
 from sqlalchemy import text
 
-from tests.live_api import running_api
+from tests.helpers.processes import running_api
 
 pytestmark = pytest.mark.slow
 

@@ -19,7 +19,7 @@ import psycopg
 
 from core.embedded import free_port
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _run(argv: list[str]) -> None:

@@ -21,8 +21,8 @@ import psutil
 import psycopg
 import pytest
 
-from tests.conftest import make_temp_dir, wait_for
-from tests.serve_harness import Served, clean_env, hostile_project, install_wheel, roles_connected, start_serve
+from tests.helpers.processes import make_temp_dir, wait_for
+from tests.helpers.serve import Served, clean_env, hostile_project, install_wheel, roles_connected, start_serve
 
 pytestmark = pytest.mark.slow
 

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, make_temp_dir, stop_process
+from tests.helpers.processes import REPO, make_temp_dir, stop_process
 
-FAULTS = Path(__file__).parent / "faults"
+FAULTS = REPO / "tests" / "helpers" / "faults"
 
 pytestmark = pytest.mark.slow
 
