@@ -75,6 +75,7 @@ def create_app(*, install_queue: bool = False) -> FastAPI:
     limit_waits(
         lock_timeout_seconds=settings.db_lock_timeout_seconds,
         idle_in_transaction_seconds=settings.db_idle_in_transaction_seconds,
+        statement_timeout_seconds=settings.db_statement_timeout_seconds,
     )
     # Added last, so it runs first: even shed requests and BodyGuard's refusals carry the request id and
     # are counted.

@@ -15,6 +15,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 
+from core.dbwaits import AnswerTimeout
 from core.errors import EngramError, QuotaExceeded
 
 log = logging.getLogger("engram.api")
@@ -57,6 +58,24 @@ def error_response(
 def busy_response(message: str) -> JSONResponse:
     """503 + Retry-After for overload: the request was not run (or was rolled back), retrying is safe."""
     return error_response(503, message, headers={"Retry-After": BUSY_RETRY_AFTER})
+
+
+def database_busy_message(error: BaseException | None) -> str | None:
+    """What a 503 says when PostgreSQL is up but ended the request's transaction (rolled back whole, so a
+    retry is safe), or None when the error is not one of those."""
+    if isinstance(error, AnswerTimeout):
+        return f"{error}; retry shortly"
+    if isinstance(error, psycopg.errors.LockNotAvailable):
+        # lock_timeout (core.db.limit_waits) ended a wait for a row another request holds.
+        return "the data is busy with other writes; retry shortly"
+    if isinstance(error, psycopg.errors.DeadlockDetected):
+        return "the write kept deadlocking with concurrent writes and was rolled back; retry shortly"
+    if isinstance(error, psycopg.errors.SerializationFailure):
+        return "the write kept conflicting with concurrent writes and was rolled back; retry shortly"
+    if isinstance(error, psycopg.errors.QueryCanceled):
+        # statement_timeout (core.db.limit_waits): the database is up, the statement did not finish in time.
+        return "the database did not finish the request within its time budget; retry shortly"
+    return None
 
 
 _METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")
@@ -128,9 +147,10 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(OperationalError)
     async def _db_down(request: Request, exc: OperationalError) -> JSONResponse:
-        if isinstance(exc.orig, psycopg.errors.LockNotAvailable):
-            # lock_timeout (core.db.limit_waits) ended a wait for a row another request holds.
-            return busy_response("the data is busy with other writes; retry shortly")
+        busy = database_busy_message(exc.orig)
+        if busy is not None:
+            log.warning("%s %s: %s", request.method, request.url.path, str(exc.orig).splitlines()[0])
+            return busy_response(busy)
         log.warning("database unavailable: %s", exc.orig)
         return error_response(503, "the database is unavailable; retry shortly", headers={"Retry-After": "5"})
 

@@ -110,9 +110,9 @@ class Settings(BaseSettings):
     api_queue_wait_seconds: float = 5.0
     db_pool_size: int = 16
     # How long a request waits for a pooled connection before a 503.
-    db_pool_timeout_seconds: float = 10.0
+    db_pool_timeout_seconds: float = 4.0
     # PostgreSQL lock waits (row locks taken by writes) end with a 503 after this long.
-    db_lock_timeout_seconds: float = 10.0
+    db_lock_timeout_seconds: float = 3.0
     # A transaction left idle this long is ended by PostgreSQL (a stuck client never pins locks).
     db_idle_in_transaction_seconds: float = 60.0
     # How long a catch-up waits for a tenant's full-text index lock before a 503.
@@ -186,6 +186,27 @@ class Settings(BaseSettings):
     webhook_job_seconds: float = 10.0
     # Finished deliveries (succeeded or given up) older than this are removed by the prune job.
     webhook_delivery_retention_days: float = 30.0
+
+    # Bounded database waits (core.dbwaits). An API statement gets this long, then the request a 503 with
+    # Retry-After (the client gives up on a server that does not answer at all half a second later).
+    db_statement_timeout_seconds: float = 4.0
+    # An import of a whole export is one statement per batch of memories: it gets this long instead.
+    db_import_statement_timeout_seconds: float = 120.0
+    # Opening a connection to a server that accepts TCP but never answers ends after this long.
+    db_connect_timeout_seconds: float = 3.0
+    # The app role's defaults (set by `migrate`): what any process connecting as it gets unless it sets
+    # its own, as the API does. Workers run jobs under these.
+    db_role_statement_timeout_seconds: float = 600.0
+    db_role_lock_timeout_seconds: float = 60.0
+    db_role_idle_in_transaction_seconds: float = 600.0
+
+    # Graceful shutdown (api.serve.graceful). Idle keep-alive connections are kept this long, longer than
+    # clients keep theirs (httpx 5 s, aiohttp 15 s, Node 5 s), so the client is the side that closes one.
+    api_keep_alive_seconds: int = 75
+    # On SIGTERM: how long connections stay open to answer (with Connection: close) what clients send on
+    # them, then how long running requests may take to finish.
+    api_drain_seconds: float = 6.0
+    api_shutdown_timeout_seconds: int = 30
 
     @property
     def index_dir(self) -> Path:

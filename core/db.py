@@ -17,15 +17,18 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import random
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, TypeVar
 
 import psycopg
 from psycopg import pq
-from sqlalchemy import BigInteger, ForeignKey, create_engine, event
+from sqlalchemy import BigInteger, ForeignKey, create_engine, event, text
 from sqlalchemy.engine import Connection, Engine, make_url
+from sqlalchemy.exc import DBAPIError, OperationalError
 from sqlalchemy.orm import (
     DeclarativeBase,
     Mapped,
@@ -36,8 +39,10 @@ from sqlalchemy.orm import (
     sessionmaker,
     with_loader_criteria,
 )
+from sqlalchemy.pool import NullPool
 
 from core.config import get_settings
+from core.dbwaits import ANSWER_MARGIN_SECONDS, BoundedConnection, run_simple
 from core.tenancy.rls import SYSTEM_ROLE
 
 
@@ -66,6 +71,8 @@ _factory: sessionmaker[Session] | None = None
 _lock = threading.Lock()
 # PostgreSQL settings every new connection of this process gets (see limit_waits).
 _session_settings: dict[str, str] = {}
+# This process's statement budget when it set one (limit_waits), else the app role's default applies.
+_statement_timeout_seconds: float | None = None
 
 
 def normalize_url(url: str) -> str:
@@ -125,18 +132,55 @@ def get_engine() -> Engine:
                 pool_pre_ping=False,
                 pool_recycle=1800,
             )
+            event.listen(_engine, "do_connect", _connect_bounded)
             event.listen(_engine, "connect", _plan_each_statement)
+            event.listen(_engine, "checkin", _back_to_process_bound)
             _factory = sessionmaker(bind=_engine, expire_on_commit=False)
         return _engine
 
 
 def get_owner_engine() -> Engine:
-    """The schema owner's engine: migrations and DDL only (never tenant data, which its policies hide)."""
+    """The schema owner's engine: migrations and DDL only (never tenant data, which its policies hide).
+
+    Unpooled: a connection as the owner (who bypasses nothing, but may change the schema and the policies)
+    closes as soon as its work is done, so no process that serves requests or runs jobs keeps one idle
+    after migrating or building an index."""
     global _owner_engine
     with _lock:
         if _owner_engine is None:
-            _owner_engine = create_engine(owner_database_url(), pool_size=1, max_overflow=2, pool_pre_ping=True)
+            _owner_engine = create_engine(owner_database_url(), poolclass=NullPool)
         return _owner_engine
+
+
+def _connect_bounded(_dialect: Any, _record: Any, cargs: Any, cparams: dict[str, Any]) -> BoundedConnection:
+    """Connect as psycopg would, with every wait for the server bounded (core.dbwaits), the connection
+    attempt included (a server that accepts TCP but never answers the startup)."""
+    cparams.setdefault("connect_timeout", max(2, int(get_settings().db_connect_timeout_seconds)))
+    connection = BoundedConnection.connect(*cargs, **cparams)
+    connection.answer_timeout = _answer_timeout()
+    return connection
+
+
+def _answer_timeout() -> float:
+    """How long this process waits for any one answer: its statement timeout (else the role's) + a margin."""
+    seconds = _statement_timeout_seconds or get_settings().db_role_statement_timeout_seconds
+    return seconds + ANSWER_MARGIN_SECONDS
+
+
+def _back_to_process_bound(dbapi_connection: Any, _record: Any) -> None:
+    """A connection returned to the pool forgets a longer budget one transaction took (allow_longer)."""
+    if isinstance(dbapi_connection, BoundedConnection):
+        dbapi_connection.answer_timeout = _answer_timeout()
+
+
+def allow_longer(session: Session, *, seconds: float) -> None:
+    """Give the rest of this transaction ``seconds`` per statement instead of the process's budget (an
+    import of a whole export), on the server and in the client's bound alike."""
+    connection = session.connection()
+    connection.execute(text("SELECT set_config('statement_timeout', :v, true)"), {"v": f"{int(seconds * 1000)}ms"})
+    driver = connection.connection.driver_connection
+    if isinstance(driver, BoundedConnection):
+        driver.answer_timeout = seconds + ANSWER_MARGIN_SECONDS
 
 
 def _plan_each_statement(dbapi_connection: Any, _record: Any) -> None:
@@ -156,17 +200,27 @@ def _plan_each_statement(dbapi_connection: Any, _record: Any) -> None:
     dbapi_connection.commit()
 
 
-def limit_waits(*, lock_timeout_seconds: float, idle_in_transaction_seconds: float) -> None:
+def limit_waits(
+    *, lock_timeout_seconds: float, idle_in_transaction_seconds: float, statement_timeout_seconds: float
+) -> None:
     """Bound what a connection of this process may wait on in PostgreSQL (the API calls this).
 
-    A row lock held by a slow writer ends the waiting statement after ``lock_timeout_seconds`` (a 503 for
-    the request), and a transaction left idle longer than ``idle_in_transaction_seconds`` (a client that
-    went away mid-request) is ended by the server instead of pinning locks and a connection. Workers and
-    migrations keep PostgreSQL's defaults: their waits are part of their job. Applies to connections
-    opened after the call, so it is made before the first one.
+    A statement that runs longer than ``statement_timeout_seconds`` (the request's budget), or a row lock
+    held by a slow writer past ``lock_timeout_seconds``, ends the statement (a 503 for the request); a
+    transaction left idle longer than ``idle_in_transaction_seconds`` (a client that went away mid-request)
+    is ended by the server instead of pinning locks and a connection; and a server that does not answer at
+    all is given up on by the client just after the statement timeout (core.dbwaits). Workers keep the app
+    role's longer defaults (`migrate` sets them). Applies to connections opened after the call: the pool
+    is started afresh.
     """
+    global _statement_timeout_seconds
+    _statement_timeout_seconds = statement_timeout_seconds
+    _session_settings["statement_timeout"] = f"{int(statement_timeout_seconds * 1000)}ms"
     _session_settings["lock_timeout"] = f"{int(lock_timeout_seconds * 1000)}ms"
     _session_settings["idle_in_transaction_session_timeout"] = f"{int(idle_in_transaction_seconds * 1000)}ms"
+    with _lock:
+        if _engine is not None:  # connections opened before (a test process) would keep the old bounds
+            _engine.dispose()
 
 
 def dispose_engine() -> None:
@@ -198,6 +252,33 @@ def tenant_session(tenant_id: int) -> Iterator[Session]:
         raise
     finally:
         session.close()
+
+
+T = TypeVar("T")
+
+# What PostgreSQL ends a transaction with when it lost a race with another one: the transaction was rolled
+# back whole, so running it again from the start is safe, and usually succeeds at once.
+CONFLICTS = (psycopg.errors.DeadlockDetected, psycopg.errors.SerializationFailure)
+WRITE_ATTEMPTS = 4
+
+
+def is_conflict(exc: BaseException) -> bool:
+    return isinstance(exc, OperationalError) and isinstance(exc.orig, CONFLICTS)
+
+
+def tenant_write(tenant_id: int, work: Callable[[Session], T], *, attempts: int = WRITE_ATTEMPTS) -> T:
+    """Run ``work`` in a tenant transaction, again from the start when PostgreSQL ends it for a deadlock or
+    a serialization failure. Writes take one lock order (core.changes.lock_tenant_writes), so a conflict is
+    rare (another table's order, a trigger); the client sees it only when every attempt lost."""
+    for attempt in range(1, attempts + 1):
+        try:
+            with tenant_session(tenant_id) as session:
+                return work(session)
+        except OperationalError as exc:
+            if attempt == attempts or not is_conflict(exc):
+                raise
+            time.sleep(random.uniform(0, 0.02 * 2**attempt))  # jitter: the two losers do not meet again
+    raise AssertionError("unreachable")
 
 
 @contextmanager
@@ -269,10 +350,14 @@ def _set_mode(connection: Connection, statement: str) -> None:
     # REPEATABLE READ for a search's snapshot): psycopg would begin with it, and so does this.
     level = driver.isolation_level
     begin = "BEGIN" if level is None else f"BEGIN ISOLATION LEVEL {level.name.replace('_', ' ')}"
-    result = driver.pgconn.exec_(f"{begin}; {statement}".encode())
-    if result.status != pq.ExecStatus.TUPLES_OK:
-        message = (result.error_message or b"").decode(errors="replace")
-        raise psycopg.OperationalError(f"could not start the transaction: {message}")
+    try:
+        run_simple(driver, f"{begin}; {statement}")
+    except psycopg.Error as exc:
+        # Raised from a session hook, which SQLAlchemy does not wrap: wrap it as a statement's error would
+        # be (the API answers those with a 503), and drop a connection the bound closed.
+        if driver.closed:
+            connection.invalidate(exc)
+        raise DBAPIError.instance(statement, None, exc, psycopg.Error, connection_invalidated=driver.closed) from exc
 
 
 def _touches_tenant_data(state: ORMExecuteState) -> bool:

@@ -244,6 +244,11 @@ class _ChildServer:
         return self._url_format.format(port=self.port)
 
     @property
+    def what(self) -> str:
+        """The server's name for people: PostgreSQL, Redis."""
+        return self._what
+
+    @property
     def pid(self) -> int | None:
         return self._process.pid if self._process is not None else None
 

@@ -13,8 +13,11 @@ from pathlib import Path
 from alembic import command
 from alembic.config import Config
 from sqlalchemy import text
+from sqlalchemy.engine import Connection, make_url
 
+from core.config import get_settings
 from core.db import app_database_url, get_owner_engine
+from core.dbwaits import bound_role_waits
 from core.tenancy.rls import apply_row_security, declare_leakproof_functions, ensure_app_role
 
 MIGRATIONS_DIR = Path(__file__).parent / "migrations"
@@ -44,4 +47,22 @@ def upgrade(revision: str = "head") -> None:
         if changed:
             log.info("row-level security applied to %s", ", ".join(changed))
         declare_leakproof_functions(connection)
-        ensure_app_role(connection, app_url=app_database_url())
+        app_url = app_database_url()
+        ensure_app_role(connection, app_url=app_url)
+        _bound_app_role_waits(connection, app_url=app_url)
+
+
+def _bound_app_role_waits(connection: Connection, *, app_url: str) -> None:
+    """The app role's default wait bounds (core.dbwaits), kept in step with the settings on every start."""
+    role_name = make_url(app_url).username
+    owner = connection.execute(text("SELECT current_user")).scalar()
+    if not role_name or role_name == owner:
+        return  # the service connects as the owner: its bounds are the process's own (limit_waits)
+    settings = get_settings()
+    bound_role_waits(
+        connection,
+        role_name=role_name,
+        statement_timeout_seconds=settings.db_role_statement_timeout_seconds,
+        lock_timeout_seconds=settings.db_role_lock_timeout_seconds,
+        idle_in_transaction_seconds=settings.db_role_idle_in_transaction_seconds,
+    )

@@ -9,12 +9,23 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from core.config import get_settings
+
+
+def engram_command() -> list[str]:
+    """The argv that runs this installation's `engram` in a child process, from any current directory.
+
+    ``python -m api.cli`` puts the current directory first on ``sys.path``: started from a project holding
+    an ``api/`` (or ``core/``, ``workers/``) package, the child imported that one (``No module named
+    api.cli``). ``-P`` (Python 3.11+) leaves the current directory out; PYTHONPATH still applies.
+    """
+    return [sys.executable, "-P", "-m", "api.cli"]
 
 
 class ServiceNotRunning(RuntimeError):

@@ -7,6 +7,7 @@ import logging
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -64,14 +65,14 @@ def api(host: str | None, port: int | None, workers: int | None, migrate: bool, 
 
     logging.getLogger("engram.api").info("%s", describe_policy())  # what tenants may connect to
     if migrate:
+        from core.db import dispose_engine
         from core.migrate import upgrade
 
         upgrade()
-    uvicorn.run(
-        "api.main:app",
+        dispose_engine()  # nothing opened to migrate outlives it in a process that serves requests
+    options: dict[str, Any] = dict(
         host=host or settings.host,
         port=port or settings.port,
-        workers=workers or settings.api_workers,
         # Logging is ours (core.logging, configured again in each worker by api.main); the access log is
         # api.observe's, which knows the request id and the route.
         log_config=None,
@@ -79,7 +80,16 @@ def api(host: str | None, port: int | None, workers: int | None, migrate: bool, 
         access_log=False,
         # Forwarded headers are believed only from ENGRAM_TRUSTED_PROXIES, by api.app (not uvicorn's default).
         proxy_headers=False,
+        timeout_keep_alive=settings.api_keep_alive_seconds,
+        timeout_graceful_shutdown=settings.api_shutdown_timeout_seconds,
     )
+    processes = workers or settings.api_workers
+    if processes == 1:
+        from api.serve.graceful import run_api
+
+        run_api("api.main:app", drain_seconds=settings.api_drain_seconds, **options)
+    else:  # uvicorn's own process manager (its shutdown closes idle connections at once)
+        uvicorn.run("api.main:app", workers=processes, **options)
 
 
 @main.command()
@@ -97,22 +107,36 @@ def worker(concurrency: int, pool: str, supervise: bool, home: str | None) -> No
     _set_home(home)
     if supervise:
         from api.serve.supervise import run_supervised
+        from core.runtime import engram_command
 
-        argv = [sys.executable, "-m", "api.cli", "worker", f"--concurrency={concurrency}", f"--pool={pool}"]
+        argv = [*engram_command(), "worker", f"--concurrency={concurrency}", f"--pool={pool}"]
         sys.exit(run_supervised("worker", [*argv, "--no-supervise", *(["--home", home] if home else [])]))
     from core.config import get_settings
     from workers.celery_app import app
 
-    app.worker_main(
-        [
-            "worker",
-            f"--loglevel={get_settings().log_level.upper()}",
-            f"--concurrency={concurrency}",
-            f"--pool={pool}",
-            "-Q",
-            "engram",
-        ]
-    )
+    argv = [f"--loglevel={get_settings().log_level.upper()}", f"--concurrency={concurrency}", f"--pool={pool}"]
+    sys.exit(run_celery(app, ["worker", *argv, "-Q", "engram"]))
+
+
+def run_celery(app: Any, argv: list[str]) -> int:
+    """Run a `celery` sub-command on ``app`` and return its exit code.
+
+    Celery's own ``app.worker_main``/``app.start`` drop it (the click command's return value is ignored), so
+    a worker that died of an "Unrecoverable error" exited 0, and a manager that restarts only on failure
+    (systemd on-failure, a Kubernetes Job) left it down. An exception that ends the command propagates
+    (exit 1).
+    """
+    from celery.bin.celery import celery as celery_command
+    from click.exceptions import Exit
+
+    celery_command.params[0].default = app  # as app.start does: the -A option's value
+    try:
+        code = celery_command.main(args=argv, standalone_mode=False)
+    except Exit as exc:
+        code = exc.exit_code
+    finally:
+        celery_command.params[0].default = None
+    return code if isinstance(code, int) else 0
 
 
 @main.command()
@@ -125,7 +149,7 @@ def beat(home: str | None) -> None:
 
     schedule = get_settings().home / "celerybeat-schedule"
     schedule.parent.mkdir(parents=True, exist_ok=True)
-    app.start(["beat", f"--loglevel={get_settings().log_level.upper()}", f"--schedule={schedule}"])
+    sys.exit(run_celery(app, ["beat", f"--loglevel={get_settings().log_level.upper()}", f"--schedule={schedule}"]))
 
 
 @main.command()

@@ -7,6 +7,7 @@ from typing import Any
 
 from fastapi import APIRouter, Body, Depends, Query, Request
 from fastapi.responses import Response
+from sqlalchemy.orm import Session
 
 from api.auth import require_caller
 from api.embedding_hooks import after_save, embed_now
@@ -15,7 +16,7 @@ from api.quota_events import quota_exceeded
 from api.responses import json_answer
 from api.schemas import BatchResult, ForgetResult, HydrateResult, Memory, MemoryHistory, MemoryPage
 from core.audit import trail
-from core.db import tenant_session
+from core.db import tenant_session, tenant_write
 from core.embeddings.providers import EmbeddingProviderError
 from core.errors import EngramError, Invalid
 from core.memories import listing, service
@@ -86,9 +87,13 @@ def save_memory(
     when this returns; embedding happens in the background unless `sync_embed` is true."""
     item: SaveMemoryIn = parse_model(SaveMemoryIn, body)
     caller = acting_identity(caller, body, request)
-    with tenant_session(caller.tenant_id) as session:
-        result = service.save_memory(session, caller=caller, item=item)
-        trail.memories_saved(session, caller=caller, items=[item], results=[result])
+
+    def save(session: Session) -> SaveResult:
+        saved = service.save_memory(session, caller=caller, item=item)
+        trail.memories_saved(session, caller=caller, items=[item], results=[saved])
+        return saved
+
+    result = tenant_write(caller.tenant_id, save)
     usage_buffer.add(caller.tenant_id, saves=1)
     if item.sync_embed:
         result = after_save(caller=caller, result=result)
@@ -124,9 +129,13 @@ def save_batch(
             items.append(parse_model(SaveMemoryIn, raw, prefix=f"items.{i}."))
         except EngramError as exc:
             items.append(exc)
-    with tenant_session(caller.tenant_id) as session:
-        results = service.save_memories(session, caller=caller, items=items)
-        trail.memories_saved(session, caller=caller, items=items, results=results)
+
+    def save_all(session: Session) -> list[SaveResult | EngramError]:
+        saved = service.save_memories(session, caller=caller, items=items)
+        trail.memories_saved(session, caller=caller, items=items, results=saved)
+        return saved
+
+    results = tenant_write(caller.tenant_id, save_all)
     usage_buffer.add(caller.tenant_id, saves=sum(1 for r in results if not isinstance(r, EngramError)))
     quota_exceeded(caller.tenant_id, [r for r in results if isinstance(r, EngramError)])
     out = [
@@ -213,10 +222,13 @@ def patch_memory(
     """Change the given fields only; `created_at` stays and the previous version is kept."""
     patch: PatchMemoryIn = parse_model(PatchMemoryIn, body)
     caller = acting_identity(caller, body, request)
-    with tenant_session(caller.tenant_id) as session:
+
+    def revise(session: Session) -> tuple[Any, dict[str, Any]]:
         memory = service.patch_memory(session, caller=caller, memory_id=memory_id, patch=patch)
         trail.memory_updated(session, caller=caller, memory_id=memory.id)
-        out = service.memories_to_dicts(session, [memory])[0]
+        return memory, service.memories_to_dicts(session, [memory])[0]
+
+    memory, out = tenant_write(caller.tenant_id, revise)
     if patch.sync_embed and patch.content is not None:
         # As on save; a provider failure leaves it to the embed job the edit queued.
         with contextlib.suppress(EmbeddingProviderError):
@@ -238,10 +250,13 @@ def forget_memory(
     """Soft delete with a `reason` for the audit trail; references to it are stripped from other memories.
     `purge=true` (owner or admin) deletes the row, its embeddings and links for good."""
     caller = acting_identity(caller, None, request)
-    with tenant_session(caller.tenant_id) as session:
+
+    def forget(session: Session) -> dict[str, Any]:
         result = service.forget_memory(session, caller=caller, memory_id=memory_id, reason=reason, purge=purge)
         trail.memory_forgotten(session, caller=caller, memory_id=memory_id, purged=purge)
         return result
+
+    return tenant_write(caller.tenant_id, forget)
 
 
 @router.post(

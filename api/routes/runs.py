@@ -5,13 +5,14 @@ from __future__ import annotations
 from typing import Any
 
 from fastapi import APIRouter, Depends, Request
+from sqlalchemy.orm import Session
 
 from api.auth import require_caller
 from api.openapi import BEARER, RunIdPath, operation
 from api.routes.memories import acting_identity
 from api.schemas import RunEnded
 from core.audit.service import record
-from core.db import tenant_session
+from core.db import tenant_write
 from core.errors import Invalid
 from core.lifecycle.expiry import end_run
 from core.tenancy.context import Caller
@@ -44,7 +45,10 @@ def delete_run(run_id: RunIdPath, request: Request, caller: Caller = Depends(req
     since ending a run twice is not an error."""
     caller = acting_identity(caller, None, request)
     all_categories, purge = _flag(request, "all"), _flag(request, "purge")
-    with tenant_session(caller.tenant_id) as session:
+
+    def end(session: Session) -> dict[str, Any]:
         ended = end_run(session, caller=caller, run_id=run_id, all_categories=all_categories, purge=purge)
         record(session, caller_or_actor=caller, action="run.purge" if purge else "run.end", target=f"run:{run_id}")
         return ended.as_dict()
+
+    return tenant_write(caller.tenant_id, end)

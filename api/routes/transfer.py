@@ -8,6 +8,7 @@ from typing import Any
 from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import Response
 from pydantic import BaseModel, ConfigDict, Field
+from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
 
 from api.auth import require_caller
@@ -15,7 +16,8 @@ from api.openapi import BEARER, IDENTITY, operation
 from api.routes.memories import acting_identity
 from api.schemas import ImportResult
 from core.audit import trail
-from core.db import tenant_session
+from core.config import get_settings
+from core.db import allow_longer, tenant_session, tenant_write
 from core.errors import BadRequest, EngramError, Invalid
 from core.memories import transfer
 from core.memories.schemas import unknown_fields
@@ -113,8 +115,14 @@ async def import_memories(request: Request, caller: Caller = Depends(require_cal
 
 
 def _import(caller: Caller, text: str) -> dict[str, Any]:
-    with tenant_session(caller.tenant_id) as session:
+    seconds = get_settings().db_import_statement_timeout_seconds
+
+    def import_all(session: Session) -> dict[str, Any]:
+        allow_longer(session, seconds=seconds)  # a whole export is more than a request's budget
         imported = transfer.import_markdown(session, caller=caller, text=text)
         trail.memories_imported(session, caller=caller, memory_ids=imported["memory_ids"])
+        return imported
+
+    imported = tenant_write(caller.tenant_id, import_all)
     usage_buffer.add(caller.tenant_id, saves=imported["imported"])
     return imported

@@ -17,11 +17,13 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import click
 
 from api.serve.supervise import die_with_parent
 from core.config import Settings, get_settings, reset_settings_cache
+from core.runtime import engram_command
 
 
 @dataclass
@@ -179,6 +181,10 @@ def serve(*, host: str, port: int, home: Path) -> None:
 
         upgrade()
         admin_key = _bootstrap_default_tenant(home)
+        # This process also answers nothing as the owner: no connection opened to migrate stays open.
+        from core.db import dispose_engine
+
+        dispose_engine()
         api_url = f"http://{host}:{port}"
         write_runtime(
             {
@@ -192,7 +198,7 @@ def serve(*, host: str, port: int, home: Path) -> None:
             home,
         )
         env = dict(os.environ)
-        exe = [sys.executable, "-m", "api.cli"]
+        exe = engram_command()
         children = [
             Child("api", [*exe, "api", "--host", host, "--port", str(port), "--no-migrate"]),
             Child("worker", [*exe, "worker"]),
@@ -212,7 +218,7 @@ def serve(*, host: str, port: int, home: Path) -> None:
             click.echo(f"  operator key (shown once; also in {home / 'operator_key'}): {operator_key}")
         click.echo("Press Ctrl-C to stop.", err=False)
         sys.stdout.flush()
-        _supervise(children, env=env, log_dir=log_dir, stop_event=stop_event)
+        _supervise(children, embedded=embedded, env=env, log_dir=log_dir, stop_event=stop_event)
     finally:
         _stop_children(children)
         for server in reversed(embedded):
@@ -221,9 +227,33 @@ def serve(*, host: str, port: int, home: Path) -> None:
         click.echo("engram stopped.")
 
 
-def _supervise(children: list[Child], *, env: dict[str, str], log_dir: Path, stop_event: threading.Event) -> None:
-    """Restart a child that dies (at most 5 times a minute), until asked to stop."""
+def _supervise(
+    children: list[Child], *, embedded: list[Any], env: dict[str, str], log_dir: Path, stop_event: threading.Event
+) -> None:
+    """Restart a child or an embedded server that dies (a child at most 5 times a minute), until asked to stop.
+
+    An embedded server comes back on its own port (clients reconnect to the URL they know); one that cannot
+    start yet (a killed PostgreSQL's last backends still hold its shared memory) is tried again each second
+    for a minute. Everything restarted is stopped with the rest, since it replaces what ``embedded`` holds.
+    """
+    down_since: dict[int, float] = {}
     while not stop_event.wait(0.5):
+        for server in embedded:
+            if server.running():
+                down_since.pop(id(server), None)
+                continue
+            if id(server) not in down_since:
+                click.echo(f"embedded {server.what} stopped; restarting", err=True)
+            first = down_since.setdefault(id(server), time.monotonic())
+            try:
+                server.start()
+            except Exception as exc:  # noqa: BLE001 - retried until the minute is up
+                if time.monotonic() - first > 60:
+                    raise click.ClickException(f"embedded {server.what} does not start again: {exc}") from None
+                stop_event.wait(1.0)
+            else:
+                click.echo(f"embedded {server.what} restarted", err=True)
+                down_since.pop(id(server), None)
         for child in children:
             if child.process is not None and child.process.poll() is not None:
                 now = time.monotonic()
@@ -239,7 +269,8 @@ def _stop_children(children: list[Child]) -> None:
     for child in children:
         if child.process is not None and child.process.poll() is None:
             child.process.send_signal(signal.SIGTERM)
-    deadline = time.monotonic() + 15
+    # The API drains its connections first (api.serve.graceful), then finishes running requests.
+    deadline = time.monotonic() + 45
     for child in children:
         if child.process is None:
             continue

@@ -14,6 +14,7 @@ import httpx
 
 from core.bench.stack import api_process, bench_stack
 from core.bench.write import _note
+from core.runtime import engram_command
 
 _WORDS_SEED = 11
 
@@ -55,7 +56,7 @@ def run(*, memories: int, batch_size: int, port: int) -> list[dict[str, Any]]:
             key = create_tenant(session, name="bench-embed").api_key
         log = open(stack.home / "worker.log", "wb")  # noqa: SIM115
         worker = subprocess.Popen(
-            [sys.executable, "-m", "api.cli", "worker", "--concurrency", "2"],
+            [*engram_command(), "worker", "--concurrency", "2"],
             env={**os.environ, **stack.env, "ENGRAM_EMBEDDING_BATCH_SIZE": str(batch_size)},
             stdout=log,
             stderr=subprocess.STDOUT,

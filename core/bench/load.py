@@ -20,7 +20,6 @@ import signal
 import ssl
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
 from collections import Counter
@@ -34,6 +33,7 @@ from urllib.parse import urlsplit
 import httpx
 
 from core.bench import figure, machine_speed_ms
+from core.runtime import engram_command
 
 MAX_CLIENTS = 1000
 MAX_SECONDS = 600
@@ -265,7 +265,7 @@ def throwaway_serve(*, log: Callable[[str], None]) -> Iterator[tuple[str, str]]:
     out_path = base / "serve.out"
     with open(out_path, "w") as out:
         process = subprocess.Popen(
-            [sys.executable, "-m", "api.cli", "serve", "--port", str(port), "--home", str(base / "home")],
+            [*engram_command(), "serve", "--port", str(port), "--home", str(base / "home")],
             env=env,
             stdout=out,
             stderr=subprocess.STDOUT,

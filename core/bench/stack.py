@@ -6,7 +6,6 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -17,6 +16,7 @@ from pathlib import Path
 import httpx
 
 from core.config import reset_settings_cache
+from core.runtime import engram_command
 
 
 @dataclass
@@ -75,7 +75,7 @@ def api_server(stack: BenchStack, *, port: int) -> Iterator[tuple[str, int]]:
     """As `api_process`, yielding the base URL and the process id (to read its RSS and open files)."""
     log = open(stack.home / "api.log", "wb")  # noqa: SIM115
     process = subprocess.Popen(
-        [sys.executable, "-m", "api.cli", "api", "--port", str(port), "--no-migrate"],
+        [*engram_command(), "api", "--port", str(port), "--no-migrate"],
         env={**os.environ, **stack.env},
         stdout=log,
         stderr=subprocess.STDOUT,

@@ -17,6 +17,7 @@ from datetime import datetime, timedelta
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from core.changes import lock_tenant_writes
 from core.lifecycle.removal import BATCH, remove_memories
 from core.memories.models import Memory
 from core.memories.visibility import may_modify, visible_clause
@@ -62,6 +63,7 @@ def end_run(session: Session, *, caller: Caller, run_id: str, all_categories: bo
     """Forget (or purge) the caller-visible memories of a run: its `conversation` memories, or with
     `all_categories` every category. Memories of another user that a member can see are skipped, as
     DELETE /v1/memories/{id} would refuse them."""
+    lock_tenant_writes(session, tenant_id=caller.tenant_id)  # before the memory rows (one lock order)
     conditions = [Memory.run_id == run_id, visible_clause(caller)]
     if not all_categories:
         conditions.append(Memory.category == "conversation")

@@ -19,7 +19,7 @@ from sqlalchemy import ColumnElement, delete, func, literal, select, text, updat
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.orm import Session
 
-from core.changes import bump_change_seq
+from core.changes import bump_change_seq, lock_tenant_writes
 from core.errors import EngramError, Forbidden, Invalid, NotFound
 from core.jobs.service import enqueue, new_outbox_job_id
 from core.memories.history import VERSION_FIELDS, history_of, record_versions
@@ -349,6 +349,7 @@ def memory_history(
 
 def patch_memory(session: Session, *, caller: Caller, memory_id: str, patch: PatchMemoryIn) -> Memory:
     """Revise a memory in place; keeps created_at; re-embeds only when the content changes."""
+    lock_tenant_writes(session, tenant_id=caller.tenant_id)
     memory = _load_visible(session, caller=caller, memory_id=memory_id, lock=True)
     if not may_modify(memory, caller):
         raise Forbidden(f"only the owner or an admin may change memory {memory_id!r}")
@@ -416,6 +417,7 @@ def forget_memory(
     session: Session, *, caller: Caller, memory_id: str, reason: str | None = None, purge: bool = False
 ) -> dict[str, str]:
     """Soft delete (status forgotten) or, with purge, remove the row, its embeddings and its links."""
+    lock_tenant_writes(session, tenant_id=caller.tenant_id)
     memory = _load_visible(session, caller=caller, memory_id=memory_id, include_forgotten=purge, lock=True)
     if not may_modify(memory, caller):
         raise Forbidden(f"only the owner or an admin may forget memory {memory_id!r}")

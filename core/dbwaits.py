@@ -1,0 +1,98 @@
+"""Every wait for PostgreSQL is bounded: by the server when it is up, by the client when it is not.
+
+Three bounds, from the outside in:
+
+- the app role's defaults (``ALTER ROLE ... SET``, applied by `migrate` after the role is made): a statement,
+  a lock wait and an idle transaction of any process connecting as the app role end after a while, even in
+  a process that sets nothing itself (a CLI command, an MCP server);
+- each process's own settings on every new connection (core.db.limit_waits): the API's are short, a
+  request's budget, so a slow statement or a lock held elsewhere ends in a 503 with ``Retry-After``;
+- the client's own bound (:class:`BoundedConnection`): a server that accepts bytes but answers nothing (a
+  stopped or frozen PostgreSQL, a dead network path) cannot enforce its timeouts, so every wait for an
+  answer on a connection gives up ``ANSWER_MARGIN_SECONDS`` after the statement timeout would have ended it,
+  closes the connection (its state is unknown) and raises :class:`AnswerTimeout`. The server's own timeout
+  normally fires first, with a clean error on a connection that stays usable.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import psycopg
+from psycopg import generators, pq
+from psycopg.abc import PQGen
+from sqlalchemy import text
+from sqlalchemy.engine import Connection
+
+log = logging.getLogger("engram.db")
+
+# How much longer than its statement timeout the client waits for an answer before it takes the server for
+# hung: the server's own timeout, which leaves the connection usable, gets to answer first.
+ANSWER_MARGIN_SECONDS = 0.5
+
+
+class AnswerTimeout(psycopg.OperationalError):
+    """The database sent no answer within the bound; the connection was closed (its state is unknown)."""
+
+
+class BoundedConnection(psycopg.Connection[Any]):
+    """A psycopg connection whose every wait for the server ends after ``answer_timeout`` seconds."""
+
+    answer_timeout: float | None = None
+
+    def wait(self, gen: PQGen[Any], interval: float = 0.1, timeout: float | None = None) -> Any:
+        bound = timeout if timeout is not None else self.answer_timeout
+        if bound is None:
+            return super().wait(gen, interval, timeout)
+        try:
+            return super().wait(gen, interval, bound)
+        except psycopg.errors._WaitTimeout:
+            if timeout is not None:  # the caller's own timeout (notifies): theirs to handle
+                raise
+            # Mid-statement, the protocol state is unknown: the connection cannot be used again.
+            self.pgconn.finish()
+            raise AnswerTimeout(f"the database did not answer within {bound:g} s") from None
+
+
+def run_simple(driver: psycopg.Connection[Any], statement: str) -> None:
+    """Send ``statement`` (several, `;`-separated) as one simple query and wait, bounded, for its results.
+
+    The non-blocking twin of ``PQexec``: a blocking libpq call waits for a hung server for ever, while this
+    waits through the connection's ``wait`` (so :class:`BoundedConnection`'s bound applies)."""
+    driver.pgconn.send_query(statement.encode())
+    results = driver.wait(generators.execute(driver.pgconn))
+    for result in results:
+        if result.status == pq.ExecStatus.FATAL_ERROR:
+            raise psycopg.errors.error_from_result(result, encoding=driver.info.encoding)
+
+
+def _interval(seconds: float) -> str:
+    return f"{int(seconds * 1000)}ms"
+
+
+def bound_role_waits(
+    connection: Connection,
+    *,
+    role_name: str,
+    statement_timeout_seconds: float,
+    lock_timeout_seconds: float,
+    idle_in_transaction_seconds: float,
+) -> bool:
+    """Make the bounds the app role's defaults; False (and a warning) when the owner may not alter it."""
+    role = connection.execute(text("SELECT quote_ident(:r)"), {"r": role_name}).scalar()
+    settings = {
+        "statement_timeout": _interval(statement_timeout_seconds),
+        "lock_timeout": _interval(lock_timeout_seconds),
+        "idle_in_transaction_session_timeout": _interval(idle_in_transaction_seconds),
+    }
+    savepoint = connection.begin_nested()
+    try:
+        for name, value in settings.items():
+            connection.execute(text(f"ALTER ROLE {role} SET {name} = '{value}'"))
+    except Exception as exc:  # noqa: BLE001 - a role managed by the operator: tell, do not fail the migration
+        savepoint.rollback()
+        log.warning("could not set the wait bounds of role %s (%s); set them as its operator", role_name, exc)
+        return False
+    savepoint.commit()
+    return True
