@@ -128,3 +128,14 @@ def test_the_async_calls_are_the_sync_ones_awaitable():
     assert subprocess.run([sys.executable, str(script), "--check"], timeout=60).returncode == 0, f"run {script}"
     for name in (n for n in dir(EngramClient) if not n.startswith("_") and n != "close"):
         assert inspect.signature(getattr(AsyncEngramClient, name)) == inspect.signature(getattr(EngramClient, name))
+
+
+def test_the_sdk_stands_alone():
+    """The SDK is its own distribution too: importing all of it loads nothing of the server."""
+    code = (
+        "import sys, engram_client, engram_client.langchain, engram_client.langgraph\n"
+        "server = sorted(m for m in sys.modules if m.split('.')[0] in ('core', 'api', 'workers'))\n"
+        "assert not server, server\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=SDK)
+    assert result.returncode == 0, result.stderr
