@@ -170,18 +170,25 @@ def _children(pid: int) -> list[int]:
     return found
 
 
+def _lane_child(pid: int, lane: str) -> int:
+    """The Celery process of one lane under an `engram worker` (it runs one per lane)."""
+    (child,) = [c for c in _children(pid) if f"--queues={lane}" in Path(f"/proc/{c}/cmdline").read_text()]
+    return child
+
+
 def test_worker_restarts_its_celery_process_when_it_dies(drill):
     """`engram worker` keeps Celery running: when the Celery process dies on its own (a broker outage can end
     it with kombu's "Unrecoverable error"), it starts again and jobs saved meanwhile are embedded; asked to
     stop, it stops with its child."""
     tenant_id, headers = _new_tenant()
     worker = drill.start_worker()
-    (celery,) = _children(worker.process.pid)
+    wait_for(lambda: worker.log().count("ready.") == 2, timeout=60, interval=0.2)  # both lanes' processes
+    celery = _lane_child(worker.process.pid, "bulk")
     os.kill(celery, signal.SIGKILL)
     _save_batches(drill.url, headers, total=50, size=50)
-    wait_for(lambda: worker.log().count("ready.") == 2, timeout=60, interval=0.2)
-    assert "worker exited with -9; restarting" in worker.log()
-    (again,) = _children(worker.process.pid)
+    wait_for(lambda: worker.log().count("ready.") == 3, timeout=60, interval=0.2)
+    assert "worker-bulk exited with -9; restarting" in worker.log()
+    again = _lane_child(worker.process.pid, "bulk")
     assert again != celery
     wait_for(lambda: _embedded_count(tenant_id) == 50, timeout=60, interval=0.2)
     worker.stop()
@@ -274,7 +281,7 @@ def test_celery_killed_during_a_big_embed_job_recovers_within_a_minute(default_d
         return running and 0 < _embedded_count(tenant_id) < 1000
 
     wait_for(busy, timeout=120, interval=0.02)
-    (celery,) = _children(worker.process.pid)
+    celery = _lane_child(worker.process.pid, "bulk")  # batches are bulk work
     for pid in [celery, *_descendants(celery)]:
         os.kill(pid, signal.SIGKILL)
     killed_at = time.monotonic()
