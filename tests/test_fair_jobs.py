@@ -72,8 +72,8 @@ def test_the_lane_rule_is_one_rule_in_sql_and_python(stack, tenant, kind, payloa
 
 def _in_flight(lane: str) -> int:
     from core.db import system_connection
-    from core.jobs.relay import IN_FLIGHT
     from core.jobs.lanes import lane_sql
+    from core.jobs.relay import IN_FLIGHT
 
     with system_connection() as connection:
         return int(
