@@ -54,7 +54,8 @@ def _last_vector_at(tenant_id: int) -> float:
     with system_connection() as connection:
         return float(
             connection.execute(
-                text("SELECT extract(epoch FROM max(updated_at)) FROM embeddings WHERE tenant_id = :t"), {"t": tenant_id}
+                text("SELECT extract(epoch FROM max(updated_at)) FROM embeddings WHERE tenant_id = :t"),
+                {"t": tenant_id},
             ).scalar_one()
         )
 

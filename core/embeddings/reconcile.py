@@ -12,6 +12,7 @@ from __future__ import annotations
 from sqlalchemy import select, update
 
 from core.db import scope_to_tenant, system_session
+from core.embeddings.coverage import fold_deltas, set_exact_count
 from core.embeddings.store import catalog_gaps, drop_other_models, memory_gaps
 from core.jobs.models import Job
 from core.jobs.service import enqueue
@@ -40,6 +41,8 @@ def reconcile_embeddings(*, model: str) -> dict[int, int]:
                 select(Job.tenant_id).where(Job.kind == "embed", Job.state.in_(("queued", "running"))).distinct()
             ).all()
         )
+    with system_session() as session:
+        fold_deltas(session)
     queued: dict[int, int] = {}
     for tenant_id, change_seq in tenants:
         if tenant_id in busy:
@@ -55,13 +58,19 @@ def reconcile_embeddings(*, model: str) -> dict[int, int]:
                     payload={"doc_ids": gaps[start : start + GAP_JOB_SIZE], "model": model, "reason": "reconcile"},
                 )
             if not gaps:
-                drop_other_models(session, tenant_id=tenant_id, keep_model=model)
                 # change_seq was read before the check: a write committed meanwhile is checked next time.
+                # (The tenant row first, as every write of the tenant's data takes it first.)
                 session.execute(
                     update(Tenant)
                     .where(Tenant.id == tenant_id)
                     .values(embeddings_checked_seq=change_seq, embeddings_checked_model=model)
                 )
+                drop_other_models(session, tenant_id=tenant_id, keep_model=model)
+        if not gaps:
+            # Converged: its coverage count is set from the rows (see core.embeddings.coverage).
+            with system_session() as session:
+                scope_to_tenant(session, tenant_id)
+                set_exact_count(session, tenant_id=tenant_id, model=model)
         if gaps:
             queued[tenant_id] = len(gaps)
     return queued
