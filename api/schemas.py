@@ -179,6 +179,13 @@ class Job(_Out):
     tenant: str | None = None
     started_at: datetime | None = None
     finished_at: datetime | None = None
+    # An operator's discard or cancel: {"by", "reason", "at", "from_state"} (the job is failed).
+    abandoned: dict[str, Any] | None = None
+
+
+class JobBulkResult(_Out):
+    count: int
+    job_ids: list[str]
 
 
 class JobPage(_Out):

@@ -86,6 +86,8 @@ def _coverage_triggers() -> None:
 
 
 def upgrade() -> None:
+    # An operator's discard or cancel: who, why, when (core.jobs.operations).
+    op.execute("ALTER TABLE jobs ADD COLUMN abandoned jsonb")
     # No foreign keys to tenants (as search_embedding_stats): the triggers run while a tenant's rows cascade
     # away, and their join on tenants keeps them from writing for a tenant that is gone.
     op.execute(
@@ -126,5 +128,6 @@ def downgrade() -> None:
             op.execute(f"DROP FUNCTION IF EXISTS coverage_{table}_{event}()")
     op.execute("DROP TABLE IF EXISTS embedding_coverage_deltas")
     op.execute("DROP TABLE IF EXISTS embedding_coverage")
+    op.execute("ALTER TABLE jobs DROP COLUMN IF EXISTS abandoned")
     op.execute("DROP INDEX IF EXISTS ix_jobs_in_flight")
     op.execute("DROP INDEX IF EXISTS ix_jobs_undispatched")
