@@ -164,6 +164,9 @@ class Settings(BaseSettings):
     tenant_refresh_concurrency: int = 1
     # Threads of the interactive worker process that `engram worker` starts next to the bulk one.
     worker_interactive_concurrency: int = 1
+    # Background reindexing after a model change (core.embeddings.reindex): texts a second its jobs may
+    # carry, averaged over 10 s (0: as fast as the bulk lane goes). A provider's rate limit belongs here.
+    reindex_max_texts_per_second: float = 0.0
 
     @property
     def index_dir(self) -> Path:

@@ -26,7 +26,7 @@ from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, Redirect
 from api.auth import bearer_token, is_operator_key
 from api.dashboard import workers as dashboard_workers
 from api.routes.jobs import abandon_as, discard_failed_as, retry_as, retry_failed_as
-from api.routes.ops import coverage_rows
+from api.routes.ops import coverage_rows, reindex_progress, set_reindex_paused
 from core.config import get_settings
 from core.db import system_session
 from core.errors import BadRequest, Forbidden, Invalid, NotFound, Unauthorized
@@ -302,3 +302,18 @@ def api_discard(job_id: str, request: Request, body: Any = Body(default=None)) -
 def api_cancel(job_id: str, request: Request, body: Any = Body(default=None)) -> dict[str, Any]:
     require_operator(request, changes_state=True)
     return abandon_as(job_id, body, cancel=True, by="dashboard")
+
+
+@router.get("/api/reindex", include_in_schema=False)
+def api_reindex(request: Request) -> dict[str, Any]:
+    """The configured model's background reindex: state, done / remaining / ETA, the tenants left."""
+    require_operator(request)
+    return reindex_progress()
+
+
+@router.post("/api/reindex:{action}", include_in_schema=False)
+def api_reindex_action(action: str, request: Request, body: Any = Body(default=None)) -> dict[str, Any]:
+    require_operator(request, changes_state=True)
+    if action not in ("pause", "resume"):
+        raise NotFound("no such action")
+    return set_reindex_paused(body, paused=action == "pause", by="dashboard")

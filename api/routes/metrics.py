@@ -52,6 +52,28 @@ class DatabaseCollector(Collector):
             "engram_embed_job_texts", "Texts embedded by embed jobs across all workers", value=embed["embedded_texts"]
         )
         yield from _coverage_metrics(cached_coverage())
+        yield from _reindex_metrics()
+
+
+def _reindex_metrics() -> Iterator[Metric]:
+    """The configured model's reindex: memories done and remaining, the rate, and whether it is paused."""
+    from api.routes.ops import reindex_progress
+
+    body = reindex_progress()
+    docs = GaugeMetricFamily(
+        "engram_reindex_memories", "Memories embedded (done) and not yet (remaining) with the configured model",
+        labels=["model", "state"],
+    )
+    docs.add_metric([body["model"], "done"], body["done"])
+    docs.add_metric([body["model"], "remaining"], body["remaining"])
+    yield docs
+    yield GaugeMetricFamily(
+        "engram_reindex_rate", "Texts a second the reindex jobs embedded over the last minute",
+        value=body["rate_per_s"],
+    )
+    yield GaugeMetricFamily(
+        "engram_reindex_paused", "1 while an operator has paused the reindex", value=int(body["state"] == "paused")
+    )
 
 
 def _queue_metrics(rows: Iterable[tuple[str, str, int, float | None]]) -> Iterator[Metric]:

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from fastapi import APIRouter, Depends, Request
+from fastapi import APIRouter, Body, Depends, Request
+from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy import select
 
 from api.openapi import BEARER, operation
@@ -14,6 +15,8 @@ from core.config import get_settings
 from core.db import scope_to_tenant, system_session
 from core.embeddings.providers import get_embedder
 from core.embeddings.store import CoverageRow, coverage
+from core.errors import Forbidden
+from core.memories.schemas import parse_model
 from core.tenancy.models import Tenant
 
 router = APIRouter(prefix="/v1/ops", tags=["operations"], dependencies=[Depends(BEARER)])
@@ -62,3 +65,91 @@ def read_coverage(request: Request) -> dict[str, Any]:
     """One row per doc kind and embedding model of the caller's tenant (every tenant's for the operator
     key); `ratio` is indexed / expected, 1.0 when nothing is expected."""
     return {"coverage": coverage_rows(tenant_scope(request))}
+
+
+# Background reindexing after a model change (core.embeddings.reindex): progress, pause and resume.
+
+
+class ReindexActIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    by: str | None = Field(default=None, max_length=200, description="who (default: operator)")
+
+
+class ReindexProgress(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    model: str
+    state: str
+    done: int
+    remaining: int
+    rate_per_s: float
+    eta_seconds: float | None = None
+    tenants: list[dict[str, Any]]
+
+
+def _require_operator(request: Request) -> None:
+    if tenant_scope(request) is not None:
+        raise Forbidden("this needs the operator key")
+
+
+def reindex_progress() -> dict[str, Any]:
+    from core.embeddings.reindex import progress
+
+    model = get_embedder(get_settings().embedding_model).name
+    with system_session() as session:
+        return progress(session, model=model)
+
+
+def set_reindex_paused(body: Any, *, paused: bool, by: str | None = None) -> dict[str, Any]:
+    from core.embeddings.reindex import set_paused
+
+    parsed = parse_model(ReindexActIn, {} if body is None else body)
+    model = get_embedder(get_settings().embedding_model).name
+    with system_session() as session:
+        set_paused(session, model=model, paused=paused, by=parsed.by or by)
+    return reindex_progress()
+
+
+@router.get("/reindex", **operation(summary="Reindexing progress", response=ReindexProgress, errors=(403,)))
+def read_reindex(request: Request) -> dict[str, Any]:
+    """The configured model's background reindex (operator key): `running`, `paused` or `idle`; memories
+    embedded with it (`done`) and not yet (`remaining`) overall and per tenant, the rate of the last minute
+    and an ETA."""
+    _require_operator(request)
+    return reindex_progress()
+
+
+@router.post(
+    "/reindex:pause",
+    **operation(
+        summary="Pause reindexing",
+        body=ReindexActIn,
+        body_required=False,
+        example={"by": "ops@example.com"},
+        response=ReindexProgress,
+        errors=(403, 422),
+    ),
+)
+def pause_reindex(request: Request, body: Any = Body(default=None)) -> dict[str, Any]:
+    """Hold the reindex jobs of the configured model in the queue (operator key); running ones finish.
+    Fresh saves and every other job go on."""
+    _require_operator(request)
+    return set_reindex_paused(body, paused=True)
+
+
+@router.post(
+    "/reindex:resume",
+    **operation(
+        summary="Resume reindexing",
+        body=ReindexActIn,
+        body_required=False,
+        example={},
+        response=ReindexProgress,
+        errors=(403, 422),
+    ),
+)
+def resume_reindex(request: Request, body: Any = Body(default=None)) -> dict[str, Any]:
+    """Let the held reindex jobs go on where they were (operator key)."""
+    _require_operator(request)
+    return set_reindex_paused(body, paused=False)

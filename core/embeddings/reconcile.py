@@ -13,6 +13,8 @@ from sqlalchemy import select, update
 
 from core.db import scope_to_tenant, system_session
 from core.embeddings.coverage import fold_deltas, set_exact_count
+from core.embeddings.reindex import REASON as REINDEX
+from core.embeddings.reindex import tenants_with_other_models
 from core.embeddings.store import catalog_gaps, drop_other_models, memory_gaps
 from core.jobs.models import Job
 from core.jobs.service import enqueue
@@ -43,6 +45,7 @@ def reconcile_embeddings(*, model: str) -> dict[int, int]:
         )
     with system_session() as session:
         fold_deltas(session)
+        reindexing = tenants_with_other_models(session, model=model)
     queued: dict[int, int] = {}
     for tenant_id, change_seq in tenants:
         if tenant_id in busy:
@@ -55,7 +58,12 @@ def reconcile_embeddings(*, model: str) -> dict[int, int]:
                     session,
                     tenant_id=tenant_id,
                     kind="embed",
-                    payload={"doc_ids": gaps[start : start + GAP_JOB_SIZE], "model": model, "reason": "reconcile"},
+                    payload={
+                        "doc_ids": gaps[start : start + GAP_JOB_SIZE],
+                        "model": model,
+                        # A tenant still on another model's vectors is being reindexed (paused, throttled).
+                        "reason": REINDEX if tenant_id in reindexing else "reconcile",
+                    },
                 )
             if not gaps:
                 # change_seq was read before the check: a write committed meanwhile is checked next time.

@@ -32,6 +32,7 @@ import psycopg
 from sqlalchemy import text
 
 from core.db import system_connection
+from core.embeddings.reindex import WINDOW_USED_SQL, is_reindex_sql, paused_reindex_condition
 from core.jobs.batches import HEAD_COLUMNS, JobHead, Message, plan_messages
 from core.jobs.lanes import LANES, Lane, lane_sql
 
@@ -56,13 +57,18 @@ class RelayLimits:
     bulk_inflight: int = 6
     interactive_max_docs: int = 1
     tenant_kind_caps: dict[str, int] = field(default_factory=lambda: {"ingest": 1, "refresh_samples": 1})
+    # Texts the reindex jobs dispatched in the last 10 s may carry (None: unthrottled).
+    reindex_budget: int | None = None
 
     @classmethod
     def from_settings(cls) -> RelayLimits:
         from core.config import get_settings
 
         s = get_settings()
+        from core.embeddings.reindex import reindex_budget
+
         return cls(
+            reindex_budget=reindex_budget(s.reindex_max_texts_per_second),
             interactive_inflight=max(1, s.relay_interactive_inflight),
             bulk_inflight=max(1, s.relay_bulk_inflight),
             interactive_max_docs=s.interactive_max_docs,
@@ -86,7 +92,8 @@ def claim_statement(caps: dict[str, int]) -> str:
     """The claim of one lane: up to ``:n`` undispatched jobs, round-robin over tenants.
 
     ``turn`` ranks each tenant's undispatched jobs by age; the claim takes every tenant's first turn before
-    anyone's second. Kinds with a per-tenant cap (ingest, sample refresh) are taken only while the tenant's
+    anyone's second; a reindex job waits while its reindex is paused or throttled (core.embeddings.reindex).
+    Kinds with a per-tenant cap (ingest, sample refresh) are taken only while the tenant's
     running and published jobs of that kind, plus the ones claimed before them in this round, stay within
     it. The claimed rows come back with what grouping and publishing need (the kind names the task, the
     stored request context its headers) and their turn, which orders the messages.
@@ -94,22 +101,33 @@ def claim_statement(caps: dict[str, int]) -> str:
     capped = ", ".join(f"'{kind}'" for kind in sorted(caps)) or "''"
     cap_of = " ".join(f"WHEN '{kind}' THEN {int(cap)}" for kind, cap in sorted(caps.items()))
     cap_case = f"CASE r.kind {cap_of} END" if caps else "NULL"
+    docs = "CASE WHEN jsonb_typeof(j.payload -> 'doc_ids') = 'array' THEN jsonb_array_length(j.payload -> 'doc_ids')"
     return f"""
     WITH ranked AS (
         SELECT j.id, j.tenant_id, j.kind, j.created_at,
                row_number() OVER (PARTITION BY j.tenant_id ORDER BY j.created_at, j.id) AS turn,
-               row_number() OVER (PARTITION BY j.tenant_id, j.kind ORDER BY j.created_at, j.id) AS kind_turn
+               row_number() OVER (PARTITION BY j.tenant_id, j.kind ORDER BY j.created_at, j.id) AS kind_turn,
+               {is_reindex_sql("j")} AS reindex, coalesce({docs} END, 1) AS docs
         FROM jobs AS j
         WHERE j.state = 'queued' AND j.dispatched_at IS NULL AND {lane_sql()} = :lane
           AND {claimable_tenants_condition()}
+          AND NOT {paused_reindex_condition()}
+    ), ordered AS (
+        -- The reindex texts claimed before each row in claim order: the throttle's running total.
+        SELECT r.*, sum(CASE WHEN r.reindex THEN r.docs ELSE 0 END)
+                    OVER (ORDER BY r.turn, r.created_at, r.id) AS reindex_docs
+        FROM ranked AS r
     ), busy AS (
         SELECT tenant_id, kind, count(*) AS n FROM jobs
         WHERE kind IN ({capped}) AND {IN_FLIGHT}
         GROUP BY tenant_id, kind
     ), chosen AS (
-        SELECT r.id AS chosen_id, r.turn AS chosen_turn FROM ranked AS r
+        SELECT r.id AS chosen_id, r.turn AS chosen_turn FROM ordered AS r
         LEFT JOIN busy AS b ON b.tenant_id IS NOT DISTINCT FROM r.tenant_id AND b.kind = r.kind
-        WHERE r.kind NOT IN ({capped}) OR r.kind_turn + coalesce(b.n, 0) <= {cap_case}
+        WHERE (r.kind NOT IN ({capped}) OR r.kind_turn + coalesce(b.n, 0) <= {cap_case})
+          -- A reindex job starts while the window's budget is not spent before it.
+          AND (NOT r.reindex OR CAST(:reindex_budget AS bigint) IS NULL
+               OR {WINDOW_USED_SQL} + r.reindex_docs - r.docs < CAST(:reindex_budget AS bigint))
         ORDER BY r.turn, r.created_at, r.id
         LIMIT :n
     ), locked AS (
@@ -132,7 +150,11 @@ def claim_lane(lane: Lane, *, limits: RelayLimits, most: int = _BATCH) -> list[t
     """Claim (commit ``dispatched_at``) up to the lane's free slots, at most ``most``; returns each claimed
     job's head, stored request context and turn, in the order their messages should go out."""
     claim = text(claim_statement(limits.tenant_kind_caps))
-    params = {"lane": lane, "interactive_max_docs": limits.interactive_max_docs}
+    params = {
+        "lane": lane,
+        "interactive_max_docs": limits.interactive_max_docs,
+        "reindex_budget": limits.reindex_budget,
+    }
     with system_connection() as connection:
         connection.execute(
             text("SELECT pg_advisory_xact_lock(:space, :key)"), {"space": _CLAIM_LOCK_SPACE, "key": _CLAIM_LOCK[lane]}

@@ -378,11 +378,39 @@ async function refreshCharts() {
   }
 }
 
+async function refreshReindex() {
+  try {
+    const body = await call("/dashboard/api/reindex");
+    document.getElementById("reindex-model").textContent = body.model;
+    const boxes = [["State", body.state], ["Done", body.done], ["Remaining", body.remaining],
+      ["Texts / s", body.rate_per_s], ["ETA", body.eta_seconds === null ? "–" : age(body.eta_seconds)]];
+    document.getElementById("reindex-totals").replaceChildren(
+      ...boxes.map(([label, value]) => el("div", { class: "total" }, el("b", {}, String(value)), label)));
+    fill("reindex", body.tenants.slice(0, 50).map((row) => el("tr", {}, el("td", {}, tenantName(row.tenant)),
+      num(row.done), num(row.remaining, true), el("td", {}, row.old_vectors ? "yes" : "no"))));
+    const toggle = document.getElementById("reindex-toggle");
+    toggle.hidden = body.state === "idle";
+    toggle.textContent = body.state === "paused" ? "Resume" : "Pause";
+    toggle.onclick = async () => {
+      toggle.disabled = true;
+      try {
+        await call(`/dashboard/api/reindex:${body.state === "paused" ? "resume" : "pause"}`, { ...CHANGES, body: "{}" });
+        refreshReindex();
+      } finally {
+        toggle.disabled = false;
+      }
+    };
+  } catch (error) {
+    document.getElementById("status").textContent = `reindex: ${error.message}`;
+  }
+}
+
 let timer = null;
 async function refresh() {
   clearTimeout(timer);
   // The workers' answer can take up to a second (a broadcast over the broker): it renders on its own.
-  const side = [refreshWorkers(), loadJobs(), ...(polls % CHART_EVERY === 0 ? [refreshCharts()] : [])];
+  const side = [refreshWorkers(), loadJobs(), refreshReindex(),
+    ...(polls % CHART_EVERY === 0 ? [refreshCharts()] : [])];
   polls += 1;
   try {
     const summary = await call("/dashboard/api/summary");

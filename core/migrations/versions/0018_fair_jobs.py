@@ -88,6 +88,15 @@ def _coverage_triggers() -> None:
 def upgrade() -> None:
     # An operator's discard or cancel: who, why, when (core.jobs.operations).
     op.execute("ALTER TABLE jobs ADD COLUMN abandoned jsonb")
+    # Background reindexing (core.embeddings.reindex): whether the operator paused a model's reindex, and
+    # the reindex jobs dispatched lately, which the relay's throttle sums.
+    op.execute(
+        "CREATE TABLE reindex_state (model varchar(200) PRIMARY KEY, paused boolean NOT NULL DEFAULT false,"
+        " changed_by text, updated_at timestamptz NOT NULL DEFAULT now())"
+    )
+    op.execute(
+        "CREATE INDEX ix_jobs_reindex_dispatched ON jobs (dispatched_at) WHERE payload ->> 'reason' = 'reindex'"
+    )
     # No foreign keys to tenants (as search_embedding_stats): the triggers run while a tenant's rows cascade
     # away, and their join on tenants keeps them from writing for a tenant that is gone.
     op.execute(
@@ -129,5 +138,7 @@ def downgrade() -> None:
     op.execute("DROP TABLE IF EXISTS embedding_coverage_deltas")
     op.execute("DROP TABLE IF EXISTS embedding_coverage")
     op.execute("ALTER TABLE jobs DROP COLUMN IF EXISTS abandoned")
+    op.execute("DROP INDEX IF EXISTS ix_jobs_reindex_dispatched")
+    op.execute("DROP TABLE IF EXISTS reindex_state")
     op.execute("DROP INDEX IF EXISTS ix_jobs_in_flight")
     op.execute("DROP INDEX IF EXISTS ix_jobs_undispatched")
