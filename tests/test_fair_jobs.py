@@ -79,7 +79,7 @@ def _in_flight(lane: str) -> int:
         return int(
             connection.execute(
                 text(f"SELECT count(*) FROM jobs WHERE {IN_FLIGHT} AND {lane_sql()} = :lane"),
-                {"lane": lane, "interactive_max_docs": 1},
+                {"lane": lane, "interactive_max_docs": 1, "stale_s": 30.0, "lease_s": 20.0},
             ).scalar_one()
         )
 

@@ -77,7 +77,7 @@ def progress(session: Session, *, model: str, tenant_limit: int = 200) -> dict[s
     from core.embeddings.coverage import memory_counts
 
     counts = memory_counts(session, model=model, tenant_ids=None)
-    names = dict(session.execute(text("SELECT id, name FROM tenants")).all())
+    names: dict[int, str] = {int(i): str(n) for i, n in session.execute(text("SELECT id, name FROM tenants")).all()}
     old = tenants_with_other_models(session, model=model)
     state_row = session.execute(
         text("SELECT paused, changed_by, updated_at FROM reindex_state WHERE model = :m"), {"m": model}
@@ -89,12 +89,12 @@ def progress(session: Session, *, model: str, tenant_limit: int = 200) -> dict[s
             f" AND finished_at > now() - interval '{RATE_WINDOW_S} seconds'"
         )
     ).scalar_one()
+    left = [(tid, done, expected - done) for tid, (done, expected) in counts.items() if expected > done or tid in old]
+    left.sort(key=lambda row: (-row[2], names.get(row[0], "")))
     tenants = [
-        {"tenant": names.get(tid), "done": done, "remaining": expected - done, "old_vectors": tid in old}
-        for tid, (done, expected) in counts.items()
-        if expected - done > 0 or tid in old
+        {"tenant": names.get(tid), "done": done, "remaining": remaining, "old_vectors": tid in old}
+        for tid, done, remaining in left
     ]
-    tenants.sort(key=lambda row: (-row["remaining"], row["tenant"] or ""))
     done = sum(d for d, _ in counts.values())
     remaining = sum(e - d for d, e in counts.values())
     rate = float(embedded) / RATE_WINDOW_S

@@ -45,8 +45,15 @@ _CLAIM_LOCK = {"interactive": 1, "bulk": 2}
 Publish = Callable[[list[Message]], None]
 
 # A job whose message is out (or which runs): it takes a lane's slot. A retry waiting out its backoff
-# (dispatched_at in the future) takes none until it is due.
-IN_FLIGHT = "(state = 'running' OR (state = 'queued' AND dispatched_at IS NOT NULL AND dispatched_at <= now()))"
+# (dispatched_at in the future) takes none until it is due. One whose message looks lost (dispatched longer
+# ago than reconcile's re-dispatch age, :stale_s) or whose worker looks dead (lease lapsed, :lease_s) takes
+# none either: reconcile queues it again, and until then it must not hold a slot (nor, without a beat, for
+# ever).
+IN_FLIGHT = (
+    "((state = 'running' AND updated_at > now() - make_interval(secs => :lease_s))"
+    " OR (state = 'queued' AND dispatched_at <= now()"
+    " AND dispatched_at > now() - make_interval(secs => :stale_s)))"
+)
 
 
 @dataclass(frozen=True)
@@ -59,6 +66,10 @@ class RelayLimits:
     tenant_kind_caps: dict[str, int] = field(default_factory=lambda: {"ingest": 1, "refresh_samples": 1})
     # Texts the reindex jobs dispatched in the last 10 s may carry (None: unthrottled).
     reindex_budget: int | None = None
+    # When a published job's message counts as lost, and a running job's worker as dead (the settings
+    # reconcile uses): such jobs hold no slot.
+    stale_after_s: float = 30.0
+    lease_s: float = 20.0
 
     @classmethod
     def from_settings(cls) -> RelayLimits:
@@ -69,6 +80,8 @@ class RelayLimits:
 
         return cls(
             reindex_budget=reindex_budget(s.reindex_max_texts_per_second),
+            stale_after_s=s.outbox_redispatch_seconds,
+            lease_s=s.job_running_lease_seconds,
             interactive_inflight=max(1, s.relay_interactive_inflight),
             bulk_inflight=max(1, s.relay_bulk_inflight),
             interactive_max_docs=s.interactive_max_docs,
@@ -154,6 +167,8 @@ def claim_lane(lane: Lane, *, limits: RelayLimits, most: int = _BATCH) -> list[t
         "lane": lane,
         "interactive_max_docs": limits.interactive_max_docs,
         "reindex_budget": limits.reindex_budget,
+        "stale_s": limits.stale_after_s,
+        "lease_s": limits.lease_s,
     }
     with system_connection() as connection:
         connection.execute(
