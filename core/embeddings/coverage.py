@@ -75,12 +75,15 @@ def fold_deltas(session: Session) -> None:
 # delta committed after it stays to be added on top.
 _EXACT = text(
     """
-    WITH exact AS (
-        SELECT count(*) AS n FROM embeddings AS e
-        WHERE e.tenant_id = :tenant AND e.model = :model AND e.doc_kind = 'memory' AND EXISTS (
-            SELECT 1 FROM memories AS m
-            WHERE m.tenant_id = e.tenant_id AND m.id = substr(e.canonical_id, 8) AND m.status <> 'forgotten'
-              AND encode(sha256(convert_to(m.content, 'UTF8')), 'hex') = e.content_hash)
+    WITH vectors AS MATERIALIZED (
+        -- The memory id computed here, not in the join: see migration 0018 (a function in a join clause is no
+        -- index condition under row security).
+        SELECT substr(canonical_id, 8) AS memory_id, content_hash FROM embeddings
+        WHERE tenant_id = :tenant AND model = :model AND doc_kind = 'memory'
+    ), exact AS (
+        SELECT count(*) AS n FROM vectors AS e
+        JOIN memories AS m ON m.tenant_id = :tenant AND m.id = e.memory_id
+        WHERE m.status <> 'forgotten' AND encode(sha256(convert_to(m.content, 'UTF8')), 'hex') = e.content_hash
     ), gone AS (
         DELETE FROM embedding_coverage_deltas
         WHERE tenant_id = :tenant AND doc_kind = 'memory' AND model = :model RETURNING 1

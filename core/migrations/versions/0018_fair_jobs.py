@@ -39,11 +39,19 @@ _MEMORY_ROWS = {
     " JOIN new_rows AS n ON n.tenant_id = o.tenant_id AND n.id = o.id"
     " WHERE o.status <> 'forgotten' AND (o.content IS DISTINCT FROM n.content OR n.status = 'forgotten')",
 }
+# The join keys are computed from the transition rows first (a MATERIALIZED CTE): under row security a
+# function in a join clause (`'memory:' || id`, `substr(canonical_id, 8)`) keeps PostgreSQL from using it as
+# an index condition unless the function is leakproof, and the join would then scan (and hash) the tenant's
+# whole table once per written row. A bare equality of columns is an index lookup; the content hash is then
+# compared on the one row found.
 _MEMORY_DELTA = f"""
+    WITH d AS MATERIALIZED (
+        SELECT r.tenant_id, 'memory:' || r.id AS canonical_id, r.content, r.sign FROM ({{rows}}) AS r
+    )
     INSERT INTO embedding_coverage_deltas (tenant_id, doc_kind, model, delta)
     SELECT e.tenant_id, 'memory', e.model, sum(d.sign)
-    FROM ({{rows}}) AS d
-    JOIN embeddings AS e ON e.tenant_id = d.tenant_id AND e.canonical_id = 'memory:' || d.id
+    FROM d
+    JOIN embeddings AS e ON e.tenant_id = d.tenant_id AND e.canonical_id = d.canonical_id
         AND e.content_hash = {_HASH.format(content="d.content")}
     JOIN tenants AS t ON t.id = d.tenant_id
     GROUP BY e.tenant_id, e.model HAVING sum(d.sign) <> 0
@@ -55,10 +63,13 @@ _EMBEDDING_ROWS = {
     " UNION ALL SELECT tenant_id, canonical_id, model, content_hash, -1 FROM old_rows WHERE doc_kind = 'memory'",
 }
 _EMBEDDING_DELTA = f"""
+    WITH d AS MATERIALIZED (
+        SELECT r.tenant_id, substr(r.canonical_id, 8) AS memory_id, r.model, r.content_hash, r.sign FROM ({{rows}}) AS r
+    )
     INSERT INTO embedding_coverage_deltas (tenant_id, doc_kind, model, delta)
     SELECT d.tenant_id, 'memory', d.model, sum(d.sign)
-    FROM ({{rows}}) AS d
-    JOIN memories AS m ON m.tenant_id = d.tenant_id AND m.id = substr(d.canonical_id, 8)
+    FROM d
+    JOIN memories AS m ON m.tenant_id = d.tenant_id AND m.id = d.memory_id
         AND m.status <> 'forgotten' AND {_HASH.format(content="m.content")} = d.content_hash
     JOIN tenants AS t ON t.id = d.tenant_id
     GROUP BY d.tenant_id, d.model HAVING sum(d.sign) <> 0
@@ -113,10 +124,14 @@ def upgrade() -> None:
     op.execute("SELECT set_config('engram.system', 'on', true)")
     op.execute(
         f"""
+        WITH e AS MATERIALIZED (
+            SELECT tenant_id, substr(canonical_id, 8) AS memory_id, model, content_hash FROM embeddings
+            WHERE doc_kind = 'memory'
+        )
         INSERT INTO embedding_coverage (tenant_id, doc_kind, model, current)
-        SELECT e.tenant_id, 'memory', e.model, count(*) FROM embeddings AS e
-        JOIN memories AS m ON m.tenant_id = e.tenant_id AND m.id = substr(e.canonical_id, 8)
-        WHERE e.doc_kind = 'memory' AND m.status <> 'forgotten' AND {_HASH.format(content="m.content")} = e.content_hash
+        SELECT e.tenant_id, 'memory', e.model, count(*) FROM e
+        JOIN memories AS m ON m.tenant_id = e.tenant_id AND m.id = e.memory_id
+        WHERE m.status <> 'forgotten' AND {_HASH.format(content="m.content")} = e.content_hash
         GROUP BY e.tenant_id, e.model
         """
     )
