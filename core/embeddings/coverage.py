@@ -76,11 +76,11 @@ def fold_deltas(session: Session) -> None:
 _EXACT = text(
     """
     WITH vectors AS MATERIALIZED (
-        -- The memory id computed here, not in the join: see migration 0018 (a function in a join clause is no
-        -- index condition under row security).
         SELECT substr(canonical_id, 8) AS memory_id, content_hash FROM embeddings
         WHERE tenant_id = :tenant AND model = :model AND doc_kind = 'memory'
     ), exact AS (
+        -- One hash join (nested loops are off for this transaction, see set_exact_count): on statistics a
+        -- bulk load left stale, a nested loop here scans the tenant's memories once per vector.
         SELECT count(*) AS n FROM vectors AS e
         JOIN memories AS m ON m.tenant_id = :tenant AND m.id = e.memory_id
         WHERE m.status <> 'forgotten' AND encode(sha256(convert_to(m.content, 'UTF8')), 'hex') = e.content_hash
@@ -99,4 +99,5 @@ def set_exact_count(session: Session, *, tenant_id: int, model: str) -> None:
     """Count the tenant's up-to-date embeddings of `model` from the rows themselves (the cost of one hash of
     each memory: reconcile does it only for a tenant whose writes it has just checked)."""
     session.execute(text("SELECT pg_advisory_xact_lock(:a, :b)"), {"a": _FOLD_LOCK[0], "b": _FOLD_LOCK[1]})
+    session.execute(text("SET LOCAL enable_nestloop = off"))
     session.execute(_EXACT, {"tenant": tenant_id, "model": model})

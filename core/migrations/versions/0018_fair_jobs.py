@@ -26,24 +26,27 @@ depends_on = None
 
 _HASH = "encode(sha256(convert_to({content}, 'UTF8')), 'hex')"
 
-# Memory rows whose up-to-date-ness may change, each with its sign: inserted or un-forgotten (+1), deleted or
-# forgotten (-1), content changed (-1 for the old content, +1 for the new). Access counters and the like
-# change neither and cost one join of the transition tables.
-_MEMORY_ROWS = {
-    "insert": "SELECT tenant_id, id, content, 1 AS sign FROM new_rows WHERE status <> 'forgotten'",
+# What each write does to the counts, per (tenant, model), without a lookup on the hot paths:
+# - an embed job's upsert writes vectors made from the memories' content as it read it in the same
+#   transaction: a vector inserted counts +1; one updated counts +1 when its hash changed (the old one no
+#   longer matched the content) and 0 when it did not. (A memory edited between that read and the upsert's
+#   commit is the race the exact count of reconcile repairs.)
+# - a memory inserted has no vector yet: nothing to count.
+# - a memory whose content changed, or that was forgotten, deleted or brought back, and a vector deleted:
+#   their counterparts are looked up (rare writes). Each lookup is by primary key: the key is computed first
+#   (a MATERIALIZED CTE: under row security a clause with a function that is not leakproof, such as
+#   `'memory:' || id`, is never an index condition), and the lookup is a LATERAL subquery kept apart and
+#   ordered as the primary key (with statistics still saying the tenant is empty, every index on tenant_id
+#   looks as cheap as the key, and a join scanned and hashed the tenant's table once per written row).
+_CHANGED_MEMORIES = {
+    # +1 for a memory's new content, -1 for its old one; rows whose content and forgotten-ness did not change
+    # cancel out in the grouping (no join of the transition tables, which have no index).
+    "update": "SELECT tenant_id, id, content, sum(sign) AS sign FROM ("
+    " SELECT tenant_id, id, content, 1 AS sign FROM new_rows WHERE status <> 'forgotten'"
+    " UNION ALL SELECT tenant_id, id, content, -1 FROM old_rows WHERE status <> 'forgotten'"
+    ") AS u GROUP BY tenant_id, id, content HAVING sum(sign) <> 0",
     "delete": "SELECT tenant_id, id, content, -1 AS sign FROM old_rows WHERE status <> 'forgotten'",
-    "update": "SELECT n.tenant_id, n.id, n.content, 1 AS sign FROM new_rows AS n"
-    " JOIN old_rows AS o ON o.tenant_id = n.tenant_id AND o.id = n.id"
-    " WHERE n.status <> 'forgotten' AND (o.content IS DISTINCT FROM n.content OR o.status = 'forgotten')"
-    " UNION ALL SELECT o.tenant_id, o.id, o.content, -1 AS sign FROM old_rows AS o"
-    " JOIN new_rows AS n ON n.tenant_id = o.tenant_id AND n.id = o.id"
-    " WHERE o.status <> 'forgotten' AND (o.content IS DISTINCT FROM n.content OR n.status = 'forgotten')",
 }
-# The join keys are computed from the transition rows first (a MATERIALIZED CTE): under row security a
-# function in a join clause (`'memory:' || id`, `substr(canonical_id, 8)`) keeps PostgreSQL from using it as
-# an index condition unless the function is leakproof, and the join would then scan (and hash) the tenant's
-# whole table once per written row. A bare equality of columns is an index lookup; the content hash is then
-# compared on the one row found.
 _MEMORY_DELTA = f"""
     WITH d AS MATERIALIZED (
         SELECT r.tenant_id, 'memory:' || r.id AS canonical_id, r.content, r.sign FROM ({{rows}}) AS r
@@ -51,49 +54,74 @@ _MEMORY_DELTA = f"""
     INSERT INTO embedding_coverage_deltas (tenant_id, doc_kind, model, delta)
     SELECT e.tenant_id, 'memory', e.model, sum(d.sign)
     FROM d
-    JOIN embeddings AS e ON e.tenant_id = d.tenant_id AND e.canonical_id = d.canonical_id
-        AND e.content_hash = {_HASH.format(content="d.content")}
-    JOIN tenants AS t ON t.id = d.tenant_id
+    CROSS JOIN LATERAL (
+        SELECT x.tenant_id, x.model FROM embeddings AS x
+        WHERE x.tenant_id = d.tenant_id AND x.canonical_id = d.canonical_id
+          AND x.content_hash = {_HASH.format(content="d.content")}
+        ORDER BY x.tenant_id, x.canonical_id, x.model
+        OFFSET 0
+    ) AS e
+    WHERE EXISTS (SELECT 1 FROM tenants AS t WHERE t.id = d.tenant_id)
     GROUP BY e.tenant_id, e.model HAVING sum(d.sign) <> 0
 """
-_EMBEDDING_ROWS = {
-    "insert": "SELECT tenant_id, canonical_id, model, content_hash, 1 AS sign FROM new_rows WHERE doc_kind = 'memory'",
-    "delete": "SELECT tenant_id, canonical_id, model, content_hash, -1 AS sign FROM old_rows WHERE doc_kind = 'memory'",
-    "update": "SELECT tenant_id, canonical_id, model, content_hash, 1 AS sign FROM new_rows WHERE doc_kind = 'memory'"
-    " UNION ALL SELECT tenant_id, canonical_id, model, content_hash, -1 FROM old_rows WHERE doc_kind = 'memory'",
+_WRITTEN_VECTORS = """
+    INSERT INTO embedding_coverage_deltas (tenant_id, doc_kind, model, delta)
+    SELECT w.tenant_id, 'memory', w.model, count(*)
+    FROM ({rows}) AS w
+    WHERE EXISTS (SELECT 1 FROM tenants AS t WHERE t.id = w.tenant_id)
+    GROUP BY w.tenant_id, w.model
+"""
+_VECTORS_WRITTEN = {
+    "insert": "SELECT tenant_id, model FROM new_rows WHERE doc_kind = 'memory'",
+    # A vector whose (id, model, hash) is in both old and new rows was rewritten unchanged.
+    "update": "SELECT tenant_id, model FROM ("
+    " SELECT tenant_id, canonical_id, model, content_hash, 1 AS sign FROM new_rows WHERE doc_kind = 'memory'"
+    " UNION ALL SELECT tenant_id, canonical_id, model, content_hash, -1 FROM old_rows WHERE doc_kind = 'memory'"
+    ") AS u GROUP BY tenant_id, canonical_id, model, content_hash HAVING sum(sign) > 0",
 }
-_EMBEDDING_DELTA = f"""
+_VECTORS_DELETED = f"""
     WITH d AS MATERIALIZED (
-        SELECT r.tenant_id, substr(r.canonical_id, 8) AS memory_id, r.model, r.content_hash, r.sign FROM ({{rows}}) AS r
+        SELECT tenant_id, substr(canonical_id, 8) AS memory_id, model, content_hash FROM old_rows
+        WHERE doc_kind = 'memory'
     )
     INSERT INTO embedding_coverage_deltas (tenant_id, doc_kind, model, delta)
-    SELECT d.tenant_id, 'memory', d.model, sum(d.sign)
+    SELECT d.tenant_id, 'memory', d.model, -count(*)
     FROM d
-    JOIN memories AS m ON m.tenant_id = d.tenant_id AND m.id = d.memory_id
-        AND m.status <> 'forgotten' AND {_HASH.format(content="m.content")} = d.content_hash
-    JOIN tenants AS t ON t.id = d.tenant_id
-    GROUP BY d.tenant_id, d.model HAVING sum(d.sign) <> 0
+    CROSS JOIN LATERAL (
+        SELECT 1 FROM memories AS m
+        WHERE m.tenant_id = d.tenant_id AND m.id = d.memory_id AND m.status <> 'forgotten'
+          AND {_HASH.format(content="m.content")} = d.content_hash
+        ORDER BY m.tenant_id, m.id
+        LIMIT 1
+    ) AS m
+    WHERE EXISTS (SELECT 1 FROM tenants AS t WHERE t.id = d.tenant_id)
+    GROUP BY d.tenant_id, d.model
 """
+# (table, event) -> the statement its trigger runs.
+_STATEMENTS = {
+    ("memories", "update"): _MEMORY_DELTA.format(rows=_CHANGED_MEMORIES["update"]),
+    ("memories", "delete"): _MEMORY_DELTA.format(rows=_CHANGED_MEMORIES["delete"]),
+    ("embeddings", "insert"): _WRITTEN_VECTORS.format(rows=_VECTORS_WRITTEN["insert"]),
+    ("embeddings", "update"): _WRITTEN_VECTORS.format(rows=_VECTORS_WRITTEN["update"]),
+    ("embeddings", "delete"): _VECTORS_DELETED,
+}
 _TRANSITIONS = {
     "insert": "REFERENCING NEW TABLE AS new_rows",
     "delete": "REFERENCING OLD TABLE AS old_rows",
     "update": "REFERENCING OLD TABLE AS old_rows NEW TABLE AS new_rows",
 }
-_TRIGGERS = {"memories": (_MEMORY_ROWS, _MEMORY_DELTA), "embeddings": (_EMBEDDING_ROWS, _EMBEDDING_DELTA)}
 
 
 def _coverage_triggers() -> None:
-    for table, (rows, template) in _TRIGGERS.items():
-        for event, selected in rows.items():
-            name = f"coverage_{table}_{event}"
-            op.execute(
-                f"CREATE FUNCTION {name}() RETURNS trigger LANGUAGE plpgsql AS $$"
-                f" BEGIN {template.format(rows=selected)}; RETURN NULL; END $$"
-            )
-            op.execute(
-                f"CREATE TRIGGER {name} AFTER {event.upper()} ON {table} {_TRANSITIONS[event]} "
-                f"FOR EACH STATEMENT EXECUTE FUNCTION {name}()"
-            )
+    for (table, event), statement in _STATEMENTS.items():
+        name = f"coverage_{table}_{event}"
+        op.execute(
+            f"CREATE FUNCTION {name}() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN {statement}; RETURN NULL; END $$"
+        )
+        op.execute(
+            f"CREATE TRIGGER {name} AFTER {event.upper()} ON {table} {_TRANSITIONS[event]} "
+            f"FOR EACH STATEMENT EXECUTE FUNCTION {name}()"
+        )
 
 
 def upgrade() -> None:
@@ -122,6 +150,8 @@ def upgrade() -> None:
     _coverage_triggers()
     # The counts of the rows already there (as the system: row security applies to the owner too).
     op.execute("SELECT set_config('engram.system', 'on', true)")
+    # One hash join of the two tables (the lookups above are for a few rows at a time).
+    op.execute("SET LOCAL enable_nestloop = off")
     op.execute(
         f"""
         WITH e AS MATERIALIZED (
@@ -135,6 +165,7 @@ def upgrade() -> None:
         GROUP BY e.tenant_id, e.model
         """
     )
+    op.execute("RESET enable_nestloop")
     op.execute(
         "CREATE INDEX ix_jobs_undispatched ON jobs (tenant_id, created_at, id) "
         "WHERE state = 'queued' AND dispatched_at IS NULL"
@@ -146,10 +177,9 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
-    for table, (rows, _) in _TRIGGERS.items():
-        for event in rows:
-            op.execute(f"DROP TRIGGER IF EXISTS coverage_{table}_{event} ON {table}")
-            op.execute(f"DROP FUNCTION IF EXISTS coverage_{table}_{event}()")
+    for table, event in _STATEMENTS:
+        op.execute(f"DROP TRIGGER IF EXISTS coverage_{table}_{event} ON {table}")
+        op.execute(f"DROP FUNCTION IF EXISTS coverage_{table}_{event}()")
     op.execute("DROP TABLE IF EXISTS embedding_coverage_deltas")
     op.execute("DROP TABLE IF EXISTS embedding_coverage")
     op.execute("ALTER TABLE jobs DROP COLUMN IF EXISTS abandoned")
