@@ -22,9 +22,9 @@ from workers.celery_app import app
 from workers.queue import REQUEST_ID_HEADER, RUN_JOB_TASK, CeleryJobQueue, job_task_name
 
 log = logging.getLogger(__name__)
-# Jobs that workers enqueue (ingest queues sample refresh, reconcile re-dispatches) are published
-# synchronously: a worker has no request latency to protect.
-set_job_queue(CeleryJobQueue(app, background=False))
+# Jobs that workers enqueue (split chunks, ingest's sample refresh, reconcile's gaps) are left to the relay
+# like every other: publishing them here would put them in the queue past the fair claim (core.jobs.relay).
+set_job_queue(None)
 
 
 def single_threaded_native_pools() -> None:
@@ -62,7 +62,7 @@ def warm_embedding_path(**_: object) -> None:
 def start_outbox_relay(**_: object) -> None:
     """Publish the job rows writers commit (the API never talks to the broker on a write)."""
     from core.db import get_engine
-    from core.jobs.relay import OutboxRelay
+    from core.jobs.relay import OutboxRelay, RelayLimits
 
     dsn = get_engine().url.render_as_string(hide_password=False).replace("postgresql+psycopg://", "postgresql://")
     settings = get_settings()
@@ -71,6 +71,7 @@ def start_outbox_relay(**_: object) -> None:
         publish=CeleryJobQueue(app, background=False).publish,
         linger=settings.outbox_linger_seconds,
         max_docs=max(1, settings.embed_job_max_docs),
+        limits=RelayLimits.from_settings(),
     ).start()
 
 
