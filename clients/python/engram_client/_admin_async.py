@@ -21,11 +21,13 @@ from engram_client.resources import (
     Health,
     IssuedKey,
     JobAccepted,
+    JobBulkResult,
     JobPage,
     KeyRevoked,
     ModelInspection,
     ProvisionedTenant,
     Readiness,
+    ReindexProgress,
     Tenant,
     TenantPage,
     UsageReport,
@@ -255,3 +257,47 @@ class AsyncAdminCalls:
     ) -> WebhookDeliveryPage:
         """A webhook's deliveries, newest first, each with its attempts."""
         return await self._send(op.webhook_deliveries(webhook_id, locals()))
+
+    # Operating the job queue and the reindexing (the operator key)
+
+    async def retry_failed_jobs(
+        self,
+        *,
+        kind: str | None = None,
+        tenant: str | None = None,
+        error_contains: str | None = None,
+        ids: list[str] | None = None,
+    ) -> JobBulkResult:
+        """Queue again every failed job of the filter (at most 10,000 a call; the answer names them)."""
+        return await self._send(op.retry_failed_jobs(locals()))
+
+    async def discard_failed_jobs(
+        self,
+        *,
+        reason: str,
+        kind: str | None = None,
+        tenant: str | None = None,
+        error_contains: str | None = None,
+        ids: list[str] | None = None,
+        by: str | None = None,
+    ) -> JobBulkResult:
+        """Give up on every failed job of the filter, keeping ``reason`` on each."""
+        return await self._send(op.discard_failed_jobs(locals()))
+
+    async def discard_job(self, job_id: str, *, reason: str, by: str | None = None) -> Job:
+        """Give up on one failed job."""
+        return await self._send(op.abandon_job(job_id, "discard", locals()))
+
+    async def cancel_job(self, job_id: str, *, reason: str, by: str | None = None) -> Job:
+        """Cancel one queued job."""
+        return await self._send(op.abandon_job(job_id, "cancel", locals()))
+
+    async def reindex_progress(self) -> ReindexProgress:
+        """How far re-embedding for the current embedding model has come."""
+        return await self._send(op.reindex_progress())
+
+    async def pause_reindex(self, *, by: str | None = None) -> ReindexProgress:
+        return await self._send(op.set_reindex("pause", locals()))
+
+    async def resume_reindex(self, *, by: str | None = None) -> ReindexProgress:
+        return await self._send(op.set_reindex("resume", locals()))

@@ -21,11 +21,13 @@ from engram_client.resources import (
     Health,
     IssuedKey,
     JobAccepted,
+    JobBulkResult,
     JobPage,
     KeyRevoked,
     ModelInspection,
     ProvisionedTenant,
     Readiness,
+    ReindexProgress,
     Tenant,
     TenantPage,
     UsageReport,
@@ -194,3 +196,27 @@ def delete_webhook(webhook_id: str) -> Call[WebhookDeleted]:
 def webhook_deliveries(webhook_id: str, fields: Mapping[str, Any]) -> Call[WebhookDeliveryPage]:
     params = given(fields, skip=("webhook_id",))
     return Call("GET", f"/v1/webhooks/{segment(webhook_id)}/deliveries", parser(WebhookDeliveryPage), params=params)
+
+
+# Operating the job queue and the reindexing (the operator key)
+
+
+def retry_failed_jobs(fields: Mapping[str, Any]) -> Call[JobBulkResult]:
+    return Call("POST", "/v1/jobs:retry", parser(JobBulkResult), json=given(fields))
+
+
+def discard_failed_jobs(fields: Mapping[str, Any]) -> Call[JobBulkResult]:
+    return Call("POST", "/v1/jobs:discard", parser(JobBulkResult), json=given(fields))
+
+
+def abandon_job(job_id: str, action: str, fields: Mapping[str, Any]) -> Call[Job]:
+    body = given(fields, skip=("job_id",))
+    return Call("POST", f"/v1/jobs/{segment(job_id)}/{action}", parser(Job), json=body)
+
+
+def reindex_progress() -> Call[ReindexProgress]:
+    return Call("GET", "/v1/ops/reindex", parser(ReindexProgress))
+
+
+def set_reindex(action: str, fields: Mapping[str, Any]) -> Call[ReindexProgress]:
+    return Call("POST", f"/v1/ops/reindex:{action}", parser(ReindexProgress), json=given(fields))

@@ -21,11 +21,13 @@ from engram_client.resources import (
     Health,
     IssuedKey,
     JobAccepted,
+    JobBulkResult,
     JobPage,
     KeyRevoked,
     ModelInspection,
     ProvisionedTenant,
     Readiness,
+    ReindexProgress,
     Tenant,
     TenantPage,
     UsageReport,
@@ -255,3 +257,47 @@ class AdminCalls:
     ) -> WebhookDeliveryPage:
         """A webhook's deliveries, newest first, each with its attempts."""
         return self._send(op.webhook_deliveries(webhook_id, locals()))
+
+    # Operating the job queue and the reindexing (the operator key)
+
+    def retry_failed_jobs(
+        self,
+        *,
+        kind: str | None = None,
+        tenant: str | None = None,
+        error_contains: str | None = None,
+        ids: list[str] | None = None,
+    ) -> JobBulkResult:
+        """Queue again every failed job of the filter (at most 10,000 a call; the answer names them)."""
+        return self._send(op.retry_failed_jobs(locals()))
+
+    def discard_failed_jobs(
+        self,
+        *,
+        reason: str,
+        kind: str | None = None,
+        tenant: str | None = None,
+        error_contains: str | None = None,
+        ids: list[str] | None = None,
+        by: str | None = None,
+    ) -> JobBulkResult:
+        """Give up on every failed job of the filter, keeping ``reason`` on each."""
+        return self._send(op.discard_failed_jobs(locals()))
+
+    def discard_job(self, job_id: str, *, reason: str, by: str | None = None) -> Job:
+        """Give up on one failed job."""
+        return self._send(op.abandon_job(job_id, "discard", locals()))
+
+    def cancel_job(self, job_id: str, *, reason: str, by: str | None = None) -> Job:
+        """Cancel one queued job."""
+        return self._send(op.abandon_job(job_id, "cancel", locals()))
+
+    def reindex_progress(self) -> ReindexProgress:
+        """How far re-embedding for the current embedding model has come."""
+        return self._send(op.reindex_progress())
+
+    def pause_reindex(self, *, by: str | None = None) -> ReindexProgress:
+        return self._send(op.set_reindex("pause", locals()))
+
+    def resume_reindex(self, *, by: str | None = None) -> ReindexProgress:
+        return self._send(op.set_reindex("resume", locals()))

@@ -120,6 +120,7 @@ class CoverageRow(_Model):
     indexed: int
     expected: int
     ratio: float
+    waiting: str | None = None  # why embedding waits, when it does (a spent daily quota, a suspended tenant)
 
 
 class Health(_Model):
@@ -263,3 +264,21 @@ class WebhookDelivery(_Model):
 class WebhookDeliveryPage(_Model):
     deliveries: list[WebhookDelivery]
     next_cursor: str | None = None
+
+
+# Operating the job queue and the reindexing (the operator key)
+
+
+class JobBulkResult(_Model):
+    count: int
+    job_ids: list[str]
+
+
+class ReindexProgress(_Model):
+    model: str
+    state: str
+    done: int
+    remaining: int
+    rate_per_s: float
+    eta_seconds: float | None = None
+    tenants: list[dict[str, Any]]

@@ -213,6 +213,47 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/jobs/{job_id}/cancel": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Cancel a queued job
+         * @description End a queued job without running it (operator key): it becomes failed, abandoned, its error naming
+         *     who cancelled it and why. 409 for a running or finished job.
+         */
+        post: operations["cancel_job"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/jobs/{job_id}/discard": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Discard a failed job
+         * @description Mark one failed job abandoned, with who and why (operator key); 409 if it is not failed.
+         */
+        post: operations["discard_job"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/v1/jobs/{job_id}/retry": {
         parameters: {
             query?: never;
@@ -227,6 +268,48 @@ export interface paths {
          * @description Queue a failed or stuck job again (tenant admin key, or the operator key); 409 if it is not stuck.
          */
         post: operations["retry_job"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/jobs:discard": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Discard failed jobs
+         * @description Mark every failed job of the filter abandoned, with who and why (operator key): they stay failed, off
+         *     the dashboard's failures and out of later bulk retries.
+         */
+        post: operations["discard_failed_jobs"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/jobs:retry": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Retry failed jobs
+         * @description Queue again every failed job of the filter (operator key): kind, tenant, a substring of the error,
+         *     or ids; discarded jobs are left alone. At most 10,000 a call; the answer says which.
+         */
+        post: operations["retry_failed_jobs"];
         delete?: never;
         options?: never;
         head?: never;
@@ -471,6 +554,69 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/ops/reindex": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * Reindexing progress
+         * @description The configured model's background reindex (operator key): `running`, `paused` or `idle`; memories
+         *     embedded with it (`done`) and not yet (`remaining`) overall and per tenant, the rate of the last minute
+         *     and an ETA.
+         */
+        get: operations["read_reindex"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/ops/reindex:pause": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Pause reindexing
+         * @description Hold the reindex jobs of the configured model in the queue (operator key); running ones finish.
+         *     Fresh saves and every other job go on.
+         */
+        post: operations["pause_reindex"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/ops/reindex:resume": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Resume reindexing
+         * @description Let the held reindex jobs go on where they were (operator key).
+         */
+        post: operations["resume_reindex"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/v1/runs/{run_id}": {
         parameters: {
             query?: never;
@@ -668,6 +814,23 @@ export interface paths {
 export type webhooks = Record<string, never>;
 export interface components {
     schemas: {
+        /**
+         * AbandonIn
+         * @description The body of discarding or cancelling one job.
+         */
+        AbandonIn: {
+            /**
+             * By
+             * @description who (default: operator)
+             * @default null
+             */
+            by?: string | null;
+            /**
+             * Reason
+             * @description why: kept on the job
+             */
+            reason: string;
+        };
         /** AggregationIn */
         AggregationIn: {
             /**
@@ -840,6 +1003,11 @@ export interface components {
             ratio: number;
             /** Tenant */
             tenant: string;
+            /**
+             * Waiting
+             * @description why embedding waits, when it does (a spent daily quota, a suspended tenant)
+             */
+            waiting: string | null;
         } & {
             [key: string]: unknown;
         };
@@ -978,6 +1146,44 @@ export interface components {
             status: number | null;
         } & {
             [key: string]: unknown;
+        };
+        /** DiscardIn */
+        DiscardIn: {
+            /**
+             * By
+             * @description who (default: operator)
+             * @default null
+             */
+            by?: string | null;
+            /**
+             * Error Contains
+             * @description a substring of the job's error
+             * @default null
+             */
+            error_contains?: string | null;
+            /**
+             * Ids
+             * @description only these job ids
+             * @default null
+             */
+            ids?: string[] | null;
+            /**
+             * Kind
+             * @description one of embed, refresh_samples, ingest, ingest_cleanup, reconcile, prune, purge_tenant, webhook
+             * @default null
+             */
+            kind?: string | null;
+            /**
+             * Reason
+             * @description why: kept on each job
+             */
+            reason: string;
+            /**
+             * Tenant
+             * @description the tenant's name
+             * @default null
+             */
+            tenant?: string | null;
         };
         /** EntityHit */
         EntityHit: {
@@ -1147,6 +1353,10 @@ export interface components {
         };
         /** Job */
         Job: {
+            /** Abandoned */
+            abandoned: {
+                [key: string]: unknown;
+            } | null;
             /** Attempts */
             attempts: number;
             /** Created At */
@@ -1184,6 +1394,45 @@ export interface components {
             job_id: string;
         } & {
             [key: string]: unknown;
+        };
+        /** JobBulkResult */
+        JobBulkResult: {
+            /** Count */
+            count: number;
+            /** Job Ids */
+            job_ids: string[];
+        } & {
+            [key: string]: unknown;
+        };
+        /**
+         * JobFilterIn
+         * @description Which failed jobs a bulk action takes: every field narrows (none: every failed job).
+         */
+        JobFilterIn: {
+            /**
+             * Error Contains
+             * @description a substring of the job's error
+             * @default null
+             */
+            error_contains?: string | null;
+            /**
+             * Ids
+             * @description only these job ids
+             * @default null
+             */
+            ids?: string[] | null;
+            /**
+             * Kind
+             * @description one of embed, refresh_samples, ingest, ingest_cleanup, reconcile, prune, purge_tenant, webhook
+             * @default null
+             */
+            kind?: string | null;
+            /**
+             * Tenant
+             * @description the tenant's name
+             * @default null
+             */
+            tenant?: string | null;
         };
         /** JobPage */
         JobPage: {
@@ -1709,6 +1958,36 @@ export interface components {
              * @default null
              */
             models?: string[] | null;
+        };
+        /** ReindexActIn */
+        ReindexActIn: {
+            /**
+             * By
+             * @description who (default: operator)
+             * @default null
+             */
+            by?: string | null;
+        };
+        /** ReindexProgress */
+        ReindexProgress: {
+            /** Done */
+            done: number;
+            /** Eta Seconds */
+            eta_seconds?: number | null;
+            /** Model */
+            model: string;
+            /** Rate Per S */
+            rate_per_s: number;
+            /** Remaining */
+            remaining: number;
+            /** State */
+            state: string;
+            /** Tenants */
+            tenants: {
+                [key: string]: unknown;
+            }[];
+        } & {
+            [key: string]: unknown;
         };
         /** RunEnded */
         RunEnded: {
@@ -3199,6 +3478,250 @@ export interface operations {
             };
         };
     };
+    cancel_job: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description the job's id (e.g. from a 202's job_id) */
+                job_id: string;
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                /**
+                 * @example {
+                 *       "reason": "the tenant asked to stop the import"
+                 *     }
+                 */
+                "application/json": components["schemas"]["AbandonIn"];
+            };
+        };
+        responses: {
+            /** @description Cancel a queued job */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Job"];
+                };
+            };
+            /** @description Bad request: the body is not valid JSON, or an input names something that does not exist. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Missing or unknown API key. */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description The key may not do this (e.g. a member key on an admin route). */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Not found, or not visible to this key. */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Conflicts with the current state (an existing name, a job that is not stuck). */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Content or body too large. */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description The body is not JSON (`Content-Type: application/json`). */
+            415: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Validation failed; `field` is the offending field's path (also for a field the call does not know). */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Rate limit of this key exceeded; see `Retry-After`. */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description A dependency (database, broker) is down; retry after `Retry-After` seconds. */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+        };
+    };
+    discard_job: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description the job's id (e.g. from a 202's job_id) */
+                job_id: string;
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                /**
+                 * @example {
+                 *       "reason": "duplicate of a later import"
+                 *     }
+                 */
+                "application/json": components["schemas"]["AbandonIn"];
+            };
+        };
+        responses: {
+            /** @description Discard a failed job */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Job"];
+                };
+            };
+            /** @description Bad request: the body is not valid JSON, or an input names something that does not exist. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Missing or unknown API key. */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description The key may not do this (e.g. a member key on an admin route). */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Not found, or not visible to this key. */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Conflicts with the current state (an existing name, a job that is not stuck). */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Content or body too large. */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description The body is not JSON (`Content-Type: application/json`). */
+            415: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Validation failed; `field` is the offending field's path (also for a field the call does not know). */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Rate limit of this key exceeded; see `Retry-After`. */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description A dependency (database, broker) is down; retry after `Retry-After` seconds. */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+        };
+    };
     retry_job: {
         parameters: {
             query?: never;
@@ -3263,6 +3786,214 @@ export interface operations {
             };
             /** @description Conflicts with the current state (an existing name, a job that is not stuck). */
             409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Content or body too large. */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description The body is not JSON (`Content-Type: application/json`). */
+            415: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Validation failed; `field` is the offending field's path (also for a field the call does not know). */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Rate limit of this key exceeded; see `Retry-After`. */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description A dependency (database, broker) is down; retry after `Retry-After` seconds. */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+        };
+    };
+    discard_failed_jobs: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                /**
+                 * @example {
+                 *       "by": "ops@example.com",
+                 *       "error_contains": "503",
+                 *       "kind": "embed",
+                 *       "reason": "the source was retired",
+                 *       "tenant": "acme"
+                 *     }
+                 */
+                "application/json": components["schemas"]["DiscardIn"];
+            };
+        };
+        responses: {
+            /** @description Discard failed jobs */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["JobBulkResult"];
+                };
+            };
+            /** @description Bad request: the body is not valid JSON, or an input names something that does not exist. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Missing or unknown API key. */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description The key may not do this (e.g. a member key on an admin route). */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Content or body too large. */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description The body is not JSON (`Content-Type: application/json`). */
+            415: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Validation failed; `field` is the offending field's path (also for a field the call does not know). */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Rate limit of this key exceeded; see `Retry-After`. */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description A dependency (database, broker) is down; retry after `Retry-After` seconds. */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+        };
+    };
+    retry_failed_jobs: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: {
+            content: {
+                /**
+                 * @example {
+                 *       "error_contains": "503",
+                 *       "kind": "embed",
+                 *       "tenant": "acme"
+                 *     }
+                 */
+                "application/json": components["schemas"]["JobFilterIn"];
+            };
+        };
+        responses: {
+            /** @description Retry failed jobs */
+            202: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["JobBulkResult"];
+                };
+            };
+            /** @description Bad request: the body is not valid JSON, or an input names something that does not exist. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Missing or unknown API key. */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description The key may not do this (e.g. a member key on an admin route). */
+            403: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -4892,6 +5623,269 @@ export interface operations {
             };
             /** @description Missing or unknown API key. */
             401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Validation failed; `field` is the offending field's path (also for a field the call does not know). */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Rate limit of this key exceeded; see `Retry-After`. */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description A dependency (database, broker) is down; retry after `Retry-After` seconds. */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+        };
+    };
+    read_reindex: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Reindexing progress */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ReindexProgress"];
+                };
+            };
+            /** @description Missing or unknown API key. */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description The key may not do this (e.g. a member key on an admin route). */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Validation failed; `field` is the offending field's path (also for a field the call does not know). */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Rate limit of this key exceeded; see `Retry-After`. */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description A dependency (database, broker) is down; retry after `Retry-After` seconds. */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+        };
+    };
+    pause_reindex: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: {
+            content: {
+                /**
+                 * @example {
+                 *       "by": "ops@example.com"
+                 *     }
+                 */
+                "application/json": components["schemas"]["ReindexActIn"];
+            };
+        };
+        responses: {
+            /** @description Pause reindexing */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ReindexProgress"];
+                };
+            };
+            /** @description Bad request: the body is not valid JSON, or an input names something that does not exist. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Missing or unknown API key. */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description The key may not do this (e.g. a member key on an admin route). */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Content or body too large. */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description The body is not JSON (`Content-Type: application/json`). */
+            415: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Validation failed; `field` is the offending field's path (also for a field the call does not know). */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Rate limit of this key exceeded; see `Retry-After`. */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description A dependency (database, broker) is down; retry after `Retry-After` seconds. */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+        };
+    };
+    resume_reindex: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: {
+            content: {
+                /** @example {} */
+                "application/json": components["schemas"]["ReindexActIn"];
+            };
+        };
+        responses: {
+            /** @description Resume reindexing */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ReindexProgress"];
+                };
+            };
+            /** @description Bad request: the body is not valid JSON, or an input names something that does not exist. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Missing or unknown API key. */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description The key may not do this (e.g. a member key on an admin route). */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Content or body too large. */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description The body is not JSON (`Content-Type: application/json`). */
+            415: {
                 headers: {
                     [name: string]: unknown;
                 };

@@ -235,6 +235,13 @@ OPERATIONS = {
     ("get", "/v1/jobs"): "list_jobs",
     ("get", "/v1/jobs/{job_id}"): "get_job",
     ("post", "/v1/jobs/{job_id}/retry"): "retry_job",
+    ("post", "/v1/jobs:retry"): "retry_failed_jobs",
+    ("post", "/v1/jobs:discard"): "discard_failed_jobs",
+    ("post", "/v1/jobs/{job_id}/discard"): "discard_job",
+    ("post", "/v1/jobs/{job_id}/cancel"): "cancel_job",
+    ("get", "/v1/ops/reindex"): "reindex_progress",
+    ("post", "/v1/ops/reindex:pause"): "pause_reindex",
+    ("post", "/v1/ops/reindex:resume"): "resume_reindex",
     ("get", "/v1/ops/coverage"): "coverage",
     ("post", "/v1/keys"): "create_key",
     ("get", "/v1/keys"): "list_keys",
@@ -353,6 +360,9 @@ def test_answers_carry_every_field_the_document_requires(api_url, tenant_with_ca
         operator.update_tenant(made.tenant, state="suspended")
         operator.list_tenants(prefix=made.tenant)
         operator.get_tenant(made.tenant)
+        assert operator.retry_failed_jobs(tenant=made.tenant).count == 0
+        assert operator.discard_failed_jobs(reason="answers", tenant=made.tenant).job_ids == []
+        operator.reindex_progress()
         operator.delete_tenant(made.tenant)
     spec = app.openapi()
     templates = {
@@ -370,4 +380,4 @@ def test_answers_carry_every_field_the_document_requires(api_url, tenant_with_ca
             missing[f"{verb} {path}"] = lacking
         checked.add(operation["operationId"])
     assert not missing, missing
-    assert len(checked) >= 35, checked
+    assert len(checked) >= 38, checked

@@ -77,6 +77,8 @@ RESPONSES: list[tuple[type[BaseModel], str]] = [
     (more.DeliveryAttempt, "DeliveryAttempt"),
     (more.WebhookDelivery, "WebhookDeliveryOut"),
     (more.WebhookDeliveryPage, "WebhookDeliveryPage"),
+    (more.JobBulkResult, "JobBulkResult"),
+    (more.ReindexProgress, "ReindexProgress"),
 ]
 
 
