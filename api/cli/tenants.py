@@ -13,17 +13,17 @@ from __future__ import annotations
 import json
 import os
 import secrets
-import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import click
-from engram_client import EngramClient, EngramConnectionError, EngramError
+from engram_client import EngramClient
 
 from api.cli import _set_home
 from api.cli.memory import emit
+from api.cli.ops import _call
 
 QUOTA_FLAGS = (
     ("--max-memories", "max_memories"),
@@ -101,14 +101,6 @@ def _in_process(operator_key: str | None) -> Iterator[Any]:
             yield client
 
 
-def _call(client: Any, method: str, path: str, **kwargs: Any) -> Any:
-    try:
-        return client.request(method, path, **kwargs)
-    except EngramConnectionError as exc:
-        raise click.ClickException(exc.message) from None
-    except EngramError as exc:
-        click.echo(json.dumps({"error": exc.error}), err=True)
-        sys.exit(1)
 
 
 def _row(tenant: dict[str, Any]) -> dict[str, Any]:
