@@ -48,7 +48,7 @@ def warm_embedding_path(**_: object) -> None:
     single_threaded_native_pools()
     import core.embeddings.refresh  # noqa: F401
     import core.embeddings.similarity  # noqa: F401
-    from core.embeddings.chaos import embedder_for_settings
+    from core.embeddings.factory import embedder_for_settings
 
     try:
         embedder_for_settings().warm()

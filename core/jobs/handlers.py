@@ -27,7 +27,7 @@ def run_embed(session: Session, job: Job) -> dict[str, Any]:
 
 def run_embeds(session: Session, jobs: Sequence[Job]) -> dict[str, Any]:
     """Embed the docs of these jobs (one tenant, one model: core.jobs.batches) together."""
-    from core.embeddings.chaos import embedder_for_settings
+    from core.embeddings.factory import embedder_for_settings
     from core.embeddings.refresh import embed_docs
 
     tenant_id = jobs[0].tenant_id

@@ -239,14 +239,14 @@ def test_a_batch_failing_for_good_ends_only_the_job_that_failed(
     """Three saves' jobs run as one batch and the provider refuses one doc: the failure would end a job for
     good (an error retrying cannot fix, or its last attempt), so the jobs run again one by one in the same
     attempt; the refused one fails alone, its batch-mates are embedded and succeed."""
-    import core.embeddings.chaos as chaos
+    import core.embeddings.factory as factory
     from core.db import system_session
     from core.jobs.models import Job
     from core.jobs.runner import run_jobs
 
-    configured = chaos.embedder_for_settings
+    configured = factory.embedder_for_settings
     monkeypatch.setattr(
-        chaos,
+        factory,
         "embedder_for_settings",
         lambda model=None: _RefusingProvider(configured(model), marker="REFUSED", retryable=retryable),
     )
