@@ -194,7 +194,7 @@ def embedding_copy_rows(
     decimal literal per float, which is most of the load time of a large corpus when formatted in Python.
     """
     from core.embeddings.wire import vector_records
-    from core.search.render import content_hash
+    from core.entities.render import content_hash
 
     head = struct.pack(">hiq", 7, 8, tenant_id)
     model_field = _copy_field(model.encode())

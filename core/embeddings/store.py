@@ -14,9 +14,9 @@ from sqlalchemy import and_, delete, func, literal, select
 from sqlalchemy.orm import Session
 
 from core.embeddings.store_models import Embedding
+from core.entities.render import content_hash
 from core.memories.models import Memory
 from core.refs import MEMORY_PREFIX
-from core.search.render import content_hash
 
 
 def _memory_hash_sql() -> Any:

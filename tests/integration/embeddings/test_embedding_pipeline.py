@@ -225,8 +225,8 @@ def test_bulk_upsert_stores_exact_vectors_and_moves_stats_once(client, tenant):
     from core.db import tenant_session
     from core.embeddings.providers import get_embedder
     from core.embeddings.refresh import embed_docs
+    from core.entities.render import content_hash
     from core.refs import memory_ref as memory_doc_id
-    from core.search.render import content_hash
 
     embedder = get_embedder("local")
     contents = [f"the {word} table is refreshed nightly at {i} am" for i, word in enumerate(("orders", "users", "ä€"))]
