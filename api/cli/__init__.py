@@ -157,7 +157,7 @@ def beat(home: str | None) -> None:
 def migrate(home: str | None) -> None:
     """Apply database migrations."""
     _set_home(home)
-    from core.runtime import database_session_for_cli
+    from api.cli.database import database_session_for_cli
 
     with database_session_for_cli():
         from core.migrate import upgrade

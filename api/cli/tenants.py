@@ -84,10 +84,10 @@ def operator_client(*, url: str | None, operator_key: str | None, home: str | No
 @contextmanager
 def _in_process(operator_key: str | None) -> Iterator[Any]:
     """engram's routes in this process, on the configured or the home's database, with an operator key."""
+    from api.cli.database import database_session_for_cli
     from api.client.local import LOCAL_URL, InProcessTransport
     from api.client.sync import EngramClient
     from core.config import reset_settings_cache
-    from core.runtime import database_session_for_cli
 
     if not os.environ.get("ENGRAM_OPERATOR_KEY"):
         # This process's own key: the routes admit the operator by comparing with the setting.

@@ -46,9 +46,10 @@ def _api_key(api_key: str | None) -> str:
 
 def run_stdio(*, agent_id: str | None, persona: str | None) -> None:
     """Serve MCP on stdin/stdout against the storage directly, until the client closes the stream."""
+    from api.cli.database import database_session_for_cli
     from api.client.base import EngramAPIError
     from api.client.local import LocalEngramClient
-    from core.runtime import ServiceNotRunning, database_session_for_cli
+    from core.runtime import ServiceNotRunning
 
     api_key = _api_key(None)
     with contextlib.ExitStack() as stack:
