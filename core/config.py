@@ -51,7 +51,7 @@ class Settings(BaseSettings):
 
     # Secret used to encrypt datasource credentials at rest (Fernet key, urlsafe base64).
     secret_key: str = ""
-    # Which datasources this process may open (core.entities.source_guard): "hosted" refuses loopback,
+    # Which datasources this process may open (core.source_guard): "hosted" refuses loopback,
     # private, link-local, CGNAT, multicast and metadata addresses and needs sqlite_roots for SQLite;
     # "local" (what `engram serve` sets) allows them. Empty: the mode of a running `engram serve` on this
     # home, else hosted. Engram's own database is refused in both.

@@ -61,7 +61,7 @@ def api(host: str | None, port: int | None, workers: int | None, migrate: bool, 
 
     settings = get_settings()
     configure_logging(process="api")
-    from core.entities.source_guard import describe_policy
+    from core.source_guard import describe_policy
 
     logging.getLogger("engram.api").info("%s", describe_policy())  # what tenants may connect to
     if migrate:

@@ -167,7 +167,7 @@ def serve(*, host: str, port: int, home: Path) -> None:
             embedded.append(redis_server)
             redis_url = redis_server.start()
         operator_key, new_operator_key = _operator_key(settings)
-        from core.entities.source_guard import describe_policy, serve_policy
+        from core.source_guard import describe_policy, serve_policy
 
         os.environ.update(
             ENGRAM_DATABASE_URL=database_url,
@@ -192,7 +192,7 @@ def serve(*, host: str, port: int, home: Path) -> None:
                 "database_url": database_url,
                 "redis_url": redis_url,
                 "api_url": api_url,
-                # Other commands on this home (core.entities.source_guard.policy) judge sources as serve does.
+                # Other commands on this home (core.source_guard.policy) judge sources as serve does.
                 "datasource_policy": serve_policy(),
             },
             home,

@@ -12,8 +12,8 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.orm import Session
 
 from core.changes import bump_change_seq
+from core.crypto import decrypt_url, encrypt_url, redact_url
 from core.entities.cascade import CascadeResult, Removal, remove_entities
-from core.entities.crypto import decrypt_url, encrypt_url, redact_url
 from core.entities.models import (
     CatalogAggregation,
     CatalogColumn,

@@ -30,8 +30,8 @@ from standardwebhooks.webhooks import Webhook as Signer
 
 from core.audit.service import Actor, record
 from core.config import Settings, get_settings
+from core.crypto import decrypt_secret
 from core.db import scope_to_tenant
-from core.entities.crypto import decrypt_secret
 from core.jobs.models import Job
 from core.jobs.service import PermanentJobError, enqueue
 from core.webhooks.models import WebhookDelivery
