@@ -118,7 +118,7 @@ def eval_retrieval(file: str, limit: int, form: str, as_json: bool) -> None:
 def bench_ingest(rows: int, pg_url: str, as_json: bool) -> None:
     """Time ingest + profiling of a generated table in SQLite and PostgreSQL (the job's code path)."""
     from core.bench import figure
-    from core.entities.bench import run_ingest_bench
+    from core.bench.ingest import run_ingest_bench
 
     emit_figures(run_ingest_bench(rows=rows, pg_url=pg_url, figure=figure), as_json=as_json)
 
