@@ -14,12 +14,12 @@ import core.schema  # noqa: F401 - every table known to the ORM
 from core.config import get_settings
 from core.db import system_session
 from core.jobs.models import JOB_KINDS
-from core.jobs.runner import run_jobs
 from core.jobs.service import jobs_to_redispatch, set_job_queue
 from core.logging import REQUEST_ID
 from core.native import single_threaded_blas
 from workers.celery_app import app
 from workers.queue import REQUEST_ID_HEADER, RUN_JOB_TASK, CeleryJobQueue, job_task_name
+from workers.runner import run_jobs
 
 log = logging.getLogger(__name__)
 # Jobs that workers enqueue (ingest queues sample refresh, reconcile re-dispatches) are published

@@ -1,4 +1,4 @@
-"""Catalog job handlers: ingest, refresh_samples, ingest_cleanup (named in core.jobs.handlers.HANDLERS).
+"""Catalog job handlers: ingest, refresh_samples, ingest_cleanup (named in workers.handlers.HANDLERS).
 
 A missing datasource, one this server refuses to open, or one that cannot be reached (missing SQLite file,
 refused connection, bad credentials) fails the job at once and changes nothing: the contract says such an

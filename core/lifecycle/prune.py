@@ -117,7 +117,7 @@ def run_prune(session: Session, *, settings: Settings) -> dict[str, Any]:
 
 
 def run_prune_job(session: Session, job: Job) -> dict[str, Any]:
-    """The `prune` job handler (registered in core.jobs.handlers)."""
+    """The `prune` job handler (registered in workers.handlers)."""
     from core.config import get_settings
 
     return run_prune(session, settings=get_settings())

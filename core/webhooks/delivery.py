@@ -259,7 +259,7 @@ def deliver_due(session: Session, *, tenant_id: int, webhook_id: str, settings: 
 
 
 def run_webhook_job(session: Session, job: Job) -> dict[str, Any]:
-    """The `webhook` job handler (registered in core.jobs.handlers)."""
+    """The `webhook` job handler (registered in workers.handlers)."""
     webhook_id = job.payload.get("webhook_id")
     if job.tenant_id is None or not isinstance(webhook_id, str):
         raise PermanentJobError("webhook job without a tenant or a webhook_id")

@@ -16,7 +16,7 @@ def _run_pending_jobs(tenant_id: int) -> int:
     """Run the tenant's queued jobs in-process, as a worker would (used where no worker is needed)."""
     from core.db import system_session
     from core.jobs.models import Job
-    from core.jobs.runner import run_job
+    from workers.runner import run_job
 
     with system_session() as session:
         ids = session.scalars(select(Job.id).where(Job.tenant_id == tenant_id, Job.state == "queued")).all()
@@ -296,7 +296,7 @@ def test_concurrent_jobs_superseding_the_same_memories_both_succeed(client, tena
 
     from core.db import system_session, tenant_session
     from core.jobs.models import Job
-    from core.jobs.runner import run_job
+    from workers.runner import run_job
     from core.memories.models import Association, Memory
 
     base = [f"{table} rows are archived after {n} days" for n, table in enumerate(("orders", "refunds", "carts"))]
