@@ -120,7 +120,7 @@ def save_memories(
     if limit is not None:
         _hold_to_quota(planned, limit=limit, count=count)
     valid = [p for p in planned if p.error is None]
-    # Which saves were upserts of existing memories (core.audit.trail tells memory.updated from .created).
+    # Which saves were upserts of existing memories (core.memories.trail tells memory.updated from .created).
     session.info["memories_upserted"] = {p.item.id for p in valid if p.existing is not None}
     if valid:
         _write(session, caller, valid)

@@ -124,7 +124,7 @@ def test_a_tenant_reads_only_its_own_entries(client, make_tenant):
 
 
 def test_a_rolled_back_change_leaves_no_entry(client, tenant):
-    from core.audit import trail
+    from core.memories import trail
     from core.memories.schemas import SaveMemoryIn
     from core.memories.service import save_memory
     from core.tenancy.service import authenticate
