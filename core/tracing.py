@@ -16,15 +16,20 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import Any
 
 from opentelemetry import context as otel_context
 from opentelemetry import propagate, trace
 
-from core.logging import current_request_id
-
+# The request a log line or a job belongs to (set per API request and per job; core.logging logs it).
+REQUEST_ID: ContextVar[str | None] = ContextVar("engram_request_id", default=None)
 _provider: Any = None  # the SDK TracerProvider once configured; the SDK is imported only then
 _sql_listeners: list[tuple[str, Any]] = []
+
+
+def current_request_id() -> str | None:
+    return REQUEST_ID.get()
 
 
 def tracing_enabled() -> bool:

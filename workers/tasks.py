@@ -15,8 +15,8 @@ from core.config import get_settings
 from core.db import system_session
 from core.jobs.models import JOB_KINDS
 from core.jobs.service import jobs_to_redispatch, set_job_queue
-from core.logging import REQUEST_ID
 from core.native import single_threaded_blas
+from core.tracing import REQUEST_ID
 from workers.celery_app import app
 from workers.queue import REQUEST_ID_HEADER, RUN_JOB_TASK, CeleryJobQueue, job_task_name
 from workers.runner import run_jobs
