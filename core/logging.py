@@ -19,6 +19,8 @@ from typing import TextIO
 from pythonjsonlogger.core import RESERVED_ATTRS
 from pythonjsonlogger.json import JsonFormatter
 
+from core.config import get_settings
+
 # The request id lives with the trace context (core.tracing), which carries both into jobs.
 from core.tracing import REQUEST_ID, current_trace_ids
 from core.tracing import current_request_id as current_request_id  # re-exported: api.client.local reads it here
@@ -124,7 +126,6 @@ def configure_logging(
     ``process`` names the emitter (api, worker, beat, cli) in each JSON line. Level and format come from the
     settings unless given.
     """
-    from core.config import get_settings
 
     settings = get_settings()
     for secret in (settings.operator_key, settings.secret_key):

@@ -27,6 +27,7 @@ from sqlalchemy.exc import ArgumentError
 
 from core.config import get_settings
 from core.errors import Invalid
+from core.runtime import ServiceNotRunning, read_runtime, resolve_database_url, resolve_redis_url
 
 HOSTED, LOCAL = "hosted", "local"
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
@@ -75,7 +76,6 @@ def policy() -> str:
     configured = get_settings().datasource_policy
     if configured:
         return configured
-    from core.runtime import read_runtime
 
     record = read_runtime()
     return LOCAL if record and record.get("datasource_policy") == LOCAL else HOSTED
@@ -229,7 +229,6 @@ class _Own:
 
 def _own_endpoints(resolve: Resolver) -> list[_Own]:
     """Engram's database and broker as this process reaches them (settings, else `engram serve`'s record)."""
-    from core.runtime import ServiceNotRunning, resolve_database_url, resolve_redis_url
 
     def app_database_url() -> str:  # the service's own role may reach the database another way (a pooler)
         return get_settings().app_database_url or resolve_database_url()

@@ -21,6 +21,10 @@ from typing import Any
 
 from opentelemetry import context as otel_context
 from opentelemetry import propagate, trace
+from sqlalchemy import event
+from sqlalchemy.engine import Engine
+
+from core.config import get_settings
 
 # The request a log line or a job belongs to (set per API request and per job; core.logging logs it).
 REQUEST_ID: ContextVar[str | None] = ContextVar("engram_request_id", default=None)
@@ -55,7 +59,6 @@ def configure_tracing(*, service: str, exporter: Any = None) -> bool:
     """Install the process's tracer provider if an endpoint is configured (or ``exporter`` is given, as tests
     do with the SDK's in-memory exporter); returns whether tracing is on. A later call only adds ``exporter``."""
     global _provider
-    from core.config import get_settings
 
     if _provider is not None:
         if exporter is not None:
@@ -87,8 +90,6 @@ def stop_tracing() -> None:
     global _provider
     if _provider is None:
         return
-    from sqlalchemy import event
-    from sqlalchemy.engine import Engine
 
     for name, listener in _sql_listeners:
         event.remove(Engine, name, listener)
@@ -139,8 +140,6 @@ def publishing_context(carrier: dict[str, Any] | None) -> Iterator[None]:
 
 def _instrument_sqlalchemy() -> None:
     """A client span per SQL statement, child of whatever span is current (request, job)."""
-    from sqlalchemy import event
-    from sqlalchemy.engine import Engine
 
     tracer = trace.get_tracer("engram.sqlalchemy")
 

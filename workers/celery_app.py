@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 from celery import Celery
 from celery.signals import setup_logging
 
@@ -58,7 +60,6 @@ def make_celery() -> Celery:
 @setup_logging.connect
 def _configure_logging(**_: object) -> None:
     """Celery leaves logging alone when this signal has a receiver: worker and beat log as the API does."""
-    import sys
 
     configure_logging(process="beat" if "beat" in sys.argv else "worker")
 

@@ -5,11 +5,14 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+import time
 
 from celery import Celery
 from sqlalchemy import select
 
+from core.db import system_session
 from core.jobs.batches import Message
+from core.jobs.models import Job
 from core.tracing import publishing_context
 
 log = logging.getLogger(__name__)
@@ -26,8 +29,6 @@ def job_task_name(kind: str) -> str:
 
 def _single_messages(job_ids: list[str]) -> list[Message]:
     """One message per job, with its kind (the task name) and stored request context, read in one query."""
-    from core.db import system_session
-    from core.jobs.models import Job
 
     with system_session() as session:
         rows = session.execute(select(Job.id, Job.kind, Job.payload["context"]).where(Job.id.in_(job_ids))).all()
@@ -94,7 +95,6 @@ class CeleryJobQueue:
 
     def drain(self, timeout: float = 5.0) -> None:
         """Wait until queued publications are attempted (tests, shutdown)."""
-        import time
 
         deadline = time.monotonic() + timeout
         while not self._pending.empty() and time.monotonic() < deadline:

@@ -19,6 +19,7 @@ from sqlalchemy import String, any_, bindparam, delete, select
 from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.orm import Session
 
+from core.embeddings import catalog_docs
 from core.embeddings.docs import Doc as Doc
 from core.embeddings.providers import Embedder, metered_tokens
 from core.embeddings.store_models import Embedding
@@ -79,7 +80,6 @@ def load_docs(session: Session, *, tenant_id: int, model: str, doc_ids: list[str
             with driver_connection(session).cursor(binary=True) as cursor:
                 params = {"tenant": tenant_id, "model": model, "ids": list(docs)}
                 current.update(cursor.execute(_CURRENT_HASHES, params).fetchall())
-    from core.embeddings import catalog_docs
 
     others = list(dict.fromkeys(d for d in doc_ids if not d.startswith(MEMORY_PREFIX)))
     catalog = catalog_docs.load(session, doc_ids=others) if others else []

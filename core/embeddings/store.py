@@ -13,6 +13,7 @@ from typing import Any
 from sqlalchemy import and_, delete, func, literal, select
 from sqlalchemy.orm import Session
 
+from core.embeddings import catalog_docs
 from core.embeddings.store_models import Embedding
 from core.entities.render import content_hash
 from core.memories.models import Memory
@@ -59,7 +60,6 @@ def memory_gaps(session: Session, *, model: str, limit: int) -> list[str]:
 
 def catalog_gaps(session: Session, *, model: str) -> list[str]:
     """Catalog doc ids (datasources, models, columns, ...) whose embedding is missing or stale."""
-    from core.embeddings import catalog_docs
 
     docs = catalog_docs.all_docs(session)
     if not docs:
@@ -83,7 +83,6 @@ def coverage(session: Session, *, configured_model: str) -> list[CoverageRow]:
     expected["memory"] = int(
         session.scalar(select(func.count()).select_from(Memory).where(_embeddable_memories())) or 0
     )
-    from core.embeddings import catalog_docs
 
     catalog = catalog_docs.all_docs(session)
     catalog_hashes = {d.canonical_id: content_hash(d.text) for d in catalog}

@@ -20,6 +20,7 @@ from core.entities.sources import SourceError, SourceRefused
 from core.errors import NotFound
 from core.jobs.models import Job
 from core.jobs.service import PermanentJobError
+from core.webhooks.service import emit
 
 
 def _datasource_of(session: Session, job: Job) -> tuple[int, str]:
@@ -49,7 +50,6 @@ def run_ingest_job(session: Session, job: Job) -> dict[str, Any]:
         raise PermanentJobError(exc.message) from None
     except SourceError as exc:
         raise PermanentJobError(f"source database: {exc}") from None
-    from core.webhooks.service import emit
 
     emit(session, tenant_id=tenant_id, type="ingest.succeeded", data={"job_id": job.id, "datasource": datasource})
     return result
