@@ -16,13 +16,16 @@ from typing import Any
 import click
 import sqlalchemy as sa
 
+import core.schema  # noqa: F401 - every table known to the ORM
 from core.config import get_settings, reset_settings_cache
-from core.db import dispose_engine, tenant_session
+from core.db import dispose_engine, system_session, tenant_session
 from core.embedded import EmbeddedPostgres
 from core.entities.ingest import run_ingest
 from core.entities.profiling import refresh_samples
 from core.entities.schemas import DatasourceIn
 from core.entities.service import create_datasource
+from core.migrate import upgrade
+from core.tenancy.service import create_tenant, get_tenant_by_name
 
 # (name, type, SQL over the row number i): nine categorical columns of growing cardinality (two past
 # the 50-value overflow), eleven numeric and temporal ones.
@@ -125,11 +128,6 @@ def _time_ingest(*, tenant_id: int, name: str, url: str, schema: str | None) -> 
 def run_ingest_bench(*, rows: int, pg_url: str, figure: Callable[..., dict[str, Any]]) -> list[dict[str, Any]]:
     figures = []
     with _engram_database():
-        import core.schema  # noqa: F401 - every table known to the ORM
-        from core.db import system_session
-        from core.migrate import upgrade
-        from core.tenancy.service import create_tenant, get_tenant_by_name
-
         upgrade()
         tenant_name = f"bench-ingest-{uuid.uuid4().hex[:8]}"
         with system_session() as session:

@@ -32,6 +32,7 @@ from core.bench.search import percentile
 from core.bench.stack import api_server, bench_stack
 from core.config import get_settings
 from core.db import system_session
+from core.embedded import free_port
 from core.refs import memory_ref
 from core.tenancy.service import create_tenant, get_tenant_by_name
 
@@ -185,8 +186,6 @@ def run(
 ) -> list[dict[str, Any]]:
     """Figures p50/p95/p99 per mode (warm), cold_p95_ms, cold_share, first_question_p95_ms, rss_mb and
     open_files, params tenants."""
-    from core.embedded import free_port
-
     figures: list[dict[str, Any]] = []
     with bench_stack() as stack:
         specs = build(tenants=tenants, large_size=large_size, seed=seed, log=log)

@@ -19,9 +19,11 @@ from sqlalchemy import String, any_, bindparam, delete, select
 from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.orm import Session
 
+from core.config import get_settings
 from core.embeddings import catalog_docs
 from core.embeddings.docs import Doc as Doc
 from core.embeddings.providers import Embedder, metered_tokens
+from core.embeddings.similarity import plan_links
 from core.embeddings.store_models import Embedding
 from core.embeddings.wire import VectorArray, driver_connection, vector_cursor
 from core.entities.render import content_hash, render_memory
@@ -177,9 +179,6 @@ def embed_docs(
     }
     plan = None
     if link_similar and new_memory_vectors:
-        from core.config import get_settings
-        from core.embeddings.similarity import plan_links
-
         settings = get_settings()
         plan = plan_links(
             session,
