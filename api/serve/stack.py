@@ -8,9 +8,12 @@ embedded servers; every child also dies with this process (PDEATHSIG) if it is k
 
 from __future__ import annotations
 
+import errno
+import json
 import os
 import secrets
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -23,7 +26,9 @@ import click
 
 from api.serve.supervise import die_with_parent
 from core.config import Settings, get_settings, reset_settings_cache
-from core.runtime import engram_command
+from core.db import system_session
+from core.runtime import clear_runtime, engram_command, read_runtime, write_runtime
+from core.tenancy.service import create_tenant, get_tenant_by_name
 
 
 @dataclass
@@ -71,8 +76,6 @@ def _bootstrap_default_tenant(home: Path) -> str | None:
     marker = home / ".default-tenant"
     if marker.exists():
         return None
-    from core.db import system_session
-    from core.tenancy.service import create_tenant, get_tenant_by_name
 
     with system_session() as session:
         key = None if get_tenant_by_name(session, name="default") else create_tenant(session, name="default").api_key
@@ -98,8 +101,6 @@ def _wait_http(url: str, *, timeout: float, children: list[Child]) -> bool:
 
 def ensure_port_free(host: str, port: int) -> None:
     """Fail at once, before anything starts or is printed, when another process holds the API's port."""
-    import errno
-    import socket
 
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     with socket.socket(family, socket.SOCK_STREAM) as probe:
@@ -114,7 +115,6 @@ def ensure_port_free(host: str, port: int) -> None:
 
 def _cause(log_path: Path) -> str:
     """The ": <message>" of the last error a child logged (its lines are JSON, core.logging), or nothing."""
-    import json
 
     try:
         lines = log_path.read_text(errors="replace").splitlines()[-200:]
@@ -137,7 +137,6 @@ def serve(*, host: str, port: int, home: Path) -> None:
     os.environ["ENGRAM_HOME"] = str(home)
     reset_settings_cache()
     settings = get_settings()
-    from core.runtime import clear_runtime, read_runtime, write_runtime
 
     if read_runtime(home) is not None:
         raise click.ClickException(f"engram serve is already running on {home} (see {home / 'runtime.json'})")
