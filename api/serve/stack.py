@@ -23,11 +23,16 @@ from pathlib import Path
 from typing import Any
 
 import click
+import httpx
+from cryptography.fernet import Fernet
 
 from api.serve.supervise import die_with_parent
 from core.config import Settings, get_settings, reset_settings_cache
-from core.db import system_session
+from core.db import dispose_engine, system_session
+from core.embedded import EmbeddedPostgres, EmbeddedRedis
+from core.migrate import upgrade
 from core.runtime import clear_runtime, engram_command, read_runtime, write_runtime
+from core.source_guard import describe_policy, serve_policy
 from core.tenancy.service import create_tenant, get_tenant_by_name
 
 
@@ -64,8 +69,6 @@ def _secret_key(settings: Settings) -> str:
         return settings.secret_key
     path = settings.home / "secret_key"
     if not path.exists():
-        from cryptography.fernet import Fernet
-
         path.write_text(Fernet.generate_key().decode())
         path.chmod(0o600)
     return path.read_text().strip()
@@ -84,8 +87,6 @@ def _bootstrap_default_tenant(home: Path) -> str | None:
 
 
 def _wait_http(url: str, *, timeout: float, children: list[Child]) -> bool:
-    import httpx
-
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if any(c.process is not None and c.process.poll() is not None for c in children if c.name == "api"):
@@ -154,20 +155,14 @@ def serve(*, host: str, port: int, home: Path) -> None:
     try:
         database_url, redis_url = settings.database_url, settings.redis_url
         if not database_url:
-            from core.embedded import EmbeddedPostgres
-
             pg = EmbeddedPostgres.for_home(home)
             embedded.append(pg)
             database_url = pg.start()
         if not redis_url:
-            from core.embedded import EmbeddedRedis
-
             redis_server = EmbeddedRedis(data_dir=home / "redis")
             embedded.append(redis_server)
             redis_url = redis_server.start()
         operator_key, new_operator_key = _operator_key(settings)
-        from core.source_guard import describe_policy, serve_policy
-
         os.environ.update(
             ENGRAM_DATABASE_URL=database_url,
             ENGRAM_REDIS_URL=redis_url,
@@ -176,13 +171,9 @@ def serve(*, host: str, port: int, home: Path) -> None:
             ENGRAM_DATASOURCE_POLICY=serve_policy(),
         )
         reset_settings_cache()
-        from core.migrate import upgrade
-
         upgrade()
         admin_key = _bootstrap_default_tenant(home)
         # This process also answers nothing as the owner: no connection opened to migrate stays open.
-        from core.db import dispose_engine
-
         dispose_engine()
         api_url = f"http://{host}:{port}"
         write_runtime(
