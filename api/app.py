@@ -117,6 +117,7 @@ def create_app(*, install_queue: bool = False) -> FastAPI:
     # request never waits on the broker. `install_queue` also publishes from this process, for setups
     # without a worker relay (the in-process client, MCP over stdio).
     if install_queue:
+        # Deferred: api.broker loads Celery, which only an app that publishes its own jobs needs.
         from api.broker import install_job_queue
 
         install_job_queue()

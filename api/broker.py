@@ -27,6 +27,8 @@ def ping_broker() -> None:
 
 def install_job_queue() -> None:
     """Route committed outbox jobs of this process to Celery."""
+    # Deferred: importing workers.celery_app builds the Celery app from the broker URL, which raises
+    # ServiceNotRunning where none is configured; only processes that publish jobs need it.
     from workers.celery_app import app
 
     with _lock:

@@ -47,6 +47,8 @@ def _otlp_exporter(endpoint_setting: str) -> Any:
     from_env = os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") or os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT")
     if not endpoint_setting and not from_env:
         return None
+    # Deferred: the exporter (protobuf, requests) loads only when an endpoint is configured; off, the start
+    # path of every process imports OpenTelemetry's no-op API alone.
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
     if endpoint_setting:
@@ -62,6 +64,7 @@ def configure_tracing(*, service: str, exporter: Any = None) -> bool:
 
     if _provider is not None:
         if exporter is not None:
+            # Deferred: the SDK loads only once tracing is on (see the module docstring).
             from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 
             _provider.add_span_processor(SimpleSpanProcessor(exporter))
@@ -69,6 +72,7 @@ def configure_tracing(*, service: str, exporter: Any = None) -> bool:
     otlp = None if exporter is not None else _otlp_exporter(get_settings().otlp_endpoint)
     if exporter is None and otlp is None:
         return False
+    # Deferred: the SDK loads only once tracing is on (see the module docstring).
     from opentelemetry.sdk.resources import Resource
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor

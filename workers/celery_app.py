@@ -67,6 +67,7 @@ def _configure_logging(**_: object) -> None:
 def instrument_celery() -> None:
     """Trace task publishing and execution when tracing is on (the context travels in message headers)."""
     if configure_tracing(service="worker"):
+        # Deferred: the Celery instrumentation loads only when tracing is on.
         from opentelemetry.instrumentation.celery import CeleryInstrumentor
 
         instrumentor = CeleryInstrumentor()

@@ -63,6 +63,7 @@ def _checks() -> dict[str, str]:
     except Exception as exc:
         checks["database"] = f"unavailable: {type(exc).__name__}"
     try:
+        # Deferred: api.broker loads Celery, needed only when readiness checks the broker.
         from api.broker import ping_broker
 
         ping_broker()

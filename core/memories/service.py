@@ -426,6 +426,8 @@ def forget_memory(
         session, tenant_id=caller.tenant_id, memory_id=memory_id, change_seq=change_seq, changed_by=caller.user
     )
     if purge:
+        # Upward import (embeddings sit above memories), listed in the layers contract's ignore_imports until
+        # the embeddings table moves below the domains that delete its rows.
         from core.embeddings.store_models import Embedding
 
         doc_id = memory_ref(memory_id)
