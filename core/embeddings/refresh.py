@@ -24,13 +24,13 @@ from core.embeddings import catalog_docs
 from core.embeddings.docs import Doc as Doc
 from core.embeddings.providers import Embedder, metered_tokens
 from core.embeddings.similarity import plan_links
-from core.embeddings.store_models import Embedding
 from core.embeddings.wire import VectorArray, driver_connection, vector_cursor
 from core.entities.render import content_hash, render_memory
 from core.memories.models import Memory
 from core.metrics import EMBEDDED_TEXTS, EMBEDDING_CALLS, EMBEDDING_FAILURES
 from core.refs import MEMORY_PREFIX
 from core.tenancy.usage import embedding_allowance, next_day_start, record_embedding
+from core.vectors import Embedding
 
 if TYPE_CHECKING:
     from core.embeddings.similarity import LinkPlan

@@ -14,10 +14,10 @@ from sqlalchemy import and_, delete, func, literal, select
 from sqlalchemy.orm import Session
 
 from core.embeddings import catalog_docs
-from core.embeddings.store_models import Embedding
 from core.entities.render import content_hash
 from core.memories.models import Memory
 from core.refs import MEMORY_PREFIX
+from core.vectors import Embedding
 
 
 def _memory_hash_sql() -> Any:

@@ -34,6 +34,7 @@ from core.refs import MEMORY_PREFIX, memory_ref
 from core.tenancy.context import Caller
 from core.tenancy.quotas import exceeded, memory_quota
 from core.tracing import job_context
+from core.vectors import Embedding
 
 
 @dataclass
@@ -426,10 +427,6 @@ def forget_memory(
         session, tenant_id=caller.tenant_id, memory_id=memory_id, change_seq=change_seq, changed_by=caller.user
     )
     if purge:
-        # Upward import (embeddings sit above memories), listed in the layers contract's ignore_imports until
-        # the embeddings table moves below the domains that delete its rows.
-        from core.embeddings.store_models import Embedding
-
         doc_id = memory_ref(memory_id)
         session.execute(delete(Embedding).where(Embedding.canonical_id == doc_id))
         session.execute(delete(MemoryVersion).where(MemoryVersion.memory_id == memory_id))
