@@ -28,7 +28,7 @@ from core.entities.store import touch_catalog
 from core.errors import Conflict, NotFound
 from core.jobs.service import enqueue
 from core.memories.models import Memory
-from core.memories.service import memories_to_dicts
+from core.memories.views import memories_to_dicts
 from core.memories.visibility import visible_clause
 from core.tenancy.context import Caller
 from core.tenancy.quotas import check_datasource_quota
