@@ -179,6 +179,13 @@ class Job(_Out):
     tenant: str | None = None
     started_at: datetime | None = None
     finished_at: datetime | None = None
+    # An operator's discard or cancel: {"by", "reason", "at", "from_state"} (the job is failed).
+    abandoned: dict[str, Any] | None = None
+
+
+class JobBulkResult(_Out):
+    count: int
+    job_ids: list[str]
 
 
 class JobPage(_Out):
@@ -200,6 +207,9 @@ class CoverageRow(_Out):
     indexed: int
     expected: int
     ratio: float
+    waiting: str | None = Field(
+        default=None, description="why embedding waits, when it does (a spent daily quota, a suspended tenant)"
+    )
 
 
 class ModelInspection(_Out):

@@ -208,6 +208,23 @@ class Settings(BaseSettings):
     api_drain_seconds: float = 6.0
     api_shutdown_timeout_seconds: int = 30
 
+    # Fair job scheduling (core.jobs.relay, core.jobs.lanes). An embed job of at most this many docs queued by
+    # a write is interactive (its own queue and worker process); everything else is bulk.
+    interactive_max_docs: int = 1
+    # Jobs the relays keep published but unfinished per lane, over the cluster. The relay claims round-robin
+    # over tenants whenever a slot frees, so another tenant's new job waits behind at most this many; set it
+    # to about twice the lane's worker slots (all bulk workers' concurrency) so no slot idles between jobs.
+    relay_bulk_inflight: int = 6
+    relay_interactive_inflight: int = 200
+    # Ingest and sample-refresh jobs of one tenant running at once (a slow source holds at most this many).
+    tenant_ingest_concurrency: int = 1
+    tenant_refresh_concurrency: int = 1
+    # Threads of the interactive worker process that `engram worker` starts next to the bulk one.
+    worker_interactive_concurrency: int = 1
+    # Background reindexing after a model change (core.embeddings.reindex): texts a second its jobs may
+    # carry, averaged over 10 s (0: as fast as the bulk lane goes). A provider's rate limit belongs here.
+    reindex_max_texts_per_second: float = 0.0
+
     @property
     def index_dir(self) -> Path:
         return self.home / "index"

@@ -10,8 +10,10 @@ import time
 from celery import Celery
 from sqlalchemy import select
 
+from core.config import get_settings
 from core.db import system_session
 from core.jobs.batches import Message
+from core.jobs.lanes import lane_of, queue_for
 from core.jobs.models import Job
 from core.tracing import publishing_context
 
@@ -29,15 +31,22 @@ def job_task_name(kind: str) -> str:
 
 def _single_messages(job_ids: list[str]) -> list[Message]:
     """One message per job, with its kind (the task name) and stored request context, read in one query."""
-
+    max_docs = get_settings().interactive_max_docs
     with system_session() as session:
-        rows = session.execute(select(Job.id, Job.kind, Job.payload["context"]).where(Job.id.in_(job_ids))).all()
-    found = {job_id: (kind, context if isinstance(context, dict) else None) for job_id, kind, context in rows}
+        rows = session.execute(select(Job.id, Job.kind, Job.payload).where(Job.id.in_(job_ids))).all()
+    found = {
+        job_id: (
+            kind,
+            context if isinstance(context := (payload or {}).get("context"), dict) else None,
+            lane_of(kind, payload, interactive_max_docs=max_docs),
+        )
+        for job_id, kind, payload in rows
+    }
     messages = []
     for job_id in job_ids:
         # A row not (yet) visible goes under the generic name; the worker skips it if it never lands.
-        kind, context = found.get(job_id, ("", None))
-        messages.append(Message(kind=kind, job_ids=(job_id,), context=context))
+        kind, context, lane = found.get(job_id, ("", None, "bulk"))
+        messages.append(Message(kind=kind, job_ids=(job_id,), context=context, lane=lane))
     return messages
 
 
@@ -75,6 +84,7 @@ class CeleryJobQueue:
                         name,
                         args=[argument],
                         producer=producer,
+                        queue=queue_for(message.lane),
                         retry=False,
                         headers={REQUEST_ID_HEADER: request_id} if request_id else None,
                     )

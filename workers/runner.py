@@ -48,6 +48,9 @@ _CLAIM = text(
     "  OR (state = 'running' AND updated_at <= :lease_cutoff))"
     f" RETURNING {HEAD_COLUMNS}, attempts"
 )
+# A finished attempt frees its lane's slot: the relays (core.jobs.relay) are told at commit, so they refill
+# the queue at once instead of at their next poll.
+_FREED = text("SELECT pg_notify('engram_jobs', 'freed')")
 # A heartbeat renews only the attempts it started (same state and attempt number).
 _RENEW = text(
     "UPDATE jobs SET updated_at = :now FROM unnest(CAST(:ids AS text[]), CAST(:attempts AS integer[])) AS a(id, n)"
@@ -184,6 +187,7 @@ def _run_batch(batch: list[_Claimed], policy: _Policy) -> dict[str, RunOutcome]:
                 job.result = result if len(jobs) == 1 else {**(result or {}), "batch_jobs": len(jobs)}
                 job.error = None
                 job.finished_at = job.updated_at = finished
+            session.execute(_FREED)
         return {job.id: RunOutcome(state="succeeded", attempts=job.attempts) for job in batch}
     except Exception as exc:
         if len(batch) > 1 and any(_ends_here(job, exc, policy.max_attempts) for job in batch):
@@ -256,6 +260,7 @@ def _record_failure(batch: list[_Claimed], exc: Exception, policy: _Policy) -> d
             )
             if final and recorded.rowcount == 1 and job.head.tenant_id is not None:  # tell the tenant's webhooks
                 emit_job_failed(session, tenant_id=job.head.tenant_id, job_id=job.id, kind=kind, error=error)
+            session.execute(_FREED)
             outcomes[job.id] = RunOutcome(
                 state="failed" if final else "retry",
                 attempts=job.attempts,

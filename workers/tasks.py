@@ -18,7 +18,7 @@ from core.embeddings.hnsw import ensure_hnsw_indexes
 from core.embeddings.providers import get_embedder
 from core.embeddings.reconcile import reconcile_embeddings
 from core.jobs.models import JOB_KINDS
-from core.jobs.relay import OutboxRelay
+from core.jobs.relay import OutboxRelay, RelayLimits
 from core.jobs.service import jobs_to_redispatch, set_job_queue
 from core.lifecycle.prune import enqueue_prune
 from core.native import single_threaded_blas
@@ -30,9 +30,9 @@ from workers.queue import REQUEST_ID_HEADER, RUN_JOB_TASK, CeleryJobQueue, job_t
 from workers.runner import run_jobs
 
 log = logging.getLogger(__name__)
-# Jobs that workers enqueue (ingest queues sample refresh, reconcile re-dispatches) are published
-# synchronously: a worker has no request latency to protect.
-set_job_queue(CeleryJobQueue(app, background=False))
+# Jobs that workers enqueue (split chunks, ingest's sample refresh, reconcile's gaps) are left to the relay
+# like every other: publishing them here would put them in the queue past the fair claim (core.jobs.relay).
+set_job_queue(None)
 
 
 def single_threaded_native_pools() -> None:
@@ -72,6 +72,7 @@ def start_outbox_relay(**_: object) -> None:
         publish=CeleryJobQueue(app, background=False).publish,
         linger=settings.outbox_linger_seconds,
         max_docs=max(1, settings.embed_job_max_docs),
+        limits=RelayLimits.from_settings(),
     ).start()
 
 

@@ -93,8 +93,17 @@ def api(host: str | None, port: int | None, workers: int | None, migrate: bool, 
 
 
 @main.command()
-@click.option("--concurrency", default=2, type=int, show_default=True)
+@click.option("--concurrency", default=2, type=int, show_default=True, help="threads of the bulk worker")
 @click.option("--pool", default="threads", type=click.Choice(["threads", "prefork", "solo"]), show_default=True)
+@click.option(
+    "--queues",
+    "lanes",
+    default="all",
+    type=click.Choice(["all", "interactive", "bulk"]),
+    show_default=True,
+    help="which lane's queue to consume; `all` runs a process per lane (supervised) so fresh saves never "
+    "wait behind bulk work",
+)
 @click.option(
     "--supervise/--no-supervise",
     default=True,
@@ -102,20 +111,35 @@ def api(host: str | None, port: int | None, workers: int | None, migrate: bool, 
     help="run Celery in a child process and restart it if it dies (a broker outage can end it)",
 )
 @home_option
-def worker(concurrency: int, pool: str, supervise: bool, home: str | None) -> None:
-    """Run one Celery worker."""
+def worker(concurrency: int, pool: str, lanes: str, supervise: bool, home: str | None) -> None:
+    """Run the Celery worker (a process per lane: interactive and bulk)."""
     _set_home(home)
+    from core.config import get_settings
+    from core.jobs.lanes import QUEUES
+
     if supervise:
-        from api.serve.supervise import run_supervised
+        from api.serve.supervise import run_supervised_group
         from core.runtime import engram_command
 
-        argv = [*engram_command(), "worker", f"--concurrency={concurrency}", f"--pool={pool}"]
-        sys.exit(run_supervised("worker", [*argv, "--no-supervise", *(["--home", home] if home else [])]))
-    from core.config import get_settings
+        def argv(lane: str, threads: int) -> list[str]:
+            return [
+                *engram_command(), "worker", f"--concurrency={threads}", f"--pool={pool}",
+                f"--queues={lane}", "--no-supervise", *(["--home", home] if home else []),
+            ]  # fmt: skip
+
+        interactive = max(1, get_settings().worker_interactive_concurrency)
+        children = {
+            "interactive": {"worker-interactive": argv("interactive", interactive)},
+            "bulk": {"worker-bulk": argv("bulk", concurrency)},
+            "all": {"worker-interactive": argv("interactive", interactive), "worker-bulk": argv("bulk", concurrency)},
+        }[lanes]
+        sys.exit(run_supervised_group(children))
     from workers.celery_app import app
 
-    argv = [f"--loglevel={get_settings().log_level.upper()}", f"--concurrency={concurrency}", f"--pool={pool}"]
-    sys.exit(run_celery(app, ["worker", *argv, "-Q", "engram"]))
+    queues = ",".join(QUEUES.values()) if lanes == "all" else QUEUES[lanes]  # type: ignore[index]
+    # Two processes of one machine need their own node names, or Celery warns of a clash.
+    options = [f"--loglevel={get_settings().log_level.upper()}", f"--concurrency={concurrency}", f"--pool={pool}"]
+    sys.exit(run_celery(app, ["worker", *options, "-Q", queues, "-n", f"{lanes}@%h"]))
 
 
 def run_celery(app: Any, argv: list[str]) -> int:

@@ -146,6 +146,21 @@ def bench_embed(memories: int, batch_size: int, port: int, model: str | None, as
     emit_figures(run(memories=memories, batch_size=batch_size, port=port or free_port()), as_json=as_json)
 
 
+@bench.command("fairness")
+@click.option("--backlog", default=40_000, show_default=True, help="memories tenant A imports in batches of 1,000")
+@click.option("--interval", default=1.0, show_default=True, help="seconds between tenant B's single saves")
+@click.option("--operator-tenants", default=1000, show_default=True, help="tenants added for the operator's coverage")
+@click.option("--port", default=0, type=int, help="API port (default: a free one)")
+@json_option
+def bench_fairness(backlog: int, interval: float, operator_tenants: int, port: int, as_json: bool) -> None:
+    """Tenant B's fresh saves (wait for their vectors) while tenant A's import drains; coverage meanwhile."""
+    from core.bench.fairness import run
+    from core.embedded import free_port
+
+    figures = run(backlog=backlog, interval=interval, port=port or free_port(), operator_tenants=operator_tenants)
+    emit_figures(figures, as_json=as_json)
+
+
 @bench.command("tenants")
 @click.option("--tenants", default=1_000, show_default=True, help="tenants to create (one in 100 is large)")
 @click.option("--searches", default=5_000, show_default=True, help="HTTP searches, Zipf-skewed over tenants")

@@ -20,13 +20,13 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Body, Request
 from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, RedirectResponse, Response
 
 from api.auth import bearer_token, is_operator_key
 from api.dashboard import workers as dashboard_workers
-from api.routes.jobs import retry_as
-from api.routes.ops import coverage_rows
+from api.routes.jobs import abandon_as, discard_failed_as, retry_as, retry_failed_as
+from api.routes.ops import coverage_rows, reindex_progress, set_reindex_paused
 from core.config import get_settings
 from core.db import system_session
 from core.errors import BadRequest, Forbidden, Invalid, NotFound, Unauthorized
@@ -276,3 +276,44 @@ def api_throughput(request: Request) -> dict[str, Any]:
 def api_retry(job_id: str, request: Request) -> JSONResponse:
     require_operator(request, changes_state=True)
     return retry_as(job_id=job_id, scope=None)
+
+
+# Operator actions: the REST calls' own code, with the dashboard's session (and its CSRF header) instead of
+# the key; who did it is "dashboard" unless the form names someone.
+@router.post("/api/jobs:retry", include_in_schema=False)
+def api_retry_failed(request: Request, body: Any = Body(default=None)) -> JSONResponse:
+    require_operator(request, changes_state=True)
+    return JSONResponse(retry_failed_as(body), status_code=202)
+
+
+@router.post("/api/jobs:discard", include_in_schema=False)
+def api_discard_failed(request: Request, body: Any = Body(default=None)) -> dict[str, Any]:
+    require_operator(request, changes_state=True)
+    return discard_failed_as(body, by="dashboard")
+
+
+@router.post("/api/jobs/{job_id}/discard", include_in_schema=False)
+def api_discard(job_id: str, request: Request, body: Any = Body(default=None)) -> dict[str, Any]:
+    require_operator(request, changes_state=True)
+    return abandon_as(job_id, body, cancel=False, by="dashboard")
+
+
+@router.post("/api/jobs/{job_id}/cancel", include_in_schema=False)
+def api_cancel(job_id: str, request: Request, body: Any = Body(default=None)) -> dict[str, Any]:
+    require_operator(request, changes_state=True)
+    return abandon_as(job_id, body, cancel=True, by="dashboard")
+
+
+@router.get("/api/reindex", include_in_schema=False)
+def api_reindex(request: Request) -> dict[str, Any]:
+    """The configured model's background reindex: state, done / remaining / ETA, the tenants left."""
+    require_operator(request)
+    return reindex_progress()
+
+
+@router.post("/api/reindex:{action}", include_in_schema=False)
+def api_reindex_action(action: str, request: Request, body: Any = Body(default=None)) -> dict[str, Any]:
+    require_operator(request, changes_state=True)
+    if action not in ("pause", "resume"):
+        raise NotFound("no such action")
+    return set_reindex_paused(body, paused=action == "pause", by="dashboard")

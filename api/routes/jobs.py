@@ -11,13 +11,13 @@ from fastapi.responses import JSONResponse
 
 from api.auth import bearer_token, caller_from_request, is_operator_key
 from api.openapi import BEARER, JobIdPath, Query, operation
-from api.schemas import Job, JobPage
+from api.schemas import Job, JobBulkResult, JobPage
 from core.audit.service import Actor, record
 from core.config import get_settings
 from core.db import system_session
 from core.entities.schemas import NoOptionsIn
 from core.errors import Forbidden
-from core.jobs import queries
+from core.jobs import operations, queries
 from core.jobs.models import JOB_KINDS, JOB_STATES
 from core.jobs.service import get_job
 from core.memories.schemas import parse_model
@@ -119,3 +119,124 @@ def retry_job(job_id: JobIdPath, request: Request, body: Any = Body(default=None
     if caller is not None and not caller.is_admin:
         raise Forbidden("retrying a job needs an admin key")
     return retry_as(job_id=job_id, scope=scope, caller=caller)
+
+
+# Operator actions (the operator key; the dashboard has the same buttons).
+
+
+def _operator_only(request: Request) -> None:
+    if tenant_scope(request) is not None:
+        raise Forbidden("this needs the operator key")
+
+
+def _tenant_of(session: Any, name: str | None) -> int | None:
+    from core.errors import Invalid, NotFound
+
+    if name is None:
+        return None
+    try:
+        return queries.tenant_id_by_name(session, name=name)
+    except NotFound:
+        raise Invalid(f"no tenant named {name!r}", field="tenant") from None
+
+
+def retry_failed_as(body: Any) -> dict[str, Any]:
+    """Retry every failed job of a filter (this route and the dashboard share it)."""
+    filters = parse_model(operations.JobFilterIn, {} if body is None else body)
+    with system_session() as session:
+        ids = operations.retry_failed(session, filters=filters, tenant_id=_tenant_of(session, filters.tenant))
+    return {"count": len(ids), "job_ids": ids}
+
+
+def discard_failed_as(body: Any, *, by: str | None = None) -> dict[str, Any]:
+    filters = parse_model(operations.DiscardIn, body)
+    if by is not None and filters.by is None:
+        filters = filters.model_copy(update={"by": by})
+    with system_session() as session:
+        ids = operations.discard_failed(session, filters=filters, tenant_id=_tenant_of(session, filters.tenant))
+    return {"count": len(ids), "job_ids": ids}
+
+
+def abandon_as(job_id: str, body: Any, *, cancel: bool, by: str | None = None) -> dict[str, Any]:
+    """Discard one failed job, or cancel one queued job; the job as it is now."""
+    parsed = parse_model(operations.AbandonIn, body)
+    if by is not None and parsed.by is None:
+        parsed = parsed.model_copy(update={"by": by})
+    with system_session() as session:
+        act = operations.cancel if cancel else operations.discard
+        job = act(session, job_id=job_id, body=parsed)
+        names = queries.tenant_names(session, {job.tenant_id})
+        return queries.job_view(job, tenant_name=names.get(job.tenant_id) if job.tenant_id else None)
+
+
+_FILTER_EXAMPLE = {"kind": "embed", "tenant": "acme", "error_contains": "503"}
+
+
+@router.post(
+    "/jobs:retry",
+    status_code=202,
+    **operation(
+        summary="Retry failed jobs",
+        body=operations.JobFilterIn,
+        body_required=False,
+        example=_FILTER_EXAMPLE,
+        response=JobBulkResult,
+        status=202,
+        errors=(403, 422),
+    ),
+)
+def retry_failed_jobs(request: Request, body: Any = Body(default=None)) -> JSONResponse:
+    """Queue again every failed job of the filter (operator key): kind, tenant, a substring of the error,
+    or ids; discarded jobs are left alone. At most 10,000 a call; the answer says which."""
+    _operator_only(request)
+    return JSONResponse(retry_failed_as(body), status_code=202)
+
+
+@router.post(
+    "/jobs:discard",
+    **operation(
+        summary="Discard failed jobs",
+        body=operations.DiscardIn,
+        example={**_FILTER_EXAMPLE, "reason": "the source was retired", "by": "ops@example.com"},
+        response=JobBulkResult,
+        errors=(403, 422),
+    ),
+)
+def discard_failed_jobs(request: Request, body: Any = Body(default=None)) -> dict[str, Any]:
+    """Mark every failed job of the filter abandoned, with who and why (operator key): they stay failed, off
+    the dashboard's failures and out of later bulk retries."""
+    _operator_only(request)
+    return discard_failed_as(body)
+
+
+@router.post(
+    "/jobs/{job_id}/discard",
+    **operation(
+        summary="Discard a failed job",
+        body=operations.AbandonIn,
+        example={"reason": "duplicate of a later import"},
+        response=Job,
+        errors=(403, 404, 409, 422),
+    ),
+)
+def discard_job(job_id: JobIdPath, request: Request, body: Any = Body(default=None)) -> dict[str, Any]:
+    """Mark one failed job abandoned, with who and why (operator key); 409 if it is not failed."""
+    _operator_only(request)
+    return abandon_as(job_id, body, cancel=False)
+
+
+@router.post(
+    "/jobs/{job_id}/cancel",
+    **operation(
+        summary="Cancel a queued job",
+        body=operations.AbandonIn,
+        example={"reason": "the tenant asked to stop the import"},
+        response=Job,
+        errors=(403, 404, 409, 422),
+    ),
+)
+def cancel_job(job_id: JobIdPath, request: Request, body: Any = Body(default=None)) -> dict[str, Any]:
+    """End a queued job without running it (operator key): it becomes failed, abandoned, its error naming
+    who cancelled it and why. 409 for a running or finished job."""
+    _operator_only(request)
+    return abandon_as(job_id, body, cancel=True)

@@ -52,6 +52,28 @@ class DatabaseCollector(Collector):
             "engram_embed_job_texts", "Texts embedded by embed jobs across all workers", value=embed["embedded_texts"]
         )
         yield from _coverage_metrics(cached_coverage())
+        yield from _reindex_metrics()
+
+
+def _reindex_metrics() -> Iterator[Metric]:
+    """The configured model's reindex: memories done and remaining, the rate, and whether it is paused."""
+    from api.routes.ops import reindex_progress
+
+    body = reindex_progress()
+    docs = GaugeMetricFamily(
+        "engram_reindex_memories", "Memories embedded (done) and not yet (remaining) with the configured model",
+        labels=["model", "state"],
+    )
+    docs.add_metric([body["model"], "done"], body["done"])
+    docs.add_metric([body["model"], "remaining"], body["remaining"])
+    yield docs
+    yield GaugeMetricFamily(
+        "engram_reindex_rate", "Texts a second the reindex jobs embedded over the last minute",
+        value=body["rate_per_s"],
+    )
+    yield GaugeMetricFamily(
+        "engram_reindex_paused", "1 while an operator has paused the reindex", value=int(body["state"] == "paused")
+    )
 
 
 def _queue_metrics(rows: Iterable[tuple[str, str, int, float | None]]) -> Iterator[Metric]:
@@ -84,16 +106,27 @@ def _duration_metric(rows: Iterable[tuple[str, str, list[int], int, float]]) -> 
 
 
 def _coverage_metrics(rows: list[dict[str, Any]]) -> Iterator[Metric]:
-    labels = ["tenant", "doc_kind", "model"]
+    """Coverage summed over tenants by doc kind and model, and how many tenants are not fully covered. No
+    tenant label: thousands of tenants would make thousands of series (per tenant: GET /v1/ops/coverage)."""
+    labels = ["doc_kind", "model"]
     ratio = GaugeMetricFamily("engram_embedding_coverage_ratio", "Docs with a current embedding / docs", labels=labels)
     indexed = GaugeMetricFamily("engram_embedding_indexed_docs", "Docs with a current embedding", labels=labels)
     expected = GaugeMetricFamily("engram_embedding_expected_docs", "Docs that should have an embedding", labels=labels)
+    behind = GaugeMetricFamily(
+        "engram_embedding_tenants_behind", "Tenants whose coverage is below 1.0", labels=labels
+    )
+    totals: dict[tuple[str, str], list[int]] = {}
     for row in rows:
-        key = [row["tenant"], row["doc_kind"], row["model"]]
-        ratio.add_metric(key, row["ratio"])
-        indexed.add_metric(key, row["indexed"])
-        expected.add_metric(key, row["expected"])
-    yield from (ratio, indexed, expected)
+        total = totals.setdefault((row["doc_kind"], row["model"]), [0, 0, 0])
+        total[0] += row["indexed"]
+        total[1] += row["expected"]
+        total[2] += row["ratio"] < 1.0
+    for key, (done, wanted, lagging) in sorted(totals.items()):
+        ratio.add_metric(list(key), 1.0 if wanted == 0 else min(1.0, done / wanted))
+        indexed.add_metric(list(key), done)
+        expected.add_metric(list(key), wanted)
+        behind.add_metric(list(key), lagging)
+    yield from (ratio, indexed, expected, behind)
 
 
 class ProcessCollector(Collector):

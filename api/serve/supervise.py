@@ -12,8 +12,9 @@ from __future__ import annotations
 import ctypes
 import signal
 import subprocess
+import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from types import FrameType
 
 import click
@@ -38,30 +39,53 @@ def run_supervised(name: str, argv: Sequence[str]) -> int:
     SIGTERM and SIGINT are passed on to the child (a Celery worker then finishes its tasks first). If this
     process is killed outright, the child is killed too (SIGKILL), exactly as if it had been the one killed.
     """
-    stopping = False
-    child: subprocess.Popen[bytes] | None = None
+    return run_supervised_group({name: argv})
+
+
+def run_supervised_group(children: Mapping[str, Sequence[str]]) -> int:
+    """Run every child of ``children`` (name -> argv) as :func:`run_supervised` runs one, side by side.
+
+    A child that exits cleanly is not restarted; one that gives up (too many restarts a minute) stops the
+    others, and its code is returned. SIGTERM and SIGINT go to every running child.
+    """
+    stopping = threading.Event()
+    running: dict[str, subprocess.Popen[bytes]] = {}
+    codes: dict[str, int] = {}
 
     def forward(signum: int, frame: FrameType | None) -> None:
-        nonlocal stopping
-        stopping = True
-        if child is not None and child.poll() is None:
-            child.send_signal(signum)
+        stopping.set()
+        for child in list(running.values()):
+            if child.poll() is None:
+                child.send_signal(signum)
+
+    def keep(name: str, argv: Sequence[str]) -> None:
+        restarts: list[float] = []
+        while True:
+            child = subprocess.Popen(list(argv), preexec_fn=die_with_parent(signal.SIGKILL))
+            running[name] = child
+            if stopping.is_set():  # asked to stop while it was starting
+                child.terminate()
+            code = child.wait()
+            if stopping.is_set() or code == 0:
+                codes[name] = code
+                return
+            now = time.monotonic()
+            restarts = [t for t in restarts if now - t < 60] + [now]
+            if len(restarts) > RESTARTS_PER_MINUTE:
+                click.echo(f"{name} exited with {code} {len(restarts)} times in a minute; giving up", err=True)
+                codes[name] = code
+                forward(signal.SIGTERM, None)
+                return
+            delay = min(2.0 ** (len(restarts) - 1), 10.0)
+            click.echo(f"{name} exited with {code}; restarting in {delay:.0f} s", err=True)
+            stopping.wait(delay)
 
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, forward)
-    restarts: list[float] = []
-    while True:
-        child = subprocess.Popen(list(argv), preexec_fn=die_with_parent(signal.SIGKILL))
-        if stopping:  # asked to stop while it was starting
-            child.terminate()
-        code = child.wait()
-        if stopping or code == 0:
-            return code
-        now = time.monotonic()
-        restarts = [t for t in restarts if now - t < 60] + [now]
-        if len(restarts) > RESTARTS_PER_MINUTE:
-            click.echo(f"{name} exited with {code} {len(restarts)} times in a minute; giving up", err=True)
-            return code
-        delay = min(2.0 ** (len(restarts) - 1), 10.0)
-        click.echo(f"{name} exited with {code}; restarting in {delay:.0f} s", err=True)
-        time.sleep(delay)
+    threads = [threading.Thread(target=keep, args=item, name=f"supervise-{item[0]}") for item in children.items()]
+    for thread in threads:
+        thread.start()
+    while any(thread.is_alive() for thread in threads):
+        for thread in threads:  # joined in slices: signals are handled in this (the main) thread
+            thread.join(timeout=0.5)
+    return next((code for code in codes.values() if code != 0), 0)

@@ -64,7 +64,8 @@ def run(*, memories: int, batch_size: int, port: int) -> list[dict[str, Any]]:
         started_wall: float | None = None
         try:
             deadline = time.monotonic() + 60
-            while b"ready." not in (stack.home / "worker.log").read_bytes():
+            # `engram worker` runs a Celery process per lane: both are ready when "ready." shows twice.
+            while (stack.home / "worker.log").read_bytes().count(b"ready.") < 2:
                 if worker.poll() is not None or time.monotonic() > deadline:
                     raise RuntimeError("worker did not start")
                 time.sleep(0.1)

@@ -12,6 +12,9 @@ from __future__ import annotations
 from sqlalchemy import select, update
 
 from core.db import scope_to_tenant, system_session
+from core.embeddings.coverage import fold_deltas, set_exact_count
+from core.embeddings.reindex import REASON as REINDEX
+from core.embeddings.reindex import tenants_with_other_models
 from core.embeddings.store import catalog_gaps, drop_other_models, memory_gaps
 from core.jobs.models import Job
 from core.jobs.service import enqueue
@@ -45,6 +48,9 @@ def reconcile_embeddings(*, model: str) -> dict[int, int]:
                 select(Job.tenant_id).where(Job.kind == "embed", Job.state.in_(("queued", "running"))).distinct()
             ).all()
         )
+    with system_session() as session:
+        fold_deltas(session)
+        reindexing = tenants_with_other_models(session, model=model)
     queued: dict[int, int] = {}
     for tenant_id, change_seq in tenants:
         if tenant_id in busy or tenant_id in spent:
@@ -57,16 +63,27 @@ def reconcile_embeddings(*, model: str) -> dict[int, int]:
                     session,
                     tenant_id=tenant_id,
                     kind="embed",
-                    payload={"doc_ids": gaps[start : start + GAP_JOB_SIZE], "model": model, "reason": "reconcile"},
+                    payload={
+                        "doc_ids": gaps[start : start + GAP_JOB_SIZE],
+                        "model": model,
+                        # A tenant still on another model's vectors is being reindexed (paused, throttled).
+                        "reason": REINDEX if tenant_id in reindexing else "reconcile",
+                    },
                 )
             if not gaps:
-                drop_other_models(session, tenant_id=tenant_id, keep_model=model)
                 # change_seq was read before the check: a write committed meanwhile is checked next time.
+                # (The tenant row first, as every write of the tenant's data takes it first.)
                 session.execute(
                     update(Tenant)
                     .where(Tenant.id == tenant_id)
                     .values(embeddings_checked_seq=change_seq, embeddings_checked_model=model)
                 )
+                drop_other_models(session, tenant_id=tenant_id, keep_model=model)
+        if not gaps:
+            # Converged: its coverage count is set from the rows (see core.embeddings.coverage).
+            with system_session() as session:
+                scope_to_tenant(session, tenant_id)
+                set_exact_count(session, tenant_id=tenant_id, model=model)
         if gaps:
             queued[tenant_id] = len(gaps)
     return queued

@@ -74,38 +74,31 @@ def catalog_gaps(session: Session, *, model: str) -> list[str]:
     return [d.canonical_id for d in docs if current.get(d.canonical_id) != content_hash(d.text)]
 
 
-def coverage(session: Session, *, configured_model: str) -> list[CoverageRow]:
+def coverage(
+    session: Session, *, configured_model: str, memory_counts: tuple[int, int] | None = None
+) -> list[CoverageRow]:
     """One row per doc kind for the configured model: rows up to date with the docs' current text, over docs
     expected. A retired model's vectors may still serve search while the configured one converges
     (:func:`serving_model`), but they are not what coverage measures; reconcile deletes them once the
-    configured model covers the tenant."""
-    expected: dict[str, int] = defaultdict(int)
-    expected["memory"] = int(
-        session.scalar(select(func.count()).select_from(Memory).where(_embeddable_memories())) or 0
-    )
+    configured model covers the tenant.
 
+    Memories are counted from the counters the writes keep (core.embeddings.coverage); `memory_counts`
+    (indexed, expected) passes them in when the caller read many tenants' at once. The catalog, small by
+    nature, is rendered and hashed here."""
+    from core.embeddings import catalog_docs
+    from core.embeddings.coverage import memory_counts as read_memory_counts
+
+    if memory_counts is None:
+        tenant_id = session.info.get("tenant_id")  # the session's tenant (scope_to_tenant, tenant_session)
+        found = read_memory_counts(session, model=configured_model, tenant_ids=[int(tenant_id)] if tenant_id else None)
+        memory_counts = found.get(int(tenant_id), (0, 0)) if tenant_id else next(iter(found.values()), (0, 0))
+    expected: dict[str, int] = defaultdict(int)
+    indexed: dict[tuple[str, str], int] = defaultdict(int)
+    indexed[("memory", configured_model)], expected["memory"] = memory_counts
     catalog = catalog_docs.all_docs(session)
     catalog_hashes = {d.canonical_id: content_hash(d.text) for d in catalog}
     for doc in catalog:
         expected[doc.doc_kind] += 1
-    models = {configured_model}
-    indexed: dict[tuple[str, str], int] = defaultdict(int)
-    memory_rows = session.execute(
-        select(Embedding.model, func.count())
-        .join(
-            Memory,
-            and_(
-                Memory.tenant_id == Embedding.tenant_id,
-                Embedding.canonical_id == literal(MEMORY_PREFIX) + Memory.id,
-            ),
-        )
-        .where(
-            _embeddable_memories(), Embedding.content_hash == _memory_hash_sql(), Embedding.model == configured_model
-        )
-        .group_by(Embedding.model)
-    ).all()
-    for model, count in memory_rows:
-        indexed[("memory", model)] = int(count)
     if catalog_hashes:
         rows = session.execute(
             select(Embedding.model, Embedding.doc_kind, Embedding.canonical_id, Embedding.content_hash).where(
@@ -117,9 +110,13 @@ def coverage(session: Session, *, configured_model: str) -> list[CoverageRow]:
                 indexed[(kind, model)] += 1
     kinds = sorted(set(expected) | {k for k, _ in indexed})
     return [
-        CoverageRow(doc_kind=kind, model=model, indexed=indexed.get((kind, model), 0), expected=expected.get(kind, 0))
+        CoverageRow(
+            doc_kind=kind,
+            model=configured_model,
+            indexed=indexed.get((kind, configured_model), 0),
+            expected=expected.get(kind, 0),
+        )
         for kind in kinds
-        for model in sorted(models)
     ]
 
 

@@ -44,11 +44,12 @@ def batch_key(head: JobHead) -> Hashable | None:
 @dataclass(frozen=True)
 class Message:
     """One message to the workers: jobs of one kind, and the stored request context of its first job (its
-    request id and trace go with the message)."""
+    request id and trace go with the message), in a lane (core.jobs.lanes: the queue it goes to)."""
 
     kind: str
     job_ids: tuple[str, ...]
     context: dict[str, Any] | None = None
+    lane: str = "bulk"
 
 
 def plan_messages(heads: Iterable[tuple[JobHead, dict[str, Any] | None]], *, max_docs: int) -> list[Message]:

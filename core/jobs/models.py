@@ -36,6 +36,9 @@ class Job(Base):
     # One {"attempt", "error", "at"} per failed attempt, oldest first; `error` is the last of them.
     attempt_errors: Mapped[list[dict[str, Any]]] = mapped_column(JSONB, default=list, server_default="[]")
     result: Mapped[dict[str, Any] | None] = mapped_column(JSONB, nullable=True)
+    # Set when an operator discarded (failed) or cancelled (queued) the job: {"by", "reason", "at",
+    # "from_state"}; the job is then failed and off the failure lists. A retry clears it.
+    abandoned: Mapped[dict[str, Any] | None] = mapped_column(JSONB, nullable=True)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
     updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
     dispatched_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)

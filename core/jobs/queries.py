@@ -228,7 +228,7 @@ def summary(session: Session, *, scope: int | None) -> dict[str, Any]:
         group(tenant_id, kind)[f"{state}_last_hour"] = int(count)
     failed = session.scalars(
         select(Job)
-        .where(*_tenant_filter(scope), Job.state == "failed")
+        .where(*_tenant_filter(scope), Job.state == "failed", Job.abandoned.is_(None))
         .order_by(Job.updated_at.desc(), Job.id)
         .limit(FAILED_SHOWN)
     ).all()

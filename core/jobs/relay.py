@@ -1,70 +1,233 @@
-"""The outbox relay: hands committed job rows to the queue, woken by PostgreSQL notifications.
+"""The outbox relay: hands committed job rows to the queues, fairly across tenants.
 
-Writers (the API) only commit job rows; an AFTER INSERT trigger on `jobs` sends NOTIFY engram_jobs. Each
-relay (one per worker process) LISTENs, claims undispatched rows with SKIP LOCKED (so two relays never
-publish the same row), and publishes them. A row it cannot publish (broker down) is released and tried
-again a second later; the write that made it never waited on the broker at all.
+Writers (the API) only commit job rows; an AFTER INSERT trigger on `jobs` sends NOTIFY engram_jobs, and so
+does every finished job (workers.runner). Each relay (one per worker process) LISTENs and, per lane
+(core.jobs.lanes), keeps at most a lane's in-flight limit of jobs published but unfinished over the whole
+cluster. Whenever a slot frees it claims undispatched rows **round-robin over tenants** (each tenant's
+oldest job first, then each one's second, ...), so one tenant's backlog stays in PostgreSQL, where the next
+tenant's fresh job can pass it, instead of in a Redis list it would have to wait through. The jobs table
+stays the only source of truth: Redis holds no more than the in-flight few.
 
-Jobs claimed together that may run together (core.jobs.batches) go out as one message. While writes keep
-coming, the relay lets them gather for ``linger`` seconds after each round that published something: a
-lone save is published at once, a stream of them in a few messages a second instead of one per save.
+Claims are serialised by a transaction-level advisory lock per lane (the in-flight count and the claim must
+not interleave between relays); SKIP LOCKED still keeps a claim from waiting on rows a runner holds. A row
+the relay cannot publish (broker down) is released and tried again a second later; a relay killed between
+its claim and its publish leaves rows stamped ``dispatched_at``, which reconcile re-queues after
+``outbox_redispatch_seconds`` (they count as in flight until then).
+
+Jobs claimed together that may run together (core.jobs.batches) go out as one message. After a round that
+published interactive work the relay lets fresh saves gather for ``linger`` seconds before it claims that
+lane again: a lone save goes out at once, a stream of them in a few messages a second. Bulk refills never
+linger: they follow the finished jobs that free their slots.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 
 import psycopg
 from sqlalchemy import text
 
 from core.db import system_connection
 from core.jobs.batches import HEAD_COLUMNS, JobHead, Message, plan_messages
+from core.jobs.lanes import LANES, Lane, lane_sql
+from core.jobs.reindex_gate import WINDOW_USED_SQL, is_reindex_sql, paused_reindex_condition, reindex_budget
 
 log = logging.getLogger(__name__)
 CHANNEL = "engram_jobs"
 _BATCH = 500
-
-# The claimed rows come back with what grouping and publishing need (the kind names the task, the stored
-# request context its headers), so a round costs one statement.
-_CLAIM = text(
-    "UPDATE jobs SET dispatched_at = now() WHERE id IN ("
-    " SELECT id FROM jobs WHERE state = 'queued' AND dispatched_at IS NULL"
-    f" ORDER BY created_at LIMIT :n FOR UPDATE SKIP LOCKED) RETURNING {HEAD_COLUMNS}, payload -> 'context', created_at"
-)
-_RELEASE = text("UPDATE jobs SET dispatched_at = NULL WHERE id = ANY(:ids) AND state = 'queued'")
+# Advisory lock keys of the claims (one per lane), in a key space of their own.
+_CLAIM_LOCK_SPACE = 0x6A6F6273
+_CLAIM_LOCK = {"interactive": 1, "bulk": 2}
 Publish = Callable[[list[Message]], None]
 
+# A job whose message is out (or which runs): it takes a lane's slot. A retry waiting out its backoff
+# (dispatched_at in the future) takes none until it is due. One whose message looks lost (dispatched longer
+# ago than reconcile's re-dispatch age, :stale_s) or whose worker looks dead (lease lapsed, :lease_s) takes
+# none either: reconcile queues it again, and until then it must not hold a slot (nor, without a beat, for
+# ever).
+IN_FLIGHT = (
+    "((state = 'running' AND updated_at > now() - make_interval(secs => :lease_s))"
+    " OR (state = 'queued' AND dispatched_at <= now()"
+    " AND dispatched_at > now() - make_interval(secs => :stale_s)))"
+)
 
-def relay_once(publish: Publish, *, max_docs: int = 100) -> int:
-    """Claim and publish every undispatched queued job; returns how many jobs were published."""
-    total = 0
-    while True:
-        with system_connection() as connection:
-            rows = connection.execute(_CLAIM, {"n": _BATCH}).all()
-        if not rows:
-            return total
-        rows = sorted(rows, key=lambda row: row[6])
-        heads = [(JobHead(*row[:5]), row[5] if isinstance(row[5], dict) else None) for row in rows]
-        try:
-            publish(plan_messages(heads, max_docs=max_docs))
-        except Exception:
-            with system_connection() as connection:
-                connection.execute(_RELEASE, {"ids": [row[0] for row in rows]})
-            raise
-        total += len(rows)
+
+@dataclass(frozen=True)
+class RelayLimits:
+    """How much of each lane may be in flight, which jobs are interactive, and per-tenant caps by kind."""
+
+    interactive_inflight: int = 200
+    bulk_inflight: int = 6
+    interactive_max_docs: int = 1
+    tenant_kind_caps: dict[str, int] = field(default_factory=lambda: {"ingest": 1, "refresh_samples": 1})
+    # Texts the reindex jobs dispatched in the last 10 s may carry (None: unthrottled).
+    reindex_budget: int | None = None
+    # When a published job's message counts as lost, and a running job's worker as dead (the settings
+    # reconcile uses): such jobs hold no slot.
+    stale_after_s: float = 30.0
+    lease_s: float = 20.0
+
+    @classmethod
+    def from_settings(cls) -> RelayLimits:
+        from core.config import get_settings
+
+        s = get_settings()
+        return cls(
+            reindex_budget=reindex_budget(s.reindex_max_texts_per_second),
+            stale_after_s=s.outbox_redispatch_seconds,
+            lease_s=s.job_running_lease_seconds,
+            interactive_inflight=max(1, s.relay_interactive_inflight),
+            bulk_inflight=max(1, s.relay_bulk_inflight),
+            interactive_max_docs=s.interactive_max_docs,
+            tenant_kind_caps={
+                "ingest": max(1, s.tenant_ingest_concurrency),
+                "refresh_samples": max(1, s.tenant_refresh_concurrency),
+            },
+        )
+
+    def inflight(self, lane: Lane) -> int:
+        return self.interactive_inflight if lane == "interactive" else self.bulk_inflight
+
+
+def claimable_tenants_condition() -> str:
+    """Which tenants' jobs may be claimed at all, as a condition on ``j`` (a ``jobs`` row): system jobs, and
+    the jobs of active tenants. A suspended tenant's jobs wait, queued, until it is resumed; an offboarded
+    tenant's wait for its purge, which removes them."""
+    return "(j.tenant_id IS NULL OR j.tenant_id IN (SELECT t.id FROM tenants AS t WHERE t.state = 'active'))"
+
+
+def claim_statement(caps: dict[str, int]) -> str:
+    """The claim of one lane: up to ``:n`` undispatched jobs, round-robin over tenants.
+
+    ``turn`` ranks each tenant's undispatched jobs by age; the claim takes every tenant's first turn before
+    anyone's second; a reindex job waits while its reindex is paused or throttled (core.embeddings.reindex).
+    Kinds with a per-tenant cap (ingest, sample refresh) are taken only while the tenant's
+    running and published jobs of that kind, plus the ones claimed before them in this round, stay within
+    it. The claimed rows come back with what grouping and publishing need (the kind names the task, the
+    stored request context its headers) and their turn, which orders the messages.
+    """
+    capped = ", ".join(f"'{kind}'" for kind in sorted(caps)) or "''"
+    cap_of = " ".join(f"WHEN '{kind}' THEN {int(cap)}" for kind, cap in sorted(caps.items()))
+    cap_case = f"CASE r.kind {cap_of} END" if caps else "NULL"
+    docs = "CASE WHEN jsonb_typeof(j.payload -> 'doc_ids') = 'array' THEN jsonb_array_length(j.payload -> 'doc_ids')"
+    return f"""
+    WITH ranked AS (
+        SELECT j.id, j.tenant_id, j.kind, j.created_at,
+               row_number() OVER (PARTITION BY j.tenant_id ORDER BY j.created_at, j.id) AS turn,
+               row_number() OVER (PARTITION BY j.tenant_id, j.kind ORDER BY j.created_at, j.id) AS kind_turn,
+               {is_reindex_sql("j")} AS reindex, coalesce({docs} END, 1) AS docs
+        FROM jobs AS j
+        WHERE j.state = 'queued' AND j.dispatched_at IS NULL AND {lane_sql()} = :lane
+          AND {claimable_tenants_condition()}
+          AND NOT {paused_reindex_condition()}
+    ), ordered AS (
+        -- The reindex texts claimed before each row in claim order: the throttle's running total.
+        SELECT r.*, sum(CASE WHEN r.reindex THEN r.docs ELSE 0 END)
+                    OVER (ORDER BY r.turn, r.created_at, r.id) AS reindex_docs
+        FROM ranked AS r
+    ), busy AS (
+        SELECT tenant_id, kind, count(*) AS n FROM jobs
+        WHERE kind IN ({capped}) AND {IN_FLIGHT}
+        GROUP BY tenant_id, kind
+    ), chosen AS (
+        SELECT r.id AS chosen_id, r.turn AS chosen_turn FROM ordered AS r
+        LEFT JOIN busy AS b ON b.tenant_id IS NOT DISTINCT FROM r.tenant_id AND b.kind = r.kind
+        WHERE (r.kind NOT IN ({capped}) OR r.kind_turn + coalesce(b.n, 0) <= {cap_case})
+          -- A reindex job starts while the window's budget is not spent before it.
+          AND (NOT r.reindex OR CAST(:reindex_budget AS bigint) IS NULL
+               OR {WINDOW_USED_SQL} + r.reindex_docs - r.docs < CAST(:reindex_budget AS bigint))
+        ORDER BY r.turn, r.created_at, r.id
+        LIMIT :n
+    ), locked AS (
+        SELECT j.id FROM jobs AS j
+        WHERE j.id IN (SELECT chosen_id FROM chosen) AND j.state = 'queued' AND j.dispatched_at IS NULL
+        FOR UPDATE SKIP LOCKED
+    )
+    UPDATE jobs SET dispatched_at = now()
+    FROM chosen
+    WHERE jobs.id = chosen.chosen_id AND jobs.id IN (SELECT id FROM locked)
+    RETURNING {HEAD_COLUMNS}, payload -> 'context', chosen.chosen_turn, created_at
+    """
+
+
+_IN_FLIGHT_COUNT = f"SELECT count(*) FROM jobs WHERE {IN_FLIGHT} AND {lane_sql()} = :lane"
+_RELEASE = text("UPDATE jobs SET dispatched_at = NULL WHERE id = ANY(:ids) AND state = 'queued'")
+
+
+def claim_lane(lane: Lane, *, limits: RelayLimits, most: int = _BATCH) -> list[tuple[JobHead, dict | None, int]]:
+    """Claim (commit ``dispatched_at``) up to the lane's free slots, at most ``most``; returns each claimed
+    job's head, stored request context and turn, in the order their messages should go out."""
+    claim = text(claim_statement(limits.tenant_kind_caps))
+    params = {
+        "lane": lane,
+        "interactive_max_docs": limits.interactive_max_docs,
+        "reindex_budget": limits.reindex_budget,
+        "stale_s": limits.stale_after_s,
+        "lease_s": limits.lease_s,
+    }
+    with system_connection() as connection:
+        connection.execute(
+            text("SELECT pg_advisory_xact_lock(:space, :key)"), {"space": _CLAIM_LOCK_SPACE, "key": _CLAIM_LOCK[lane]}
+        )
+        busy = int(connection.execute(text(_IN_FLIGHT_COUNT), params).scalar_one())
+        free = min(limits.inflight(lane) - busy, most)
+        if free <= 0:
+            return []
+        rows = connection.execute(claim, {**params, "n": free}).all()
+    rows = sorted(rows, key=lambda row: (row[6], row[7]))
+    return [(JobHead(*row[:5]), row[5] if isinstance(row[5], dict) else None, int(row[6])) for row in rows]
+
+
+def relay_once(
+    publish: Publish,
+    *,
+    max_docs: int = 100,
+    limits: RelayLimits | None = None,
+    lanes: Sequence[Lane] = LANES,
+) -> dict[Lane, int]:
+    """Claim and publish, per lane, as many undispatched jobs as its free slots allow; returns how many jobs
+    each lane published."""
+    limits = limits or RelayLimits.from_settings()
+    published: dict[Lane, int] = {}
+    for lane in lanes:
+        while True:
+            claimed = claim_lane(lane, limits=limits)
+            if not claimed:
+                break
+            try:
+                messages = plan_messages([(head, context) for head, context, _ in claimed], max_docs=max_docs)
+                publish([Message(kind=m.kind, job_ids=m.job_ids, context=m.context, lane=lane) for m in messages])
+            except Exception:
+                with system_connection() as connection:
+                    connection.execute(_RELEASE, {"ids": [head.id for head, _, _ in claimed]})
+                raise
+            published[lane] = published.get(lane, 0) + len(claimed)
+    return published
 
 
 class OutboxRelay:
-    """A daemon thread running relay_once whenever a job is committed (and every `interval` seconds)."""
+    """A daemon thread running relay_once whenever a job is committed or finished (and every `interval`)."""
 
-    def __init__(self, *, dsn: str, publish: Publish, interval: float = 1.0, linger: float = 0.0, max_docs: int = 100):
+    def __init__(
+        self,
+        *,
+        dsn: str,
+        publish: Publish,
+        interval: float = 1.0,
+        linger: float = 0.0,
+        max_docs: int = 100,
+        limits: RelayLimits | None = None,
+    ):
         self._dsn = dsn
         self._publish = publish
         self._interval = interval
         self._linger = linger
         self._max_docs = max_docs
+        self._limits = limits
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="engram-outbox-relay", daemon=True)
 
@@ -79,20 +242,26 @@ class OutboxRelay:
 
     def _run(self) -> None:
         listener: psycopg.Connection | None = None
+        interactive_due = 0.0  # monotonic time before which interactive work is left to gather
+        limits = self._limits or RelayLimits.from_settings()
         while not self._stop.is_set():
             try:
                 if listener is None or listener.closed:
                     listener = psycopg.connect(self._dsn, autocommit=True)
                     listener.execute(f"LISTEN {CHANNEL}")
-                published = relay_once(self._publish, max_docs=self._max_docs)
-                if published and self._linger > 0:
-                    # Writes are coming: let the next ones gather, then claim them together (the
-                    # notifications they sent meanwhile are read and dropped: the claim sees their rows).
-                    self._stop.wait(self._linger)
-                    for _ in listener.notifies(timeout=0):
-                        pass
-                    continue
-                for _ in listener.notifies(timeout=self._interval, stop_after=1):
+                lanes: list[Lane] = ["bulk"]
+                if time.monotonic() >= interactive_due:
+                    lanes.insert(0, "interactive")
+                published = relay_once(self._publish, max_docs=self._max_docs, limits=limits, lanes=lanes)
+                if published.get("interactive") and self._linger > 0:
+                    interactive_due = time.monotonic() + self._linger
+                wait = self._interval
+                if interactive_due > time.monotonic():
+                    wait = min(wait, interactive_due - time.monotonic())
+                # One notification is enough to look again: the claim sees every row the others announced.
+                for _ in listener.notifies(timeout=max(wait, 0.0), stop_after=1):
+                    pass
+                for _ in listener.notifies(timeout=0):
                     pass
             except Exception as exc:  # broker or database down: try again shortly
                 log.warning("outbox relay: %s", exc)

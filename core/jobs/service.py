@@ -14,7 +14,7 @@ import uuid
 from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol
 
-from sqlalchemy import case, event, func, or_, select, update
+from sqlalchemy import case, event, func, or_, select, text, update
 from sqlalchemy.orm import Session
 
 from core.errors import NotFound
@@ -128,6 +128,7 @@ def job_to_dict(job: Job) -> dict[str, Any]:
         "tenant_id": job.tenant_id,
         "payload": job.payload,
         "result": job.result,
+        "abandoned": job.abandoned,
     }
 
 
@@ -140,10 +141,13 @@ def retry_job(session: Session, *, job_id: str, tenant_id: int | None) -> Job:
     job = get_job(session, job_id=job_id, tenant_id=tenant_id)
     job.state = "queued"
     job.attempts = 0
+    job.abandoned = None
     job.updated_at = now()
     job.dispatched_at = None
     job.finished_at = None
     session.info.setdefault("outbox", []).append(job.id)
+    # The relays publish it as soon as this commits (the notification wakes them; no insert does here).
+    session.execute(text("SELECT pg_notify('engram_jobs', 'retried')"))
     return job
 
 

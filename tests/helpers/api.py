@@ -79,3 +79,13 @@ def provision(client, name: str | None = None, **body):  # type: ignore[no-untyp
     response = client.post("/v1/tenants", json={"name": name or unique_name(), **body}, headers=OPERATOR)
     assert response.status_code == 201, response.text
     return response.json()
+
+
+def signed_in_client(app):  # type: ignore[no-untyped-def]
+    """A separate client (own cookie jar) signed in through the form."""
+    from fastapi.testclient import TestClient
+
+    browser = TestClient(app, raise_server_exceptions=False)
+    response = browser.post("/dashboard/login", data={"key": OPERATOR_KEY}, follow_redirects=False)
+    assert response.status_code == 303 and response.headers["location"] == "/dashboard"
+    return browser, response

@@ -63,7 +63,8 @@ class WorkerProcess:
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
                 raise RuntimeError(f"worker exited early:\n{self.log_path.read_text()[-3000:]}")
-            if "ready." in self.log_path.read_text(errors="replace"):
+            # `engram worker` runs a Celery process per lane (interactive, bulk): both say "ready.".
+            if self.log_path.read_text(errors="replace").count("ready.") >= 2:
                 return
             time.sleep(0.2)
         raise RuntimeError(f"worker not ready:\n{self.log_path.read_text()[-3000:]}")

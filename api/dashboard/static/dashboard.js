@@ -84,6 +84,61 @@ async function retry(jobId, button) {
   }
 }
 
+// Operator actions beyond a retry: each asks for a reason (kept on the job with "dashboard" as who).
+const CHANGES = { method: "POST", headers: { "X-Engram-Dashboard": "1", "Content-Type": "application/json" } };
+
+async function abandon(jobId, action, button) {
+  const reason = window.prompt(`Why ${action} job ${jobId}?`);
+  if (!reason) return;
+  button.disabled = true;
+  try {
+    await call(`/dashboard/api/jobs/${encodeURIComponent(jobId)}/${action}`,
+      { ...CHANGES, body: JSON.stringify({ reason }) });
+    refresh();
+    if (currentJobId() === jobId) openDetail(jobId);
+  } catch (error) {
+    document.getElementById("status").textContent = `${action} failed: ${error.message}`;
+  } finally {
+    button.disabled = false;
+  }
+}
+
+function chosenFilter() {
+  const form = document.getElementById("job-filters");
+  const filter = {};
+  for (const name of ["tenant", "kind"]) if (form.elements[name].value) filter[name] = form.elements[name].value;
+  return filter;
+}
+
+async function bulk(action, button) {
+  const filter = chosenFilter();
+  const scope = Object.keys(filter).length ? JSON.stringify(filter) : "every tenant and kind";
+  const body = { ...filter };
+  if (action === "discard") {
+    const reason = window.prompt(`Why discard the failed jobs of ${scope}?`);
+    if (!reason) return;
+    body.reason = reason;
+  } else if (!window.confirm(`Retry the failed jobs of ${scope}?`)) return;
+  button.disabled = true;
+  try {
+    const answer = await call(`/dashboard/api/jobs:${action}`, { ...CHANGES, body: JSON.stringify(body) });
+    document.getElementById("status").textContent = `${action}: ${answer.count} job(s)`;
+    refresh();
+  } catch (error) {
+    document.getElementById("status").textContent = `${action} failed: ${error.message}`;
+  } finally {
+    button.disabled = false;
+  }
+}
+
+document.getElementById("retry-all").addEventListener("click", (event) => bulk("retry", event.target));
+document.getElementById("discard-all").addEventListener("click", (event) => bulk("discard", event.target));
+document.getElementById("find-job").addEventListener("submit", (event) => {
+  event.preventDefault();
+  const id = event.target.elements.id.value.trim();
+  if (id) window.location.hash = `job=${encodeURIComponent(id)}`;
+});
+
 function renderTotals(queues) {
   const sum = (key) => queues.reduce((total, row) => total + (row[key] || 0), 0);
   const oldest = Math.max(-1, ...queues.map((row) => row.oldest_queued_age_seconds ?? -1));
@@ -109,7 +164,8 @@ function renderFailed(failed) {
     el("td", {}, tenantName(job.tenant)), el("td", {}, job.kind), el("td", {}, jobLink(job.id)),
     num(job.attempts), el("td", { class: "error" }, job.error ?? ""), el("td", {}, when(job.finished_at)),
     el("td", {}, el("button", { type: "button", class: "retry", onclick: (event) => retry(job.id, event.target) },
-      "Retry")))));
+      "Retry"), " ", el("button", { type: "button", class: "secondary discard",
+      onclick: (event) => abandon(job.id, "discard", event.target) }, "Discard")))));
   document.getElementById("no-failures").hidden = failed.length > 0;
 }
 
@@ -253,6 +309,12 @@ async function openDetail(jobId) {
   retryButton.hidden = job.state !== "failed";
   retryButton.disabled = false;
   retryButton.onclick = (event) => retry(job.id, event.target);
+  const discardButton = document.getElementById("detail-discard");
+  discardButton.hidden = job.state !== "failed" || Boolean(job.abandoned);
+  discardButton.onclick = (event) => abandon(job.id, "discard", event.target);
+  const cancelButton = document.getElementById("detail-cancel");
+  cancelButton.hidden = job.state !== "queued";
+  cancelButton.onclick = (event) => abandon(job.id, "cancel", event.target);
   const timings = [
     ["Created", whenFull(job.created_at)], ["Queued since", whenFull(job.queued_since)],
     ["Started", whenFull(job.started_at)], ["Finished", whenFull(job.finished_at)],
@@ -265,7 +327,9 @@ async function openDetail(jobId) {
     ...(job.state === "running" ? [...field("Worker", job.worker ?? "–"),
       ...field("Heartbeat", `${age(job.heartbeat_age_seconds)} ago`)] : []),
     ...timings.flatMap(([label, value]) => field(label, value)),
-    ...(job.error ? field("Last error", el("span", { class: "error" }, job.error)) : []));
+    ...(job.error ? field("Last error", el("span", { class: "error" }, job.error)) : []),
+    ...(job.abandoned ? field(job.abandoned.from_state === "queued" ? "Cancelled" : "Discarded",
+      `by ${job.abandoned.by} at ${whenFull(job.abandoned.at)}: ${job.abandoned.reason}`) : []));
   const attempts = job.attempt_errors || [];
   document.getElementById("detail-attempts").replaceChildren(...attempts.map((attempt) => el("li", {},
     el("div", {}, el("b", {}, `Attempt ${attempt.attempt}`), ` · ${whenFull(attempt.at)}`),
@@ -314,11 +378,39 @@ async function refreshCharts() {
   }
 }
 
+async function refreshReindex() {
+  try {
+    const body = await call("/dashboard/api/reindex");
+    document.getElementById("reindex-model").textContent = body.model;
+    const boxes = [["State", body.state], ["Done", body.done], ["Remaining", body.remaining],
+      ["Texts / s", body.rate_per_s], ["ETA", body.eta_seconds === null ? "–" : age(body.eta_seconds)]];
+    document.getElementById("reindex-totals").replaceChildren(
+      ...boxes.map(([label, value]) => el("div", { class: "total" }, el("b", {}, String(value)), label)));
+    fill("reindex", body.tenants.slice(0, 50).map((row) => el("tr", {}, el("td", {}, tenantName(row.tenant)),
+      num(row.done), num(row.remaining, true), el("td", {}, row.old_vectors ? "yes" : "no"))));
+    const toggle = document.getElementById("reindex-toggle");
+    toggle.hidden = body.state === "idle";
+    toggle.textContent = body.state === "paused" ? "Resume" : "Pause";
+    toggle.onclick = async () => {
+      toggle.disabled = true;
+      try {
+        await call(`/dashboard/api/reindex:${body.state === "paused" ? "resume" : "pause"}`, { ...CHANGES, body: "{}" });
+        refreshReindex();
+      } finally {
+        toggle.disabled = false;
+      }
+    };
+  } catch (error) {
+    document.getElementById("status").textContent = `reindex: ${error.message}`;
+  }
+}
+
 let timer = null;
 async function refresh() {
   clearTimeout(timer);
   // The workers' answer can take up to a second (a broadcast over the broker): it renders on its own.
-  const side = [refreshWorkers(), loadJobs(), ...(polls % CHART_EVERY === 0 ? [refreshCharts()] : [])];
+  const side = [refreshWorkers(), loadJobs(), refreshReindex(),
+    ...(polls % CHART_EVERY === 0 ? [refreshCharts()] : [])];
   polls += 1;
   try {
     const summary = await call("/dashboard/api/summary");

@@ -4,17 +4,7 @@ from __future__ import annotations
 
 import time
 
-from tests.helpers.api import OPERATOR, OPERATOR_KEY, make_job
-
-
-def signed_in_client(app):  # type: ignore[no-untyped-def]
-    """A separate client (own cookie jar) signed in through the form."""
-    from fastapi.testclient import TestClient
-
-    browser = TestClient(app, raise_server_exceptions=False)
-    response = browser.post("/dashboard/login", data={"key": OPERATOR_KEY}, follow_redirects=False)
-    assert response.status_code == 303 and response.headers["location"] == "/dashboard"
-    return browser, response
+from tests.helpers.api import OPERATOR, OPERATOR_KEY, make_job, signed_in_client
 
 
 def test_unauthenticated_dashboard_shows_the_sign_in_form(client):
@@ -174,8 +164,8 @@ def test_job_list_filters_pages_and_refuses_bad_input(client, make_tenant):
 
 def test_job_detail_has_every_attempt_with_its_traceback_and_timings(client, tenant):
     from core.db import system_session
-    from workers.runner import run_job
     from core.jobs.service import enqueue, get_job_queue, set_job_queue
+    from workers.runner import run_job
 
     queue = get_job_queue()
     set_job_queue(None)  # run it here, not on a worker

@@ -56,7 +56,11 @@ def test_a_save_is_one_trace_spanning_api_and_worker(client, tenant, exporter):
     previous = get_job_queue()
     set_job_queue(None)  # nothing publishes at commit: the relay does, as in production
     try:
-        with start_worker(celery_app, pool="solo", perform_ping_check=False, shutdown_timeout=30):
+        from core.jobs.lanes import QUEUES
+
+        # Both lanes' queues: a single save's embed job travels in the interactive one.
+        queues = ",".join(QUEUES.values())
+        with start_worker(celery_app, pool="solo", perform_ping_check=False, shutdown_timeout=30, queues=queues):
             response = client.post(
                 "/v1/memories",
                 json={"content": "traces follow the save into its embed job"},

@@ -94,6 +94,8 @@ def test_past_the_daily_quota_embedding_waits_and_search_keeps_working(client, w
     assert usage["embedded_texts"] == 5 and usage["memories"] == 8
     [job] = client.get("/v1/jobs", params={"kind": "embed"}, headers=headers).json()["jobs"]
     assert job["result"]["deferred"] == 3 and "embedding_texts_per_day" in job["result"]["waiting"]
+    [row] = [r for r in client.get("/v1/ops/coverage", headers=headers).json()["coverage"] if r["doc_kind"] == "memory"]
+    assert row["indexed"] == 5 and row["expected"] == 8 and "embedding_texts_per_day" in row["waiting"]
     # Full-text and entity search still find every memory.
     found = client.post("/v1/search", json={"question": "warehouse closes", "max_memories": 10}, headers=headers)
     assert len(found.json()["memories"]) == 8 and found.json()["channels"]["fulltext"]
@@ -106,3 +108,40 @@ def test_past_the_daily_quota_embedding_waits_and_search_keeps_working(client, w
     assert reconcile_embeddings(model=model).get(tenant_id) == 3
     wait_for(lambda: _vectors(tenant_id) == 8, timeout=60)
     assert client.get("/v1/usage", headers=headers).json()["usage"]["embedded_texts"] == 8
+
+
+def test_a_suspended_tenants_jobs_wait_and_go_on_after_resume(client, worker):
+    """Suspension keeps the tenant's queued jobs (no worker claims them, coverage says why); resuming lets them
+    run; the jobs of a tenant that is not suspended run meanwhile."""
+    suspended, other = provision(client), provision(client)
+    path = f"/v1/tenants/{suspended['tenant']}"
+    assert client.patch(path, json={"state": "suspended"}, headers=OPERATOR).status_code == 200
+    # A save made while suspended, below the API (which refuses the tenant's keys): its embed job is queued.
+    from core.db import tenant_session
+    from core.memories.schemas import SaveMemoryIn
+    from core.memories.service import save_memory
+    from core.tenancy.context import Caller
+
+    tenant_id = _tenant_id(suspended["tenant"])
+    caller = Caller(tenant_id=tenant_id, tenant_name=suspended["tenant"], user="admin@localhost", role="admin",
+                    key_id="test")  # fmt: skip
+    with tenant_session(tenant_id) as session:
+        save_memory(session, caller=caller, item=SaveMemoryIn(content="kept while suspended"))
+    [job_id] = _job_ids(tenant_id)
+    saved = client.post("/v1/memories", json={"content": "the other tenant's note"}, headers=_headers(other))
+    assert saved.status_code == 201
+    wait_for(lambda: _vectors(_tenant_id(other["tenant"])) == 1, timeout=60)
+    assert _busy(tenant_id) == 1 and _vectors(tenant_id) == 0  # still queued, not claimed
+    coverage = client.get("/v1/ops/coverage", headers=OPERATOR).json()["coverage"]
+    [row] = [r for r in coverage if r["tenant"] == suspended["tenant"] and r["doc_kind"] == "memory"]
+    assert row["ratio"] < 1.0 and "suspended" in row["waiting"]
+    assert client.patch(path, json={"state": "active"}, headers=OPERATOR).status_code == 200
+    wait_for(lambda: _vectors(tenant_id) == 1, timeout=60)
+    assert client.get(f"/v1/jobs/{job_id}", headers=OPERATOR).json()["state"] == "succeeded"
+
+
+def _job_ids(tenant_id: int) -> list[str]:
+    from core.db import system_session
+
+    with system_session() as session:
+        return list(session.execute(text("SELECT id FROM jobs WHERE tenant_id = :t"), {"t": tenant_id}).scalars())

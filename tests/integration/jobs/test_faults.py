@@ -7,160 +7,56 @@ ends only when every embedding has landed (ARCHITECTURE principle 2: a committed
 from __future__ import annotations
 
 import os
-import shutil
 import signal
-import subprocess
-import sys
 import time
-import uuid
 from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
 from sqlalchemy import text
 
-from core.embedded import EmbeddedRedis, free_port
-from tests.helpers.processes import REPO, WorkerProcess, answers_health, make_temp_dir, stop_process, wait_for
+from tests.helpers.drills import (
+    DEFAULT_RECOVERY_ENV,
+    Drill,
+    embedded_count,
+    new_tenant,
+    running_drill,
+    save_batches,
+)
+from tests.helpers.processes import wait_for
 
 pytestmark = pytest.mark.slow
 
-DRILL_ENV = {
-    "ENGRAM_BROKER_VISIBILITY_TIMEOUT_SECONDS": "5",
-    "ENGRAM_JOB_RUNNING_LEASE_SECONDS": "8",
-    "ENGRAM_OUTBOX_REDISPATCH_SECONDS": "2",
-    "ENGRAM_RECONCILE_INTERVAL_SECONDS": "1",
-    "ENGRAM_JOB_RETRY_BASE_SECONDS": "0.2",
-    "ENGRAM_JOB_RETRY_MAX_SECONDS": "2",
-}
-
-
-def _defaults(*names: str) -> dict[str, str]:
-    """The shipped defaults of these settings, as environment values (overriding the suite's fast ones)."""
-    from core.config import Settings
-
-    return {f"ENGRAM_{n.upper()}": str(Settings.model_fields[n].default) for n in names}
-
 
 # The settings that decide how fast a dead worker is noticed, at their shipped values.
-DEFAULT_RECOVERY_ENV = _defaults(
-    "broker_visibility_timeout_seconds",
-    "job_running_lease_seconds",
-    "outbox_redispatch_seconds",
-    "reconcile_interval_seconds",
-)
-
-
-class Drill:
-    def __init__(self, stack, base: Path, drill_env: dict[str, str] = DRILL_ENV):  # type: ignore[no-untyped-def]
-        self.base = base
-        self.drill_env = drill_env
-        self.redis = EmbeddedRedis(data_dir=base / "redis")
-        self.redis_url = self.redis.start()
-        self.env = {**os.environ, **stack.env, **drill_env, "ENGRAM_REDIS_URL": self.redis_url}
-        self.stack = stack
-        self.processes: list[subprocess.Popen[bytes]] = []
-        self.workers: list[WorkerProcess] = []
-        self.port = free_port()
-        self._spawn("api", ["api", "--port", str(self.port), "--no-migrate"])
-        self._spawn("beat", ["beat"])
-        self.url = f"http://127.0.0.1:{self.port}"
-        wait_for(lambda: answers_health(self.url), timeout=60)
-
-    def _spawn(self, name: str, args: list[str]) -> None:
-        log = open(self.base / f"{name}.log", "wb")  # noqa: SIM115
-        self.processes.append(
-            subprocess.Popen([sys.executable, "-m", "api.cli", *args], cwd=REPO, env=self.env, stdout=log, stderr=log)
-        )
-
-    def start_worker(self, **extra_env: str) -> WorkerProcess:
-        stack = type(self.stack)(**{**self.stack.__dict__, "env": {**self.stack.env, **self.drill_env}})
-        worker = WorkerProcess(stack, extra_env={"ENGRAM_REDIS_URL": self.redis_url, **extra_env})
-        self.workers.append(worker)
-        return worker
-
-    def stop(self) -> None:
-        for worker in self.workers:
-            worker.stop()
-        for process in self.processes:
-            stop_process(process)
-        self.redis.stop()
-
-
-@contextmanager
-def _running_drill(stack, **options: Any) -> Iterator[Drill]:  # type: ignore[no-untyped-def]
-    """A drill in its own directory under /tmp, stopped and removed afterwards."""
-    base = make_temp_dir("engram-drill-")
-    d = Drill(stack, base, **options)
-    try:
-        yield d
-    finally:
-        d.stop()
-        shutil.rmtree(base, ignore_errors=True)
 
 
 @pytest.fixture
 def drill(stack) -> Iterator[Drill]:  # type: ignore[no-untyped-def]
-    with _running_drill(stack) as d:
+    with running_drill(stack) as d:
         yield d
 
 
 @pytest.fixture
 def default_drill(stack) -> Iterator[Drill]:  # type: ignore[no-untyped-def]
     """A drill whose lease, re-dispatch and reconcile timings are the shipped defaults."""
-    with _running_drill(stack, drill_env=DEFAULT_RECOVERY_ENV) as d:
+    with running_drill(stack, drill_env=DEFAULT_RECOVERY_ENV) as d:
         yield d
-
-
-def _new_tenant() -> tuple[int, dict[str, str]]:
-    from core.db import system_session
-    from core.tenancy.service import create_tenant, get_tenant_by_name
-
-    name = f"drill-{uuid.uuid4().hex[:8]}"
-    with system_session() as session:
-        key = create_tenant(session, name=name).api_key
-        tenant = get_tenant_by_name(session, name=name)
-        assert tenant is not None
-        return tenant.id, {"Authorization": f"Bearer {key}"}
-
-
-def _embedded_count(tenant_id: int) -> int:
-    from core.db import system_connection
-
-    with system_connection() as connection:
-        return int(
-            connection.execute(
-                text("SELECT count(*) FROM embeddings WHERE tenant_id = :t AND doc_kind = 'memory'"), {"t": tenant_id}
-            ).scalar()
-            or 0
-        )
-
-
-def _save_batches(url: str, headers: dict[str, str], *, total: int, size: int) -> None:
-    with httpx.Client(base_url=url, headers=headers, timeout=60) as http:
-        for start in range(0, total, size):
-            items = [
-                {"content": f"drill memory {i}: the nightly load of orders finished late"}
-                for i in range(start, start + size)
-            ]
-            response = http.post("/v1/memories:batch", json={"items": items})
-            assert response.status_code == 200, response.text
 
 
 def test_worker_killed_mid_batch_loses_no_embedding(drill):
     """kill -9 a worker while it embeds a batch; a new worker finishes the job and every embedding lands."""
-    tenant_id, headers = _new_tenant()
+    tenant_id, headers = new_tenant()
     worker = drill.start_worker(ENGRAM_EMBEDDING_BATCH_SIZE="4")
-    _save_batches(drill.url, headers, total=2000, size=1000)
-    wait_for(lambda: 0 < _embedded_count(tenant_id) < 2000, timeout=60, interval=0.02)
+    save_batches(drill.url, headers, total=2000, size=1000)
+    wait_for(lambda: 0 < embedded_count(tenant_id) < 2000, timeout=60, interval=0.02)
     os.kill(worker.process.pid, signal.SIGKILL)
     worker.process.wait()
-    landed_at_kill = _embedded_count(tenant_id)
+    landed_at_kill = embedded_count(tenant_id)
     assert landed_at_kill < 2000
     drill.start_worker()
-    wait_for(lambda: _embedded_count(tenant_id) == 2000, timeout=120, interval=0.5)
+    wait_for(lambda: embedded_count(tenant_id) == 2000, timeout=120, interval=0.5)
 
 
 def _children(pid: int) -> list[int]:
@@ -170,20 +66,27 @@ def _children(pid: int) -> list[int]:
     return found
 
 
+def _lane_child(pid: int, lane: str) -> int:
+    """The Celery process of one lane under an `engram worker` (it runs one per lane)."""
+    (child,) = [c for c in _children(pid) if f"--queues={lane}" in Path(f"/proc/{c}/cmdline").read_text()]
+    return child
+
+
 def test_worker_restarts_its_celery_process_when_it_dies(drill):
     """`engram worker` keeps Celery running: when the Celery process dies on its own (a broker outage can end
     it with kombu's "Unrecoverable error"), it starts again and jobs saved meanwhile are embedded; asked to
     stop, it stops with its child."""
-    tenant_id, headers = _new_tenant()
+    tenant_id, headers = new_tenant()
     worker = drill.start_worker()
-    (celery,) = _children(worker.process.pid)
+    wait_for(lambda: worker.log().count("ready.") == 2, timeout=60, interval=0.2)  # both lanes' processes
+    celery = _lane_child(worker.process.pid, "bulk")
     os.kill(celery, signal.SIGKILL)
-    _save_batches(drill.url, headers, total=50, size=50)
-    wait_for(lambda: worker.log().count("ready.") == 2, timeout=60, interval=0.2)
-    assert "worker exited with -9; restarting" in worker.log()
-    (again,) = _children(worker.process.pid)
+    save_batches(drill.url, headers, total=50, size=50)
+    wait_for(lambda: worker.log().count("ready.") == 3, timeout=60, interval=0.2)
+    assert "worker-bulk exited with -9; restarting" in worker.log()
+    again = _lane_child(worker.process.pid, "bulk")
     assert again != celery
-    wait_for(lambda: _embedded_count(tenant_id) == 50, timeout=60, interval=0.2)
+    wait_for(lambda: embedded_count(tenant_id) == 50, timeout=60, interval=0.2)
     worker.stop()
     assert worker.process.returncode == 0
     assert not Path(f"/proc/{again}").exists() or "zombie" in Path(f"/proc/{again}/status").read_text()
@@ -191,7 +94,7 @@ def test_worker_restarts_its_celery_process_when_it_dies(drill):
 
 def test_redis_down_during_saves_then_converges(drill):
     """With Redis stopped, 1,000 saves all succeed; after it returns, coverage reaches 1.0."""
-    tenant_id, headers = _new_tenant()
+    tenant_id, headers = new_tenant()
     drill.start_worker()
     drill.redis.stop()
     started = time.monotonic()
@@ -202,7 +105,7 @@ def test_redis_down_during_saves_then_converges(drill):
         ]
     assert statuses.count(201) == 1000
     assert time.monotonic() - started < 120
-    assert _embedded_count(tenant_id) == 0
+    assert embedded_count(tenant_id) == 0
     drill.redis.start()
 
     def covered() -> bool:
@@ -218,10 +121,10 @@ def test_flaky_provider_still_converges(drill):
     from core.db import system_session
     from core.jobs.models import Job
 
-    tenant_id, headers = _new_tenant()
+    tenant_id, headers = new_tenant()
     drill.start_worker(ENGRAM_EMBEDDING_FAULT_RATE="0.5", ENGRAM_JOB_MAX_ATTEMPTS="30")
-    _save_batches(drill.url, headers, total=200, size=20)
-    wait_for(lambda: _embedded_count(tenant_id) == 200, timeout=180, interval=0.5)
+    save_batches(drill.url, headers, total=200, size=20)
+    wait_for(lambda: embedded_count(tenant_id) == 200, timeout=180, interval=0.5)
 
     def settled():  # type: ignore[no-untyped-def]
         with system_session() as session:
@@ -264,25 +167,25 @@ def test_celery_killed_during_a_big_embed_job_recovers_within_a_minute(default_d
     from core.config import get_settings
 
     drill = default_drill
-    tenant_id, headers = _new_tenant()
+    tenant_id, headers = new_tenant()
     worker = drill.start_worker(ENGRAM_EMBEDDING_BATCH_SIZE="1")
-    _save_batches(drill.url, headers, total=1000, size=1000)
+    save_batches(drill.url, headers, total=1000, size=1000)
     chunk = get_settings().embed_job_max_docs
 
     def busy() -> bool:
         running = any(state == "running" for _, state, _, _ in _embed_jobs(tenant_id))
-        return running and 0 < _embedded_count(tenant_id) < 1000
+        return running and 0 < embedded_count(tenant_id) < 1000
 
     wait_for(busy, timeout=120, interval=0.02)
-    (celery,) = _children(worker.process.pid)
+    celery = _lane_child(worker.process.pid, "bulk")  # batches are bulk work
     for pid in [celery, *_descendants(celery)]:
         os.kill(pid, signal.SIGKILL)
     killed_at = time.monotonic()
     # No process is left to run a job: a job still marked running is an attempt that died.
     dead = [job_id for job_id, state, _, _ in _embed_jobs(tenant_id) if state == "running"]
-    assert dead and _embedded_count(tenant_id) < 1000
+    assert dead and embedded_count(tenant_id) < 1000
     # Within a minute of the kill (the restarted Celery included), coverage is back to 1.0.
-    wait_for(lambda: _embedded_count(tenant_id) == 1000, timeout=60, interval=0.5)
+    wait_for(lambda: embedded_count(tenant_id) == 1000, timeout=60, interval=0.5)
     print(f"coverage back to 1.0 {time.monotonic() - killed_at:.1f} s after the kill")
     rows = httpx.get(f"{drill.url}/v1/ops/coverage", headers=headers, timeout=10).json()["coverage"]
     assert [r["ratio"] for r in rows if r["doc_kind"] == "memory" and r["indexed"]] == [1.0]

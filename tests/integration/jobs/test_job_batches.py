@@ -107,8 +107,8 @@ def test_a_batch_claims_only_the_jobs_that_may_run_now(client, tenant, stack):
     run (a job past its lease, whose worker died, among them)."""
     from core.db import system_session
     from core.jobs.models import Job
-    from workers.runner import run_jobs
     from core.jobs.service import now
+    from workers.runner import run_jobs
 
     _save(client, tenant, [f"note {n} about the orders feed" for n in range(5)])
     done, running, waiting, abandoned, fresh = _embed_jobs(tenant.tenant_id)
