@@ -20,6 +20,8 @@ from typing import Any
 from sqlalchemy import text
 from sqlalchemy.orm import Session
 
+from core.embeddings.coverage import memory_counts
+
 # The relay's gate for reindex jobs lives with the queue (core.jobs.relay reads it); REASON is used here too.
 from core.jobs.reindex_gate import REASON as REASON
 
@@ -51,7 +53,6 @@ def set_paused(session: Session, *, model: str, paused: bool, by: str | None) ->
 def progress(session: Session, *, model: str, tenant_limit: int = 200) -> dict[str, Any]:
     """The reindex of `model` as the operator sees it (system session): state, done / remaining overall and
     per tenant (the tenants with the most remaining first), the rate of the last minute and an ETA."""
-    from core.embeddings.coverage import memory_counts
 
     counts = memory_counts(session, model=model, tenant_ids=None)
     names: dict[int, str] = {int(i): str(n) for i, n in session.execute(text("SELECT id, name FROM tenants")).all()}

@@ -14,6 +14,7 @@ from sqlalchemy import and_, delete, func, literal, select
 from sqlalchemy.orm import Session
 
 from core.embeddings import catalog_docs
+from core.embeddings.coverage import memory_counts as read_memory_counts
 from core.entities.render import content_hash
 from core.memories.models import Memory
 from core.refs import MEMORY_PREFIX
@@ -85,8 +86,6 @@ def coverage(
     Memories are counted from the counters the writes keep (core.embeddings.coverage); `memory_counts`
     (indexed, expected) passes them in when the caller read many tenants' at once. The catalog, small by
     nature, is rendered and hashed here."""
-    from core.embeddings import catalog_docs
-    from core.embeddings.coverage import memory_counts as read_memory_counts
 
     if memory_counts is None:
         tenant_id = session.info.get("tenant_id")  # the session's tenant (scope_to_tenant, tenant_session)

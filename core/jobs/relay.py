@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 import psycopg
 from sqlalchemy import text
 
+from core.config import get_settings
 from core.db import system_connection
 from core.jobs.batches import HEAD_COLUMNS, JobHead, Message, plan_messages
 from core.jobs.lanes import LANES, Lane, lane_sql
@@ -73,8 +74,6 @@ class RelayLimits:
 
     @classmethod
     def from_settings(cls) -> RelayLimits:
-        from core.config import get_settings
-
         s = get_settings()
         return cls(
             reindex_budget=reindex_budget(s.reindex_max_texts_per_second),
