@@ -51,7 +51,7 @@ _METADATA = {
 } | {ipaddress.ip_address("fd00:ec2::254")}
 _CGNAT = ipaddress.ip_network("100.64.0.0/10")
 _NAT64 = ipaddress.ip_network("64:ff9b::/96")
-SHARED_ROOT = Path("/var/lib/engram")  # where root's embedded clusters live (core.embedded)
+SHARED_ROOT = Path("/var/lib/engram")  # where root's embedded clusters live (api.serve.embedded)
 
 # The one answer a tenant gets for any failure to connect (refused, timeout, TLS, credentials, DNS).
 UNREACHABLE = "cannot reach the source (check the datasource URL's host, port, database and credentials)"

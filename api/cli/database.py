@@ -7,9 +7,9 @@ import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+from api.serve.embedded import EmbeddedPostgres
 from core.config import get_settings, reset_settings_cache
 from core.db import dispose_engine
-from core.embedded import EmbeddedPostgres
 from core.runtime import read_runtime
 
 

@@ -70,7 +70,7 @@ def operator_client(*, url: str | None, operator_key: str | None, home: str | No
             yield client
         return
     if not settings.database_url and not record:
-        from core.embedded import existing_pg_data_dir
+        from api.serve.embedded import existing_pg_data_dir
 
         if existing_pg_data_dir(settings.home) is None:
             raise click.ClickException(

@@ -26,10 +26,10 @@ import click
 import httpx
 from cryptography.fernet import Fernet
 
+from api.serve.embedded import EmbeddedPostgres, EmbeddedRedis
 from api.serve.supervise import die_with_parent
 from core.config import Settings, get_settings, reset_settings_cache
 from core.db import dispose_engine, system_session
-from core.embedded import EmbeddedPostgres, EmbeddedRedis
 from core.migrate import upgrade
 from core.runtime import clear_runtime, engram_command, read_runtime, write_runtime
 from core.source_guard import describe_policy, serve_policy

@@ -156,7 +156,7 @@ def own_postgres() -> Iterator[Any]:
     import tempfile
     from pathlib import Path
 
-    from core.embedded import EmbeddedPostgres
+    from api.serve.embedded import EmbeddedPostgres
 
     base = Path(tempfile.mkdtemp(prefix="engram-source-pg-", dir="/tmp"))
     base.chmod(0o755)

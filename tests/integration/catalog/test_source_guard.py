@@ -267,7 +267,7 @@ def silent_port() -> Iterator[int]:
 def test_every_connection_failure_gets_the_same_answer(client, tenant, silent_port):
     """Refused, not a database, no such host, no such database: one message, no driver text, so the URL
     check cannot tell services apart (no port scanner)."""
-    from core.embedded import free_port
+    from api.serve.embedded import free_port
 
     urls = [
         f"postgresql://u:hunter2@127.0.0.1:{free_port()}/db",

@@ -13,9 +13,9 @@ from typing import Any
 import httpx
 from sqlalchemy import text
 
-from core.bench import figure
-from core.bench.stack import api_process, bench_stack
-from core.bench.write import _note
+from api.bench import figure
+from api.bench.stack import api_process, bench_stack
+from api.bench.write import _note
 from core.config import get_settings
 from core.db import system_connection, system_session
 from core.embeddings.providers import get_embedder

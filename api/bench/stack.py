@@ -15,9 +15,9 @@ from pathlib import Path
 
 import httpx
 
+from api.serve.embedded import embedded_services
 from core.config import reset_settings_cache
 from core.db import dispose_engine
-from core.embedded import embedded_services
 from core.migrate import upgrade
 from core.runtime import engram_command
 

@@ -26,13 +26,13 @@ from typing import Any
 import httpx
 import psutil
 
-from core.bench import figure
-from core.bench.corpus import analyze, load_memories, load_tenant_embeddings
-from core.bench.search import percentile
-from core.bench.stack import api_server, bench_stack
+from api.bench import figure
+from api.bench.corpus import analyze, load_memories, load_tenant_embeddings
+from api.bench.search import percentile
+from api.bench.stack import api_server, bench_stack
+from api.serve.embedded import free_port
 from core.config import get_settings
 from core.db import system_session
-from core.embedded import free_port
 from core.refs import memory_ref
 from core.tenancy.service import create_tenant, get_tenant_by_name
 

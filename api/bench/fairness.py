@@ -21,8 +21,8 @@ from typing import Any
 import httpx
 from sqlalchemy import text
 
-from core.bench import figure
-from core.bench.stack import api_process, bench_stack
+from api.bench import figure
+from api.bench.stack import api_process, bench_stack
 from core.db import system_connection, system_session
 from core.tenancy.service import create_tenant, get_tenant_by_name
 

@@ -22,8 +22,8 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from core.bench import figure
-from core.bench.stack import bench_stack
+from api.bench import figure
+from api.bench.stack import bench_stack
 from core.config import get_settings
 from core.db import system_session, tenant_session
 from core.embeddings.providers import get_embedder

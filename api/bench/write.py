@@ -20,8 +20,8 @@ from urllib.parse import urlsplit
 
 import httpx
 
-from core.bench import figure
-from core.bench.stack import api_process, bench_stack
+from api.bench import figure
+from api.bench.stack import api_process, bench_stack
 from core.db import system_session
 from core.tenancy.service import create_tenant
 

@@ -17,9 +17,9 @@ import click
 import sqlalchemy as sa
 
 import core.schema  # noqa: F401 - every table known to the ORM
+from api.serve.embedded import EmbeddedPostgres
 from core.config import get_settings, reset_settings_cache
 from core.db import dispose_engine, system_session, tenant_session
-from core.embedded import EmbeddedPostgres
 from core.entities.ingest import run_ingest
 from core.entities.profiling import refresh_samples
 from core.entities.schemas import DatasourceIn

@@ -19,9 +19,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from core.bench import figure, machine_speed_ms
-from core.bench.corpus import Corpus, analyze, build_catalog, load_embeddings, load_memories
-from core.bench.stack import bench_stack
+from api.bench import figure, machine_speed_ms
+from api.bench.corpus import Corpus, analyze, build_catalog, load_embeddings, load_memories
+from api.bench.stack import bench_stack
 from core.config import reset_settings_cache
 from core.db import system_session, tenant_session
 from core.embeddings import catalog_docs

@@ -33,8 +33,8 @@ from urllib.parse import urlsplit
 
 import httpx
 
-from core.bench import figure, machine_speed_ms
-from core.embedded import free_port
+from api.bench import figure, machine_speed_ms
+from api.serve.embedded import free_port
 from core.runtime import engram_command
 
 MAX_CLIENTS = 1000
