@@ -22,6 +22,7 @@ from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
 from api.dashboard.routes import cached_coverage, require_operator
+from api.routes.ops import reindex_progress
 from core.db import system_session
 from core.jobs import queries
 from core.jobs.models import JOB_KINDS, JOB_STATES
@@ -57,7 +58,6 @@ class DatabaseCollector(Collector):
 
 def _reindex_metrics() -> Iterator[Metric]:
     """The configured model's reindex: memories done and remaining, the rate, and whether it is paused."""
-    from api.routes.ops import reindex_progress
 
     body = reindex_progress()
     docs = GaugeMetricFamily(
