@@ -4,6 +4,8 @@ Each figure is `{"bench", "metric", "value", "unit", "params"}` (CONTRACT sectio
 throwaway embedded home unless ENGRAM_DATABASE_URL / ENGRAM_REDIS_URL name real services.
 """
 
+# Imports inside the commands are deferred: `engram` loads only the command that runs (see api.cli), and a
+# benchmark's stack (api.bench) only when one is run.
 from __future__ import annotations
 
 import json

@@ -20,8 +20,10 @@ from starlette.requests import Request
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
+from api.auth import bearer_token, caller_from_request
 from api.client.local import LocalEngramClient
 from api.errors import error_response
+from api.mcp import build_server
 from core.errors import EngramError
 
 MCP_PATH = "/mcp"
@@ -31,7 +33,6 @@ AGENT_HEADER, PERSONA_HEADER = "x-engram-agent-id", "x-engram-persona"
 
 async def _client_for(ctx: Context) -> LocalEngramClient:
     """The tool call's client: the routes of this process, with the key the MCP request was sent with."""
-    from api.auth import bearer_token
 
     request: Any = ctx.request_context.request
     return await run_in_threadpool(
@@ -50,8 +51,6 @@ class McpEndpoint:
     """ASGI app: authenticate like /v1 (401/403/429 in the REST error shape), then hand over to the SDK."""
 
     def __init__(self) -> None:
-        from api.mcp import build_server
-
         self._server = build_server(_client_for)
         self._manager: StreamableHTTPSessionManager | None = None
 
@@ -72,8 +71,6 @@ class McpEndpoint:
                 self._manager = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        from api.auth import caller_from_request
-
         request = Request(scope, receive)
         try:
             # Not metered: its tools' REST calls are, each as one request.

@@ -5,6 +5,8 @@ runs beside `engram serve`), or with ``--url`` through a remote engram's REST AP
 hosted engram). The tools and their answers are the same.
 """
 
+# Imports inside functions are deferred: `engram mcp` is a CLI command (see api.cli), and it loads the
+# in-process app or the HTTP client only for the mode it runs in.
 from __future__ import annotations
 
 import contextlib
