@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Installs engram with its test tools into ./.venv and runs the checks: ruff, mypy, the import
-# layers (lint-imports), then the test suite
-# on the real stack (embedded PostgreSQL + pgvector and Redis started by the suite itself).
+# Installs engram with its test tools into ./.venv and runs the checks: ruff, mypy, the import layers
+# (lint-imports, contracts in pyproject.toml), then the test suite on the real stack (embedded PostgreSQL +
+# pgvector and Redis started by the suite itself).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
