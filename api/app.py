@@ -105,8 +105,11 @@ def create_app(*, install_queue: bool = False) -> FastAPI:
         app.add_middleware(ProxyHeadersMiddleware, trusted_hosts=settings.trusted_proxies)
 
 
+    # The router tries routes in this order and stops at the first full match: search and memories, most of
+    # the traffic, first (walking the other routers first cost a search ~50 us of CPU). No two routers share
+    # a path, so the order changes nothing else.
     for module in (
-        health, keys, transfer, memories, jobs, catalog, search, ops, runs, tenants, audit, webhooks, dashboard,
+        search, memories, health, keys, transfer, jobs, catalog, ops, runs, tenants, audit, webhooks, dashboard,
         dashboard_tenants, metrics,
     ):  # fmt: skip
         app.include_router(module.router)

@@ -125,25 +125,62 @@ def _admit(caller: Caller, request: Request, *, meter: bool = True) -> Verdict |
     """Refuse a suspended tenant's keys, spend one request of the key's budget and of the tenant's
     requests_per_minute (429 when either is spent), refuse writes to a read-only key, and count the request
     in the tenant's usage (``meter``; an MCP call over HTTP counts as the REST calls its tools make)."""
+    _refuse_suspended(caller)
+    budget = key_budget()
+    verdict = _within_key_budget(limiter.hit(budget, caller.key_id) if budget is not None else None)
+    tenant_verdict = None
+    if caller.tenant_requests_per_minute is not None:
+        tenant_verdict = _within_tenant_quota(
+            caller, limiter.hit(tenant_budget(caller.tenant_requests_per_minute), str(caller.tenant_id))
+        )
+    return _admitted(caller, request, verdict, tenant_verdict, meter=meter)
+
+
+async def _admit_on_loop(caller: Caller, request: Request) -> Verdict | None:
+    """``_admit`` for the event loop: the budgets' Redis round trips are awaited, so one request's wait for
+    Redis never holds up the others (a blocking call here stalled every request of the process)."""
+    _refuse_suspended(caller)
+    budget = key_budget()
+    verdict = _within_key_budget(await limiter.ahit(budget, caller.key_id) if budget is not None else None)
+    tenant_verdict = None
+    if caller.tenant_requests_per_minute is not None:
+        tenant_verdict = _within_tenant_quota(
+            caller, await limiter.ahit(tenant_budget(caller.tenant_requests_per_minute), str(caller.tenant_id))
+        )
+    return _admitted(caller, request, verdict, tenant_verdict, meter=True)
+
+
+def _refuse_suspended(caller: Caller) -> None:
     if caller.tenant_state == "suspended":
         raise TenantSuspended(f"tenant {caller.tenant_name!r} is suspended; its operator can resume it")
-    budget = key_budget()
-    verdict = limiter.hit(budget, caller.key_id) if budget is not None else None
+
+
+def _within_key_budget(verdict: Verdict | None) -> Verdict | None:
     if verdict is not None and not verdict.allowed:
         settings = get_settings()
         raise RateLimitExceeded(
             f"rate limit of {settings.rate_limit_per_second:g} requests/s for this key exceeded",
             headers=verdict.headers(),
         )
-    if caller.tenant_requests_per_minute is not None:
-        tenant_verdict = limiter.hit(tenant_budget(caller.tenant_requests_per_minute), str(caller.tenant_id))
-        if tenant_verdict is not None and not tenant_verdict.allowed:
-            raise RateLimitExceeded(
-                f"quota requests_per_minute of {caller.tenant_requests_per_minute} for this tenant exceeded",
-                headers=tenant_verdict.headers(),
-            )
-        if tenant_verdict is not None and (verdict is None or tenant_verdict.remaining < verdict.remaining):
-            verdict = tenant_verdict
+    return verdict
+
+
+def _within_tenant_quota(caller: Caller, verdict: Verdict | None) -> Verdict | None:
+    if verdict is not None and not verdict.allowed:
+        raise RateLimitExceeded(
+            f"quota requests_per_minute of {caller.tenant_requests_per_minute} for this tenant exceeded",
+            headers=verdict.headers(),
+        )
+    return verdict
+
+
+def _admitted(
+    caller: Caller, request: Request, verdict: Verdict | None, tenant_verdict: Verdict | None, *, meter: bool
+) -> Verdict | None:
+    """The admission's bookkeeping once both budgets allowed it: the tighter budget is the one the answer
+    reports, then the read-only check and the usage count."""
+    if tenant_verdict is not None and (verdict is None or tenant_verdict.remaining < verdict.remaining):
+        verdict = tenant_verdict
     if verdict is not None:
         remember_verdict(request.scope, verdict)
     if _writes(request):
@@ -169,9 +206,10 @@ def caller_from_request(request: Request, *, meter: bool = True) -> Caller:
 
 
 async def require_caller(request: Request) -> Caller:
-    """FastAPI dependency. A cached key is answered on the event loop; only a miss goes to the threadpool
-    (a sync dependency would cost a thread hop on every request). The budget's RateLimit header fields are
-    added to whatever response the request ends with by api.observe.RequestContext."""
+    """FastAPI dependency. A cached key is answered on the event loop, its budgets spent with awaited Redis
+    calls; only a miss goes to the threadpool (a sync dependency would cost a thread hop on every request).
+    The budget's RateLimit header fields are added to whatever response the request ends with by
+    api.observe.RequestContext."""
     token = bearer_token(request)
     if token is None:
         raise Unauthorized("missing API key: send 'Authorization: Bearer <api_key>'")
@@ -180,7 +218,7 @@ async def require_caller(request: Request) -> Caller:
     caller = _cached(token)
     if caller is None:
         caller = await run_in_threadpool(_lookup, token, request)
-    _admit(caller, request)
+    await _admit_on_loop(caller, request)
     return caller
 
 

@@ -10,13 +10,17 @@ a connect timeout to every request.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import math
 import threading
 import time
 from dataclasses import dataclass
+from typing import Any
 
 from limits import RateLimitItem, RateLimitItemPerMinute, RateLimitItemPerSecond
+from limits.aio.storage import RedisStorage as AsyncRedisStorage
+from limits.aio.strategies import SlidingWindowCounterRateLimiter as AsyncSlidingWindowCounterRateLimiter
 from limits.storage import RedisStorage
 from limits.strategies import SlidingWindowCounterRateLimiter
 from starlette.types import Scope
@@ -74,29 +78,60 @@ def header_fields(scope: Scope) -> list[tuple[bytes, bytes]]:
 
 
 class RedisRateLimiter:
+    """One budget store, two ways in: ``hit`` for sync callers (a thread), ``ahit`` for the event loop.
+
+    Both spend the same Redis counters (the same `limits` keys). The event loop's way uses redis-py's asyncio
+    client: a request's Redis round trip then no longer stalls every other request on the loop, at the same
+    CPU as the sync call (~0.07 ms a hit) where a thread hop around the sync call costs twice that.
+    """
+
+    _CONNECT_OPTIONS: dict[str, Any] = {"socket_connect_timeout": 0.25, "socket_timeout": 0.25}
+
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._limiter: SlidingWindowCounterRateLimiter | None = None
         self._url = ""
+        # The asyncio client is bound to the loop it was made on (a test client runs a loop per client).
+        self._async_limiter: AsyncSlidingWindowCounterRateLimiter | None = None
+        self._async_key: tuple[str, asyncio.AbstractEventLoop | None] = ("", None)
         self._down_until = 0.0
         # identifier key -> [read at (monotonic), remaining then, reset time (epoch), admitted here since]
         self._windows: dict[str, list[float]] = {}
 
-    def _get(self) -> SlidingWindowCounterRateLimiter | None:
+    def _redis_url(self) -> str | None:
         if time.monotonic() < self._down_until:
             return None
-        settings = get_settings()
-        url = settings.redis_url
+        url = get_settings().redis_url
         if not url:
             try:
                 url = resolve_redis_url()
             except ServiceNotRunning:
                 return None
+        return url
+
+    def _get(self) -> SlidingWindowCounterRateLimiter | None:
+        url = self._redis_url()
+        if url is None:
+            return None
         with self._lock:
             if self._limiter is None or url != self._url:
-                storage = RedisStorage(url, socket_connect_timeout=0.25, socket_timeout=0.25)
+                storage = RedisStorage(url, **self._CONNECT_OPTIONS)
                 self._limiter, self._url = SlidingWindowCounterRateLimiter(storage), url
             return self._limiter
+
+    def _get_async(self) -> AsyncSlidingWindowCounterRateLimiter | None:
+        url = self._redis_url()
+        if url is None:
+            return None
+        key = (url, asyncio.get_running_loop())
+        if self._async_limiter is None or key != self._async_key:
+            storage = AsyncRedisStorage(
+                url.replace("redis://", "async+redis://", 1).replace("rediss://", "async+rediss://", 1),
+                implementation="redispy",
+                **self._CONNECT_OPTIONS,
+            )
+            self._async_limiter, self._async_key = AsyncSlidingWindowCounterRateLimiter(storage), key
+        return self._async_limiter
 
     def _failed(self, error: Exception) -> None:
         self._down_until = time.monotonic() + _RETRY_REDIS_AFTER_SECONDS
@@ -113,17 +148,42 @@ class RedisRateLimiter:
             window = self._recent_window(key) if allowed else None
             if window is None:
                 stats = limiter.get_window_stats(item, identifier)
-                window = [time.monotonic(), float(stats.remaining), stats.reset_time, 0.0]
-                with self._lock:
-                    if len(self._windows) >= _STATS_MAX_KEYS:
-                        self._windows.clear()
-                    self._windows[key] = window
+                window = self._remember_window(key, stats.remaining, stats.reset_time)
         except Exception as error:  # noqa: BLE001 - any storage failure must let the request through
             self._failed(error)
             return None
+        return self._verdict(item, allowed=allowed, window=window)
+
+    async def ahit(self, item: RateLimitItem, identifier: str) -> Verdict | None:
+        """``hit`` without blocking the event loop: the same budget, the same verdict, the same fail-open."""
+        limiter = self._get_async()
+        if limiter is None:
+            return None
+        key = item.key_for(identifier)
+        try:
+            allowed = await limiter.hit(item, identifier)
+            window = self._recent_window(key) if allowed else None
+            if window is None:
+                stats = await limiter.get_window_stats(item, identifier)
+                window = self._remember_window(key, stats.remaining, stats.reset_time)
+        except Exception as error:  # noqa: BLE001 - any storage failure must let the request through
+            self._failed(error)
+            return None
+        return self._verdict(item, allowed=allowed, window=window)
+
+    @staticmethod
+    def _verdict(item: RateLimitItem, *, allowed: bool, window: list[float]) -> Verdict:
         remaining = max(0, int(window[1] - window[3]))
         reset = max(0, math.ceil(window[2] - time.time()))
         return Verdict(allowed=allowed, limit=item.amount, remaining=remaining, reset_seconds=reset)
+
+    def _remember_window(self, key: str, remaining: int, reset_time: float) -> list[float]:
+        window = [time.monotonic(), float(remaining), reset_time, 0.0]
+        with self._lock:
+            if len(self._windows) >= _STATS_MAX_KEYS:
+                self._windows.clear()
+            self._windows[key] = window
+        return window
 
     def _recent_window(self, key: str) -> list[float] | None:
         """The window of `key` read less than _STATS_MAX_AGE_SECONDS ago, counting this admission; else None."""

@@ -185,20 +185,67 @@ async def _seed(http: httpx.AsyncClient, count: int) -> list[str]:
     return [r["memory_id"] for r in response.json()["results"] if "memory_id" in r]
 
 
-async def _run(url: str, key: str, *, clients: int, seconds: float) -> tuple[Tally, int]:
+def _listening_inodes(port: int) -> set[str]:
+    """The socket inodes listening on ``port`` (any address), from /proc/net/tcp and tcp6."""
+    inodes = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            lines = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            fields = line.split()
+            if len(fields) > 9 and fields[3] == "0A" and int(fields[1].rsplit(":", 1)[1], 16) == port:
+                inodes.add(fields[9])
+    return inodes
+
+
+def api_processes(port: int) -> list[int]:
+    """The processes holding the API's listening socket: with ``ENGRAM_API_WORKERS=N``, the N workers and the
+    process that started them (they share one socket). Only this user's processes can be seen."""
+    wanted = {f"socket:[{inode}]" for inode in _listening_inodes(port)}
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if any(os.readlink(fd) in wanted for fd in (entry / "fd").iterdir()):
+                found.append(int(entry.name))
+        except OSError:  # gone, or another user's
+            continue
+    return found
+
+
+def cpu_seconds(pids: list[int]) -> float:
+    """User + system CPU the processes have used so far (those still running)."""
+    ticks, total = os.sysconf("SC_CLK_TCK"), 0
+    for pid in pids:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += int(fields[11]) + int(fields[12])  # utime, stime (fields 14 and 15 of stat)
+    return total / ticks
+
+
+async def _run(url: str, key: str, *, clients: int, seconds: float) -> tuple[Tally, int, float, int]:
+    """The tally, the lost writes, and the API processes' CPU seconds during the clients' run and their count."""
     headers = {"Authorization": f"Bearer {key}"}
+    pids = api_processes(int(urlsplit(url).port or 0))
     async with httpx.AsyncClient(base_url=url, headers=headers, timeout=UNANSWERED_AFTER) as http:
         seeded = await _seed(http, SEED_MEMORIES)
         tls = ssl.create_default_context()
         tally = Tally()
+        cpu_before = cpu_seconds(pids)
         deadline = time.monotonic() + seconds
         await asyncio.gather(
             _health(url, deadline, tally),
             # (One TLS context for all: making one per client cost the first second ~10 ms of CPU each.)
             *(_client(url, key, n, deadline, tally, seeded, tls) for n in range(clients)),
         )
+        api_cpu = cpu_seconds(pids) - cpu_before
         lost = await _verify(http, list(tally.saved))
-    return tally, lost
+    return tally, lost, api_cpu, len(pids)
 
 
 def _p(values: list[float], q: float) -> float:
@@ -228,12 +275,16 @@ def _figures(url: str, key: str, *, clients: int, seconds: float, log: Callable[
     speed = machine_speed_ms()
     log(f"load: {clients} clients for {seconds:g} s against {url}")
     started = time.monotonic()
-    tally, lost = asyncio.run(_run(url, key, clients=clients, seconds=seconds))
+    tally, lost, api_cpu, api_count = asyncio.run(_run(url, key, clients=clients, seconds=seconds))
     elapsed = time.monotonic() - started
     params: dict[str, Any] = {"clients": clients, "seconds": seconds}
     out = [
         figure("load", "requests", tally.requests, "count", **params),
         figure("load", "requests_per_s", tally.requests / max(seconds, 1e-9), "1/s", **params),
+        # CPU of every process holding the API's socket (all N workers), per 1,000 answered requests:
+        # the figure that must not grow with ENGRAM_API_WORKERS. 0 processes: none of this user's.
+        figure("load", "api_processes", api_count, "count", **params),
+        figure("load", "api_cpu_s_per_1000", api_cpu * 1000 / max(tally.requests, 1), "s", **params),
     ]
     out += [figure("load", f"status_{code}", n, "count", **params) for code, n in sorted(tally.statuses.items())]
     for op, _ in MIX:

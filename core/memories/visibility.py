@@ -17,7 +17,10 @@ def visible_clause(caller: Caller) -> ColumnElement[bool]:
     persona_ok: ColumnElement[bool] = Memory.persona.is_(None)
     if caller.persona is not None:
         persona_ok = or_(persona_ok, Memory.persona == caller.persona)
-    agent_ok: ColumnElement[bool] = or_(Memory.agent_id.is_(None), Memory.category.not_in(AGENT_SCOPED))
+    # Comparisons, not NOT IN: an expanding IN is re-rendered for every statement, which keeps the statement
+    # out of SQLAlchemy's compiled cache (measured on every GET by id).
+    not_agent_scoped = and_(*(Memory.category != category for category in AGENT_SCOPED))
+    agent_ok: ColumnElement[bool] = or_(Memory.agent_id.is_(None), not_agent_scoped)
     if caller.agent_id is not None:
         agent_ok = or_(agent_ok, Memory.agent_id == caller.agent_id)
     return and_(persona_ok, agent_ok)

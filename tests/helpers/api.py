@@ -89,3 +89,18 @@ def signed_in_client(app):  # type: ignore[no-untyped-def]
     response = browser.post("/dashboard/login", data={"key": OPERATOR_KEY}, follow_redirects=False)
     assert response.status_code == 303 and response.headers["location"] == "/dashboard"
     return browser, response
+
+
+def key_headers(made: dict) -> dict[str, str]:  # type: ignore[type-arg]
+    """The Authorization header of a tenant provisioned over REST (its first admin key)."""
+    return {"Authorization": f"Bearer {made['api_key']}"}
+
+
+def tenant_id_of(name: str) -> int:
+    """The id PostgreSQL gave the tenant called ``name`` (system mode)."""
+    from sqlalchemy import text
+
+    from core.db import system_session
+
+    with system_session() as session:
+        return int(session.execute(text("SELECT id FROM tenants WHERE name = :n"), {"n": name}).scalar_one())

@@ -8,17 +8,6 @@ const retried = new Map(); // job id -> last known job, for jobs retried from th
 const jobsView = { cursors: [null], page: 0, next: null }; // cursors[i] opens page i of the job list
 let polls = 0;
 
-function el(tag, attrs = {}, ...children) {
-  const node = document.createElement(tag);
-  for (const [name, value] of Object.entries(attrs)) {
-    if (name === "class") node.className = value;
-    else if (name.startsWith("on")) node.addEventListener(name.slice(2), value);
-    else node.setAttribute(name, value);
-  }
-  for (const child of children) node.append(child instanceof Node ? child : document.createTextNode(String(child)));
-  return node;
-}
-
 function num(value, hotWhenPositive = false) {
   const cls = value === 0 ? "num zero" : hotWhenPositive ? "num hot" : "num";
   return el("td", { class: cls }, value);
@@ -54,17 +43,6 @@ function stateBadge(state) {
 function fill(tableId, rows) {
   const body = document.querySelector(`#${tableId} tbody`);
   body.replaceChildren(...rows);
-}
-
-async function call(url, options = {}) {
-  const response = await fetch(url, { credentials: "same-origin", cache: "no-store", ...options });
-  if (response.status === 401) {
-    window.location.reload(); // the session ended: the page answers with the sign-in form
-    throw new Error("signed out");
-  }
-  const body = await response.json();
-  if (!response.ok) throw new Error(body.error ? body.error.message : `HTTP ${response.status}`);
-  return body;
 }
 
 async function retry(jobId, button) {

@@ -6,17 +6,6 @@ const POLL_MS = 5000;
 const QUOTAS = ["max_memories", "max_datasources", "requests_per_minute", "embedding_texts_per_day"];
 const view = { cursors: [null], page: 0, next: null };
 
-function el(tag, attrs = {}, ...children) {
-  const node = document.createElement(tag);
-  for (const [name, value] of Object.entries(attrs)) {
-    if (name === "class") node.className = value;
-    else if (name.startsWith("on")) node.addEventListener(name.slice(2), value);
-    else node.setAttribute(name, value);
-  }
-  for (const child of children) node.append(child instanceof Node ? child : document.createTextNode(String(child)));
-  return node;
-}
-
 function num(value) {
   return el("td", { class: value === 0 ? "num zero" : "num" }, value.toLocaleString());
 }
@@ -27,14 +16,6 @@ function bytes(value) {
   let unit = 0;
   while (size >= 1024 && unit < units.length - 1) { size /= 1024; unit += 1; }
   return el("td", { class: value === 0 ? "num zero" : "num" }, `${unit === 0 ? size : size.toFixed(1)} ${units[unit]}`);
-}
-
-async function call(url, options = {}) {
-  const response = await fetch(url, { credentials: "same-origin", cache: "no-store", ...options });
-  if (response.status === 401) { window.location.reload(); throw new Error("signed out"); }
-  const body = await response.json();
-  if (!response.ok) throw new Error(body?.error?.message ?? `HTTP ${response.status}`);
-  return body;
 }
 
 function patchTenant(name, change) {

@@ -189,3 +189,31 @@ def test_bench_load_short_run_loses_nothing_and_answers_only_2xx_or_503(stack, t
     statuses = {m[len("status_") :]: v for m, v in values.items() if m.startswith("status_")}
     assert sum(statuses.values()) == values["requests"]
     assert all(code.startswith("2") or code == "503" for code in statuses), statuses
+    # The API process started for the run is found by its listening socket, and its CPU is counted.
+    assert values["api_processes"] == 1 and values["api_cpu_s_per_1000"] > 0
+
+
+def test_bench_load_finds_every_process_holding_the_listening_socket():
+    """With N workers on one socket, each holds it: the listener here and a child that inherited it."""
+    import os
+    import socket
+    import subprocess
+    import sys
+
+    from core.bench.load import api_processes, cpu_seconds
+
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        port = listener.getsockname()[1]
+        fd = listener.fileno()
+        child = subprocess.Popen(
+            [sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE, pass_fds=(fd,)
+        )
+        try:
+            assert sorted(api_processes(port)) == sorted([os.getpid(), child.pid])
+            assert cpu_seconds([os.getpid()]) > 0
+        finally:
+            child.communicate(b"")
+        assert api_processes(port) == [os.getpid()]
+    assert api_processes(port) == []

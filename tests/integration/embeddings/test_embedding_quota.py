@@ -7,19 +7,8 @@ from __future__ import annotations
 import numpy as np
 from sqlalchemy import text
 
-from tests.helpers.api import OPERATOR, provision
+from tests.helpers.api import OPERATOR, key_headers, provision, tenant_id_of
 from tests.helpers.processes import wait_for
-
-
-def _headers(made: dict) -> dict[str, str]:  # type: ignore[type-arg]
-    return {"Authorization": f"Bearer {made['api_key']}"}
-
-
-def _tenant_id(name: str) -> int:
-    from core.db import system_session
-
-    with system_session() as session:
-        return int(session.execute(text("SELECT id FROM tenants WHERE name = :n"), {"n": name}).scalar_one())
 
 
 def _vectors(tenant_id: int, model: str | None = None) -> int:
@@ -60,10 +49,10 @@ def test_provider_tokens_are_metered_as_the_provider_reports_them(client):
     from core.embeddings.refresh import embed_docs
 
     made = provision(client)
-    headers = _headers(made)
+    headers = key_headers(made)
     for i in range(3):
         client.post("/v1/memories", json={"content": f"metered note {i}"}, headers=headers)
-    tenant_id = _tenant_id(made["tenant"])
+    tenant_id = tenant_id_of(made["tenant"])
     vector = list(np.linspace(0.1, 0.8, 8))
     embedder = LiteLLMEmbedder("openai/text-embedding-3-small", batch_size=1, dims=8, mock_response=vector)
     with tenant_session(tenant_id) as session:
@@ -84,8 +73,8 @@ def test_past_the_daily_quota_embedding_waits_and_search_keeps_working(client, w
     from core.embeddings.reconcile import reconcile_embeddings
 
     made = provision(client, quotas={"embedding_texts_per_day": 5})
-    headers = _headers(made)
-    tenant_id = _tenant_id(made["tenant"])
+    headers = key_headers(made)
+    tenant_id = tenant_id_of(made["tenant"])
     items = [{"content": f"the warehouse in region {i} closes at six"} for i in range(8)]
     assert client.post("/v1/memories:batch", json={"items": items}, headers=headers).status_code == 200
     wait_for(lambda: _busy(tenant_id) == 0, timeout=60)
@@ -122,15 +111,15 @@ def test_a_suspended_tenants_jobs_wait_and_go_on_after_resume(client, worker):
     from core.memories.service import save_memory
     from core.tenancy.context import Caller
 
-    tenant_id = _tenant_id(suspended["tenant"])
+    tenant_id = tenant_id_of(suspended["tenant"])
     caller = Caller(tenant_id=tenant_id, tenant_name=suspended["tenant"], user="admin@localhost", role="admin",
                     key_id="test")  # fmt: skip
     with tenant_session(tenant_id) as session:
         save_memory(session, caller=caller, item=SaveMemoryIn(content="kept while suspended"))
     [job_id] = _job_ids(tenant_id)
-    saved = client.post("/v1/memories", json={"content": "the other tenant's note"}, headers=_headers(other))
+    saved = client.post("/v1/memories", json={"content": "the other tenant's note"}, headers=key_headers(other))
     assert saved.status_code == 201
-    wait_for(lambda: _vectors(_tenant_id(other["tenant"])) == 1, timeout=60)
+    wait_for(lambda: _vectors(tenant_id_of(other["tenant"])) == 1, timeout=60)
     assert _busy(tenant_id) == 1 and _vectors(tenant_id) == 0  # still queued, not claimed
     coverage = client.get("/v1/ops/coverage", headers=OPERATOR).json()["coverage"]
     [row] = [r for r in coverage if r["tenant"] == suspended["tenant"] and r["doc_kind"] == "memory"]

@@ -28,7 +28,7 @@ import httpx
 import pytest
 from sqlalchemy import text
 
-from tests.helpers.api import OPERATOR_KEY
+from tests.helpers.api import OPERATOR_KEY, tenant_id_of
 from tests.helpers.processes import REPO, WorkerProcess, make_temp_dir, running_api, stop_process, wait_for
 
 OPERATOR = {"Authorization": f"Bearer {OPERATOR_KEY}"}
@@ -86,13 +86,6 @@ def _provision(url: str, name: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {made.json()['api_key']}"}
 
 
-def _tenant_id(name: str) -> int:
-    from core.db import system_session
-
-    with system_session() as session:
-        return int(session.execute(text("SELECT id FROM tenants WHERE name = :n"), {"n": name}).scalar_one())
-
-
 def _left_behind(tenant_id: int) -> dict[str, int]:
     """Rows of the tenant in every table the live catalog lists with a tenant_id column, and its tenants row."""
     from core.db import system_session
@@ -138,7 +131,7 @@ def test_offboarding_erases_the_tenant_everywhere_and_frees_its_name(deployment,
     a, b = deployment.urls
     name = f"leaving-{os.urandom(4).hex()}"
     headers = _provision(a, name)
-    tenant_id = _tenant_id(name)
+    tenant_id = tenant_id_of(name)
     _fill(a, headers, tmp_path)
     # Both replicas hold the tenant's index and caches; the worker embedded its memories.
     for url in (a, b):
@@ -168,7 +161,7 @@ def test_offboarding_erases_the_tenant_everywhere_and_frees_its_name(deployment,
     assert "tenant_id" not in job["payload"] and job["result"]["rows_removed"] >= sum(before.values()) - 1
 
     again = _provision(b, name)
-    assert _tenant_id(name) != tenant_id
+    assert tenant_id_of(name) != tenant_id
     for url in (a, b):
         assert httpx.get(f"{url}/v1/memories", headers=again, timeout=30).json()["memories"] == []
         found = httpx.post(f"{url}/v1/search", json={"question": "amount in cents"}, headers=again, timeout=30).json()
@@ -179,7 +172,7 @@ def test_saves_racing_the_offboarding_leave_nothing(deployment):
     a, b = deployment.urls
     name = f"racing-{os.urandom(4).hex()}"
     headers = _provision(a, name)
-    tenant_id = _tenant_id(name)
+    tenant_id = tenant_id_of(name)
     statuses: list[int] = []
     stop = threading.Event()
 
@@ -210,7 +203,7 @@ def test_the_purge_finishes_after_its_worker_is_killed_midway_and_runs_again_har
     a, _ = deployment.urls
     name = f"killed-{os.urandom(4).hex()}"
     headers = _provision(a, name)
-    tenant_id = _tenant_id(name)
+    tenant_id = tenant_id_of(name)
     with httpx.Client(base_url=a, headers=headers, timeout=120) as http:
         for start in range(0, 4_000, 1000):
             items = [{"content": f"bulk memory {i} about the nightly load"} for i in range(start, start + 1000)]

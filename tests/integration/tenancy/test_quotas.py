@@ -8,11 +8,7 @@ import threading
 import pytest
 from sqlalchemy import text
 
-from tests.helpers.api import OPERATOR, provision
-
-
-def _headers(made: dict) -> dict[str, str]:  # type: ignore[type-arg]
-    return {"Authorization": f"Bearer {made['api_key']}"}
+from tests.helpers.api import OPERATOR, key_headers, provision
 
 
 def _kept(tenant: str) -> tuple[int, int]:
@@ -32,7 +28,7 @@ def _kept(tenant: str) -> tuple[int, int]:
 
 def test_a_save_past_max_memories_is_refused_naming_the_quota_and_writes_nothing(client):
     made = provision(client, quotas={"max_memories": 2})
-    headers = _headers(made)
+    headers = key_headers(made)
     for content in ("one", "two"):
         assert client.post("/v1/memories", json={"content": content}, headers=headers).status_code == 201
     refused = client.post("/v1/memories", json={"content": "three"}, headers=headers)
@@ -52,7 +48,7 @@ def test_a_save_past_max_memories_is_refused_naming_the_quota_and_writes_nothing
 
 def test_a_batch_past_max_memories_saves_the_items_that_fit_and_refuses_the_rest(client):
     made = provision(client, quotas={"max_memories": 3})
-    headers = _headers(made)
+    headers = key_headers(made)
     assert client.post("/v1/memories", json={"id": "a", "content": "a"}, headers=headers).status_code == 201
     items = [{"id": "a", "content": "a again"}] + [{"content": f"new {i}"} for i in range(4)]
     results = client.post("/v1/memories:batch", json={"items": items}, headers=headers).json()["results"]
@@ -65,13 +61,13 @@ def test_a_batch_past_max_memories_saves_the_items_that_fit_and_refuses_the_rest
 def test_an_import_past_max_memories_is_refused_whole(client):
     source = provision(client)
     for i in range(3):
-        client.post("/v1/memories", json={"content": f"exported {i}"}, headers=_headers(source))
-    exported = client.get("/v1/memories:export", params={"format": "markdown"}, headers=_headers(source)).text
+        client.post("/v1/memories", json={"content": f"exported {i}"}, headers=key_headers(source))
+    exported = client.get("/v1/memories:export", params={"format": "markdown"}, headers=key_headers(source)).text
     target = provision(client, quotas={"max_memories": 2})
     refused = client.post(
         "/v1/memories:import",
         content=exported.encode(),
-        headers={**_headers(target), "Content-Type": "text/markdown"},
+        headers={**key_headers(target), "Content-Type": "text/markdown"},
     )
     assert refused.status_code == 403 and refused.json()["error"]["code"] == "quota_exceeded"
     assert _kept(target["tenant"]) == (0, 0)
@@ -80,7 +76,7 @@ def test_an_import_past_max_memories_is_refused_whole(client):
 def test_concurrent_batches_never_pass_max_memories(client):
     """Each batch checks the quota under the tenant's row lock: 8 batches of 25 racing for 60 places."""
     made = provision(client, quotas={"max_memories": 60})
-    headers = _headers(made)
+    headers = key_headers(made)
     statuses: list[int] = []
 
     def post(batch: int) -> None:
@@ -99,7 +95,7 @@ def test_concurrent_batches_never_pass_max_memories(client):
 
 def test_the_kept_count_follows_every_way_a_memory_comes_and_goes(client):
     made = provision(client)
-    headers = _headers(made)
+    headers = key_headers(made)
     client.post("/v1/memories:batch", json={"items": [{"content": f"m{i}", "run_id": "r1"} for i in range(5)]},
                 headers=headers)  # fmt: skip
     client.post("/v1/memories", json={"content": "purged soon"}, headers=headers)
@@ -114,7 +110,7 @@ def test_max_datasources(client, tmp_path):
     import sqlite3
 
     made = provision(client, quotas={"max_datasources": 1})
-    headers = _headers(made)
+    headers = key_headers(made)
     for name in ("one", "two"):
         sqlite3.connect(tmp_path / f"{name}.db").execute("CREATE TABLE t (x int)").connection.close()
     first = client.post("/v1/datasources", json={"name": "one", "url": f"sqlite:///{tmp_path / 'one.db'}"},
@@ -129,7 +125,7 @@ def test_max_datasources(client, tmp_path):
 
 def test_requests_per_minute_counts_every_key_of_the_tenant_together(client):
     made = provision(client, quotas={"requests_per_minute": 5})
-    admin = _headers(made)
+    admin = key_headers(made)
     member = client.post("/v1/keys", json={"user": "m@example.com"}, headers=admin)
     assert member.status_code == 201
     member_headers = {"Authorization": f"Bearer {member.json()['api_key']}"}
@@ -165,7 +161,7 @@ def test_a_refusal_sends_quota_exceeded_once_a_minute(client):
     """The refused write rolls back; its `quota.exceeded` event is committed on its own, and a client retrying
     does not turn every attempt into an event."""
     made = provision(client, quotas={"max_memories": 1})
-    headers = _headers(made)
+    headers = key_headers(made)
     hook = client.post(
         "/v1/webhooks", json={"url": "http://127.0.0.1:9/hook", "events": ["quota.exceeded"]}, headers=headers
     )

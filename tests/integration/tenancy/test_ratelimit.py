@@ -100,6 +100,27 @@ def test_budget_is_shared_by_separate_limiters(stack, tenant):
     assert 1 <= int(refused.headers()["Retry-After"]) <= 30
 
 
+def test_awaited_and_blocking_hits_spend_one_budget(stack, tenant):
+    """The event loop's awaited hits (api.auth's admission) and a thread's blocking ones count in the same
+    Redis window, with the same verdicts and header fields."""
+    import asyncio
+
+    item = RateLimitItemPerSecond(4, 30, namespace="engram-test")
+    limiter = RedisRateLimiter()
+    identifier = f"both-{tenant.name}"
+
+    async def awaited(count: int) -> list:
+        return [await limiter.ahit(item, identifier) for _ in range(count)]
+
+    verdicts = [limiter.hit(item, identifier), *asyncio.run(awaited(2)), limiter.hit(item, identifier)]
+    verdicts += asyncio.run(awaited(2))
+    assert all(v is not None for v in verdicts)
+    assert [v.allowed for v in verdicts if v is not None] == [True] * 4 + [False] * 2
+    assert [v.remaining for v in verdicts if v is not None] == [3, 2, 1, 0, 0, 0]
+    refused = verdicts[-1]
+    assert refused is not None and 1 <= int(refused.headers()["Retry-After"]) <= 30
+
+
 def test_admitted_requests_read_the_window_once_a_second(stack, tenant, monkeypatch):
     """An admitted request costs one Redis call (the hit): its RateLimit-Remaining is the window read less than
     a second ago less the requests admitted here since, so it still counts down; a refusal reads the window

@@ -8,11 +8,7 @@ from datetime import UTC, datetime, timedelta
 
 from sqlalchemy import text
 
-from tests.helpers.api import OPERATOR, provision
-
-
-def _headers(made: dict) -> dict[str, str]:  # type: ignore[type-arg]
-    return {"Authorization": f"Bearer {made['api_key']}"}
+from tests.helpers.api import OPERATOR, key_headers, provision, tenant_id_of
 
 
 def _stored(tenant: str) -> dict[str, int]:
@@ -31,7 +27,7 @@ def _stored(tenant: str) -> dict[str, int]:
 
 def test_usage_counts_equal_the_requests_made(client):
     made = provision(client)
-    headers = _headers(made)
+    headers = key_headers(made)
     client.post("/v1/memories", json={"content": "the fiscal year starts in April"}, headers=headers)
     client.post("/v1/memories:batch", json={"items": [{"content": f"note {i}"} for i in range(3)]}, headers=headers)
     for question in ("fiscal year", "notes"):
@@ -55,7 +51,7 @@ def test_counts_are_flushed_to_postgresql_once(client):
     from core.tenancy.usage import buffer
 
     made = provision(client)
-    headers = _headers(made)
+    headers = key_headers(made)
     for _ in range(3):
         client.get("/v1/memories", headers=headers)
     buffer.flush()
@@ -68,23 +64,16 @@ def test_counts_are_flushed_to_postgresql_once(client):
 
     with system_session() as session:
         last = session.execute(text("SELECT id FROM usage_flushes ORDER BY at DESC LIMIT 1")).scalar_one()
-    buffer._pending = (last, [{"tenant_id": _tenant_id(made["tenant"]), "day": datetime.now(UTC).date().isoformat(),
+    buffer._pending = (last, [{"tenant_id": tenant_id_of(made["tenant"]), "day": datetime.now(UTC).date().isoformat(),
                                "requests": 1, "searches": 0, "saves": 0}])  # fmt: skip
     buffer.flush()
     assert _stored(made["tenant"])["requests"] == 4
     assert client.get("/v1/usage", headers=headers).json()["usage"]["requests"] == 5
 
 
-def _tenant_id(name: str) -> int:
-    from core.db import system_session
-
-    with system_session() as session:
-        return int(session.execute(text("SELECT id FROM tenants WHERE name = :n"), {"n": name}).scalar_one())
-
-
 def test_usage_by_day(client):
     made = provision(client)
-    headers = _headers(made)
+    headers = key_headers(made)
     client.post("/v1/memories", json={"content": "today"}, headers=headers)
     today = datetime.now(UTC).date()
     first = today - timedelta(days=2)
@@ -103,7 +92,7 @@ def test_usage_by_day(client):
 
 def test_usage_needs_the_tenants_admin(client):
     made = provision(client)
-    member = client.post("/v1/keys", json={"user": "m@example.com"}, headers=_headers(made)).json()["api_key"]
+    member = client.post("/v1/keys", json={"user": "m@example.com"}, headers=key_headers(made)).json()["api_key"]
     assert client.get("/v1/usage", headers={"Authorization": f"Bearer {member}"}).status_code == 403
     assert client.get("/v1/usage", headers=OPERATOR).status_code == 403
 
@@ -112,7 +101,7 @@ def test_storage_is_measured_for_tenants_that_changed(client):
     from core.tenancy.usage import measure_storage
 
     made = provision(client)
-    headers = _headers(made)
+    headers = key_headers(made)
     client.post("/v1/memories", json={"content": secrets.token_hex(2500)}, headers=headers)
     measure_storage(max_tenants=10_000)
     first = client.get("/v1/usage", headers=headers).json()["usage"]["storage_bytes"]
