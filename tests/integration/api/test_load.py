@@ -200,7 +200,7 @@ def test_bench_load_finds_every_process_holding_the_listening_socket():
     import subprocess
     import sys
 
-    from core.bench.load import api_processes, cpu_seconds
+    from api.bench.load import api_processes, cpu_seconds
 
     with socket.socket() as listener:
         listener.bind(("127.0.0.1", 0))
