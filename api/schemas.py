@@ -4,6 +4,10 @@
 Request models are the core ones (``SaveMemoryIn``, ``PatchMemoryIn``, ``ListFilters``, ``SearchRequest``,
 ``DatasourceIn``, ``ModelPutIn``, ``ModelPatchIn``); ``SaveResult`` and ``SearchResponse`` are core
 responses. Models here allow extra fields so a newer server never breaks an older client.
+
+An answer's field is ``required`` in the document when every answer carries it, even where the model has a
+default (``json_schema_serialization_defaults_required``), so generated clients (the TypeScript one) type
+it as present (tests/test_client.py checks every answer of a scenario against it).
 """
 
 from __future__ import annotations
@@ -15,9 +19,11 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from core.memories.schemas import SaveResult
 
+ANSWER = ConfigDict(json_schema_serialization_defaults_required=True)
+
 
 class _Out(BaseModel):
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", **ANSWER)
 
 
 class AssociationOut(_Out):
@@ -139,7 +145,19 @@ class KeyRevoked(_Out):
     revoked: bool
 
 
+def sometimes(*fields: str) -> ConfigDict:
+    """The config of an answer that carries ``fields`` only in some cases: not required in the document."""
+
+    def optional(schema: dict[str, Any]) -> None:
+        schema["required"] = [name for name in schema.get("required", []) if name not in fields]
+
+    return ConfigDict(json_schema_extra=optional)
+
+
 class Datasource(_Out):
+    # A listed datasource carries model_count, a single one its models' names.
+    model_config = sometimes("models", "model_count")
+
     name: str
     url: str
     dialect: str | None = None
@@ -278,6 +296,8 @@ class WebhookCreated(WebhookOut):
 
 
 class WebhookUpdated(WebhookOut):
+    model_config = sometimes("secret")
+
     secret: str | None = Field(default=None, description="the new signing secret, only when one was issued")
 
 

@@ -23,7 +23,6 @@ from core.config import get_settings
 
 # The request id lives with the trace context (core.tracing), which carries both into jobs.
 from core.tracing import REQUEST_ID, current_trace_ids
-from core.tracing import current_request_id as current_request_id  # re-exported: api.client.local reads it here
 
 _PATTERNS: tuple[tuple[re.Pattern[str], str], ...] = (
     # engram API and operator keys.

@@ -14,9 +14,8 @@ if [ ! -x .venv/bin/python ]; then
   python3 -m venv .venv
 fi
 .venv/bin/python -m pip install --quiet --upgrade pip
+# The Python SDK (clients/python, engram_client) is installed with the server, which is built on it.
 .venv/bin/python -m pip install --quiet -e '.[test]'
-# The Python SDK is its own distribution (clients/python); its tests run against this checkout's server.
-.venv/bin/python -m pip install --quiet -e clients/python
 # The TypeScript client's pinned toolchain (openapi-typescript, openapi-fetch, tsc) from its lock file.
 if command -v npm >/dev/null; then
   (cd clients/typescript && npm ci --no-audit --no-fund --silent)

@@ -10,8 +10,7 @@ import time
 from typing import Any
 
 import click
-
-from api.client import EngramAPIError, EngramClient
+from engram_client import EngramClient, EngramConnectionError, EngramError
 
 FOLLOW_UPS = ("refresh_samples", "ingest_cleanup", "embed")
 POLL_SECONDS = 0.5
@@ -23,7 +22,7 @@ def _client(url: str | None, api_key: str | None) -> EngramClient:
     key = api_key or os.environ.get("ENGRAM_API_KEY")
     if not key:
         raise click.UsageError("give --api-key or set ENGRAM_API_KEY")
-    return EngramClient(base_url=url or _default_url(), api_key=key)
+    return EngramClient(url or _default_url(), api_key=key)
 
 
 def _wait(client: EngramClient, job_id: str, *, timeout: float) -> dict[str, Any]:
@@ -61,7 +60,9 @@ def ingest(datasource: str, wait: bool, timeout: float, url: str | None, api_key
                 for kind, follow_id in (jobs["ingest"].get("result") or {}).get("follow_up_jobs", {}).items():
                     jobs[kind] = _wait(client, follow_id, timeout=timeout)
                     bar.update(1)
-    except EngramAPIError as exc:
+    except EngramConnectionError as exc:
+        raise click.ClickException(exc.message) from None
+    except EngramError as exc:
         click.echo(json.dumps({"error": exc.error}), err=True)
         sys.exit(1)
     finally:

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import click
+from engram_client import EngramError
 
 from api.cli.ops import _http, with_connection
 
@@ -100,8 +101,6 @@ def _wait(client: Any, job_id: str, *, timeout: float = 300.0) -> dict[str, Any]
 def demo(db_path: str, url: str | None, api_key: str | None) -> None:
     """Create the example shop database, register and ingest it as datasource `shop`, and save a few
     memories about it (admin key)."""
-    from api.client import EngramAPIError
-
     path = Path(db_path).expanduser().resolve()
     make_shop_database(path)
     click.echo(f"shop database: {path} (regions, customers, orders, orders_archive)")
@@ -109,7 +108,7 @@ def demo(db_path: str, url: str | None, api_key: str | None) -> None:
     try:
         try:
             client.request("POST", "/v1/datasources", json={"name": "shop", "url": f"sqlite:///{path}"})
-        except EngramAPIError as exc:
+        except EngramError as exc:
             if exc.status != 409:  # already registered: ingest it again, which follows the file
                 raise
         job = _wait(client, client.request("POST", "/v1/datasources/shop/ingest", json={})["job_id"])
@@ -122,7 +121,7 @@ def demo(db_path: str, url: str | None, api_key: str | None) -> None:
         for body in MEMORIES:
             client.request("POST", "/v1/memories", json=body)
         click.echo(f"memories: {', '.join(m['id'] for m in MEMORIES)}")
-    except EngramAPIError as exc:
+    except EngramError as exc:
         click.echo(f"error: {exc.message}", err=True)
         sys.exit(1)
     finally:

@@ -11,9 +11,9 @@ from contextlib import contextmanager
 from typing import Any
 
 import click
+from engram_client import EngramClient, EngramConnectionError, EngramError
 
-from api.client import EngramAPIError, EngramClient
-from api.client.base import dump
+from api.sdk import as_json
 
 TABLE_COLUMNS = ("id", "kind", "category", "importance", "created_at", "content")
 
@@ -33,18 +33,14 @@ def _client(ctx: click.Context) -> Iterator[EngramClient]:
     api_key = opts.get("api_key") or os.environ.get("ENGRAM_API_KEY")
     if not api_key:
         raise click.UsageError("give --api-key or set ENGRAM_API_KEY")
-    client = EngramClient(base_url=url, api_key=api_key)
+    client = EngramClient(url, api_key=api_key)
     try:
         yield client
-    except EngramAPIError as exc:
+    except EngramConnectionError as exc:  # connection refused and friends: a message, not a traceback
+        raise click.ClickException(exc.message) from None
+    except EngramError as exc:
         click.echo(json.dumps({"error": exc.error}), err=True)
         sys.exit(1)
-    except Exception as exc:  # connection refused and friends: a message, not a traceback
-        import httpx
-
-        if isinstance(exc, httpx.HTTPError):
-            raise click.ClickException(f"cannot reach engram at {url}: {exc}") from None
-        raise
     finally:
         client.close()
 
@@ -134,10 +130,10 @@ def save(
     """Save a memory."""
     with _client(ctx) as client:
         result = client.save_memory(
-            content=content,
+            content,
             id=memory_id,
-            kind=kind,
-            category=category,
+            kind=kind,  # type: ignore[arg-type]  # the server refuses an unknown kind (422)
+            category=category,  # type: ignore[arg-type]
             importance=importance,
             tags=list(tags) or None,
             linked_entities=list(entities) or None,
@@ -145,7 +141,7 @@ def save(
             persona=persona,
             run_id=run_id,
         )
-    emit(dump(result), fmt=fmt, columns=("memory_id", "entities", "warnings"))
+    emit(as_json(result), fmt=fmt, columns=("memory_id", "entities", "warnings"))
 
 
 @memory.command("get")
@@ -157,7 +153,7 @@ def save(
 def get(ctx: click.Context, memory_id: str, agent_id: str | None, persona: str | None, fmt: str) -> None:
     """Recall one memory by id."""
     with _client(ctx) as client:
-        emit(dump(client.get_memory(memory_id, agent_id=agent_id, persona=persona)), fmt=fmt)
+        emit(as_json(client.get_memory(memory_id, agent_id=agent_id, persona=persona)), fmt=fmt)
 
 
 @memory.command("forget")
@@ -171,7 +167,7 @@ def forget(ctx: click.Context, memory_id: str, reason: str | None, purge: bool, 
     """Forget a memory (soft delete; --purge removes it for good)."""
     with _client(ctx) as client:
         result = client.forget_memory(memory_id, reason=reason, purge=purge, agent_id=agent_id)
-    emit(dump(result), fmt=fmt, columns=("memory_id", "status"))
+    emit(as_json(result), fmt=fmt, columns=("memory_id", "status"))
 
 
 @memory.command("list")
@@ -201,14 +197,14 @@ def list_(
 ) -> None:
     """List memories."""
     with _client(ctx) as client:
-        page = dump(
+        page = as_json(
             client.list_memories(
-                kind=kind,
-                category=category,
-                tags=",".join(tags) or None,
-                status=status,
+                kind=kind,  # type: ignore[arg-type]  # the server refuses an unknown value (422)
+                category=category,  # type: ignore[arg-type]
+                tags=list(tags) or None,
+                status=status,  # type: ignore[arg-type]
                 entity=entity,
-                sort=sort,
+                sort=sort,  # type: ignore[arg-type]
                 limit=limit,
                 cursor=cursor,
                 agent_id=agent_id,
@@ -255,7 +251,7 @@ def import_(ctx: click.Context, file: Any, agent_id: str | None, persona: str | 
         raise click.ClickException(f"{file.name} is not UTF-8: {exc}") from None
     with _client(ctx) as client:
         result = client.import_memories(markdown, agent_id=agent_id, persona=persona)
-    data = dump(result)
+    data = as_json(result)
     if fmt == "json":
         emit(data, fmt=fmt)
     else:

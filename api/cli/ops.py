@@ -10,32 +10,29 @@ import time
 from typing import Any
 
 import click
+from engram_client import EngramClient, EngramConnectionError, EngramError
 
 from api.cli.memory import emit, format_option
 
 
 def _http(url: str | None, api_key: str | None) -> Any:
     from api.cli.memory import _default_url
-    from api.client import EngramClient
 
     key = api_key or os.environ.get("ENGRAM_API_KEY")
     if not key:
         raise click.UsageError("give --api-key or set ENGRAM_API_KEY")
-    return EngramClient(base_url=url or _default_url(), api_key=key)
+    return EngramClient(url or _default_url(), api_key=key)
 
 
 def _call(client: Any, method: str, path: str, **kwargs: Any) -> Any:
-    import httpx
-
-    from api.client import EngramAPIError
-
+    """A raw REST call of the CLI: its JSON answer, or the error printed as JSON and exit status 1."""
     try:
         return client.request(method, path, **kwargs)
-    except EngramAPIError as exc:
+    except EngramConnectionError as exc:
+        raise click.ClickException(exc.message) from None
+    except EngramError as exc:
         click.echo(json.dumps({"error": exc.error}), err=True)
         sys.exit(1)
-    except httpx.HTTPError as exc:
-        raise click.ClickException(f"cannot reach engram: {exc}") from None
 
 
 connection_options = [

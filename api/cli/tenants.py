@@ -8,23 +8,22 @@ Every command is a REST call made with the operator key, to one of:
 A home that holds no engram is refused in one line, and nothing is created there.
 """
 
-# Imports inside the commands are deferred: `engram` loads only the command that runs (see api.cli); the
-# in-process app only when no API URL is given.
 from __future__ import annotations
 
 import json
 import os
 import secrets
-import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import click
+from engram_client import EngramClient
 
 from api.cli import _set_home
 from api.cli.memory import emit
+from api.cli.ops import _call
 
 QUOTA_FLAGS = (
     ("--max-memories", "max_memories"),
@@ -51,7 +50,6 @@ def _home_operator_key(home: Path) -> str | None:
 @contextmanager
 def operator_client(*, url: str | None, operator_key: str | None, home: str | None) -> Iterator[Any]:
     """A client holding the operator key, bound to the engram this command is pointed at."""
-    from api.client import EngramClient
     from core.config import get_settings
     from core.runtime import read_runtime
 
@@ -60,7 +58,7 @@ def operator_client(*, url: str | None, operator_key: str | None, home: str | No
         key = operator_key or os.environ.get("ENGRAM_OPERATOR_KEY")
         if not key:
             raise click.UsageError("the operator key is needed: give --operator-key or set ENGRAM_OPERATOR_KEY")
-        with EngramClient(base_url=url, api_key=key) as client:
+        with EngramClient(url, api_key=key) as client:
             yield client
         return
     _set_home(home)
@@ -68,7 +66,7 @@ def operator_client(*, url: str | None, operator_key: str | None, home: str | No
     record = read_runtime()
     served_key = _home_operator_key(settings.home)
     if record and record.get("api_url") and served_key and not settings.database_url:
-        with EngramClient(base_url=str(record["api_url"]), api_key=served_key) as client:
+        with EngramClient(str(record["api_url"]), api_key=served_key) as client:
             yield client
         return
     if not settings.database_url and not record:
@@ -87,8 +85,7 @@ def operator_client(*, url: str | None, operator_key: str | None, home: str | No
 def _in_process(operator_key: str | None) -> Iterator[Any]:
     """engram's routes in this process, on the configured or the home's database, with an operator key."""
     from api.cli.database import database_session_for_cli
-    from api.client.local import LOCAL_URL, InProcessTransport
-    from api.client.sync import EngramClient
+    from api.sdk import LOCAL_URL, InProcessTransport
     from core.config import reset_settings_cache
 
     if not os.environ.get("ENGRAM_OPERATOR_KEY"):
@@ -100,22 +97,10 @@ def _in_process(operator_key: str | None) -> Iterator[Any]:
         from core.migrate import upgrade
 
         upgrade()
-        with EngramClient(base_url=LOCAL_URL, api_key=key, transport=InProcessTransport()) as client:
+        with EngramClient(LOCAL_URL, api_key=key, transport=InProcessTransport()) as client:
             yield client
 
 
-def _call(client: Any, method: str, path: str, **kwargs: Any) -> Any:
-    import httpx
-
-    from api.client import EngramAPIError
-
-    try:
-        return client.request(method, path, **kwargs)
-    except EngramAPIError as exc:
-        click.echo(json.dumps({"error": exc.error}), err=True)
-        sys.exit(1)
-    except httpx.HTTPError as exc:
-        raise click.ClickException(f"cannot reach engram: {exc}") from None
 
 
 def _row(tenant: dict[str, Any]) -> dict[str, Any]:

@@ -16,7 +16,7 @@ from mcp.types import CallToolResult, ContentBlock, Tool
 from pydantic import ValidationError
 
 from api.mcp.schema import compact_schema
-from api.mcp.tools import ClientFor, register_tools, validation_error_result
+from api.mcp.tools import ClientFor, register_tools, validation_error_result, with_memory_id
 from core import __version__
 
 INSTRUCTIONS = (
@@ -38,7 +38,7 @@ class EngramMCP(FastMCP):
         self, name: str, arguments: dict[str, Any]
     ) -> CallToolResult | list[ContentBlock] | dict[str, Any]:
         try:
-            return await super().call_tool(name, arguments)  # type: ignore[return-value]
+            return await super().call_tool(name, with_memory_id(name, arguments))  # type: ignore[return-value]
         except ToolError as exc:
             if isinstance(exc.__cause__, ValidationError):
                 return validation_error_result(exc.__cause__)

@@ -3,8 +3,8 @@
 SAVE_MEMORY = """Save something worth remembering for future runs: a fact, preference, decision, goal, todo,
 or a quirk you discovered about the data. Call it at the end of a step when you learned something a later
 run would otherwise have to rediscover; do not save scratch work (use category 'conversation' for that).
-Link the catalog entities the memory is about so search finds it by entity. Saving an existing id
-replaces that memory (upsert). `learning` is an alias of `content`. Returns {memory_id, entities, warnings}.
+Link the catalog entities the memory is about so search finds it by entity. Saving with an existing
+memory_id replaces that memory (upsert). `learning` is an alias of `content`. Returns {memory_id, entities, warnings}.
 
 category: core (durable, default), daily (expires 72 h after the last write), conversation
 (dies with the run), workspace (shared with every agent of the tenant).
@@ -16,19 +16,19 @@ GET_MEMORY = """Recall one memory exactly by its id (from search, list_memories 
 its fields: content, kind, category, tags, entities, associations, times. Use it when you already know
 which memory you need; use search when you do not. Unknown or not visible to you: a not_found error.
 
-Example: {"id": "42"}"""
+Example: {"memory_id": "42"}"""
 
 UPDATE_MEMORY = """Revise a memory you (or your user) own, keeping its id and creation time: correct its text,
 kind, category, tags, importance, linked entities or associations. Only the fields you give change. Prefer
 this over saving a near-duplicate when a fact changed. Returns the updated memory.
 
-Example: {"id": "42", "content": "Bob moved to the Enterprise plan", "tags": ["customer", "plan_enterprise"]}"""
+Example: {"memory_id": "42", "content": "Bob moved to the Enterprise plan", "tags": ["customer", "plan_enterprise"]}"""
 
 FORGET_MEMORY = """Forget a memory that is wrong, outdated or that the user asked you to forget. It is
 excluded from every search, list and recall from then on, and references to it (memory:<id>) are removed
 from other memories. Give a short reason for the audit trail. Returns {memory_id, status: "forgotten"}.
 
-Example: {"id": "42", "reason": "user corrected the plan name"}"""
+Example: {"memory_id": "42", "reason": "user corrected the plan name"}"""
 
 LIST_MEMORIES = """Browse memories with exact filters (kind, category, tags, run, entity, creation time),
 newest first or by importance or access count, one page at a time (pass next_cursor for the next page).

@@ -4,6 +4,10 @@ Stateless and with JSON answers: every POST is authenticated and served on its o
 works behind several API worker processes (an MCP session kept in one process's memory would not) and
 needs no sticky routing. The SDK's DNS-rebinding guard stays off: it protects unauthenticated local
 servers, while every call here needs the Bearer key, which a rebinding page cannot supply.
+
+A tool call is one REST request to the app serving ``/mcp`` (engram's Python SDK on an ASGI transport bound
+to that app, on the same event loop): the route's own validation, authorization, rate limit and metering
+apply once, and no second app or thread is involved.
 """
 
 from __future__ import annotations
@@ -12,18 +16,19 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
+from engram_client import AsyncEngramClient
 from fastapi import FastAPI
 from mcp.server.fastmcp import Context
 from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.routing import Route
-from starlette.types import Receive, Scope, Send
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from api.auth import bearer_token, caller_from_request
-from api.client.local import LocalEngramClient
 from api.errors import error_response
 from api.mcp import build_server
+from api.sdk import app_client
 from core.errors import EngramError
 
 MCP_PATH = "/mcp"
@@ -31,28 +36,27 @@ MCP_PATH = "/mcp"
 AGENT_HEADER, PERSONA_HEADER = "x-engram-agent-id", "x-engram-persona"
 
 
-async def _client_for(ctx: Context) -> LocalEngramClient:
-    """The tool call's client: the routes of this process, with the key the MCP request was sent with."""
-
-    request: Any = ctx.request_context.request
-    return await run_in_threadpool(
-        lambda: LocalEngramClient(
-            api_key=bearer_token(request) or "",
-            agent_id=request.headers.get(AGENT_HEADER) or None,
-            persona=request.headers.get(PERSONA_HEADER) or None,
-            install_queue=False,
-            # The tool's REST calls carry the MCP request's id (api.observe keeps it in the scope's state).
-            request_id=getattr(request.state, "request_id", None),
-        )
-    )
-
-
 class McpEndpoint:
     """ASGI app: authenticate like /v1 (401/403/429 in the REST error shape), then hand over to the SDK."""
 
-    def __init__(self) -> None:
-        self._server = build_server(_client_for)
+    def __init__(self, app: ASGIApp) -> None:
+        self._app = app
+        self._server = build_server(self._client_for)
         self._manager: StreamableHTTPSessionManager | None = None
+
+    @asynccontextmanager
+    async def _client_for(self, ctx: Context) -> AsyncIterator[AsyncEngramClient]:
+        """The tool call's client: the app serving this request, with the key the MCP request was sent with."""
+        request: Any = ctx.request_context.request
+        async with app_client(
+            self._app,
+            api_key=bearer_token(request) or "",
+            agent_id=request.headers.get(AGENT_HEADER) or None,
+            persona=request.headers.get(PERSONA_HEADER) or None,
+            # The tool's REST calls carry the MCP request's id (api.observe keeps it in the scope's state).
+            request_id=getattr(request.state, "request_id", None),
+        ) as client:
+            yield client
 
     @asynccontextmanager
     async def running(self) -> AsyncIterator[None]:
@@ -87,7 +91,7 @@ class McpEndpoint:
 
 def mount_mcp(app: FastAPI) -> None:
     """Serve MCP at /mcp on `app`, and run its manager inside the app's lifespan."""
-    endpoint = McpEndpoint()
+    endpoint = McpEndpoint(app)
     for path in (MCP_PATH, MCP_PATH + "/"):
         app.router.routes.append(Route(path, endpoint=endpoint))
     previous = app.router.lifespan_context

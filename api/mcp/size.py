@@ -9,10 +9,11 @@ inside its package, so no download); without litellm, with the bundled local mod
 # the bundled model's WordPiece through tokenizers), and build_server is loaded only when measuring.
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import os
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -23,8 +24,10 @@ def tool_definitions() -> list[dict[str, Any]]:
     """The tools exactly as `tools/list` answers them."""
     from api.mcp import build_server
 
-    async def no_client(ctx: Any) -> Any:
+    @contextlib.asynccontextmanager
+    async def no_client(ctx: Any) -> AsyncIterator[Any]:
         raise RuntimeError("only listing")
+        yield  # a generator, as asynccontextmanager needs
 
     tools = anyio.run(build_server(no_client).list_tools)
     return [tool.model_dump(mode="json", by_alias=True, exclude_none=True) for tool in tools]

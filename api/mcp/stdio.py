@@ -5,19 +5,21 @@ runs beside `engram serve`), or with ``--url`` through a remote engram's REST AP
 hosted engram). The tools and their answers are the same.
 """
 
-# Imports inside functions are deferred: `engram mcp` is a CLI command (see api.cli), and it loads the
-# in-process app or the HTTP client only for the mode it runs in.
 from __future__ import annotations
 
 import contextlib
 import os
 import sys
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 
 import anyio
+from engram_client import AsyncEngramClient, EngramClient, EngramConnectionError, EngramError
 from mcp.server.fastmcp import Context
 
-from api.mcp.tools import MemoryClient
+from api.cli.database import database_session_for_cli
+from api.mcp import build_server
+from api.sdk import app_client, check_key, install_job_queue
+from core.runtime import ServiceNotRunning
 
 
 class McpStartupError(RuntimeError):
@@ -47,23 +49,23 @@ def _api_key(api_key: str | None) -> str:
 
 
 def run_stdio(*, agent_id: str | None, persona: str | None) -> None:
-    """Serve MCP on stdin/stdout against the storage directly, until the client closes the stream."""
-    from api.cli.database import database_session_for_cli
-    from api.client.base import EngramAPIError
-    from api.client.local import LocalEngramClient
-    from core.runtime import ServiceNotRunning
+    """Serve MCP on stdin/stdout against the storage directly, until the client closes the stream: the
+    tools call engram's app built in this process (its routes, on the stdio server's event loop)."""
+    from api.app import create_app  # builds every route: only for this command, not for importing the CLI
 
     api_key = _api_key(None)
     with contextlib.ExitStack() as stack:
         with _stdout_to_stderr():
             try:
                 stack.enter_context(database_session_for_cli())
-                client = LocalEngramClient(api_key=api_key, agent_id=agent_id, persona=persona)
-            except EngramAPIError as exc:
+                check_key(api_key)
+                install_job_queue()
+                app = create_app()
+            except EngramError as exc:
                 raise McpStartupError(f"ENGRAM_API_KEY was refused: {exc.message}") from None
             except ServiceNotRunning as exc:
                 raise McpStartupError(str(exc)) from None
-        _serve(client)
+        _serve(lambda: app_client(app, api_key=api_key, agent_id=agent_id, persona=persona))
 
 
 def run_remote_stdio(*, url: str, api_key: str | None, agent_id: str | None, persona: str | None) -> None:
@@ -72,30 +74,29 @@ def run_remote_stdio(*, url: str, api_key: str | None, agent_id: str | None, per
     The key is checked once before serving (a cheap authenticated read), so a wrong key or an unreachable
     URL stops the command with a clear message instead of failing every later tool call.
     """
-    import httpx
-
-    from api.client.base import EngramAPIError
-    from api.client.sync import EngramClient
-
-    client = EngramClient(base_url=url, api_key=_api_key(api_key), agent_id=agent_id, persona=persona)
-    try:
-        client.list_memories(limit=1)
-    except EngramAPIError as exc:
-        client.close()
-        if exc.status in (401, 403):
-            raise McpStartupError(f"ENGRAM_API_KEY was refused by {url}: {exc.message}") from None
-        raise McpStartupError(f"{url} answered {exc.status} {exc.code}: {exc.message}") from None
-    except httpx.HTTPError as exc:
-        client.close()
-        raise McpStartupError(f"cannot reach engram at {url}: {exc}") from None
-    with client:
-        _serve(client)
+    key = _api_key(api_key)
+    with EngramClient(url, api_key=key, max_retries=0) as probe:
+        try:
+            probe.list_memories(limit=1)
+        except EngramConnectionError as exc:
+            raise McpStartupError(exc.message) from None
+        except EngramError as exc:
+            if exc.status in (401, 403):
+                raise McpStartupError(f"ENGRAM_API_KEY was refused by {url}: {exc.message}") from None
+            raise McpStartupError(f"{url} answered {exc.status} {exc.code}: {exc.message}") from None
+    _serve(lambda: AsyncEngramClient(url, api_key=key, agent_id=agent_id, persona=persona))
 
 
-def _serve(client: MemoryClient) -> None:
-    from api.mcp import build_server
+def _serve(make_client: Callable[[], AsyncEngramClient]) -> None:
+    """Serve the tools with one client for the life of the stdio session (made on the server's loop)."""
 
-    async def client_for(ctx: Context) -> MemoryClient:
-        return client
+    async def main() -> None:
+        async with make_client() as client:
 
-    anyio.run(build_server(client_for).run_stdio_async)
+            @contextlib.asynccontextmanager
+            async def client_for(ctx: Context) -> AsyncIterator[AsyncEngramClient]:
+                yield client
+
+            await build_server(client_for).run_stdio_async()
+
+    anyio.run(main)

@@ -1,37 +1,40 @@
-"""The MCP tools: one per agent-facing memory and catalog call, each a thin adapter to an engram client.
+"""The MCP tools: one per agent-facing memory and catalog call, each a thin adapter to engram's Python SDK.
 
-A tool gathers the arguments the agent gave and hands them, in a worker thread, to either
-:class:`api.client.local.LocalEngramClient` (the REST routes themselves, run in-process) or
-:class:`api.client.sync.EngramClient` (a remote engram's REST API); both have the same methods and results.
+A tool gathers the arguments the agent gave and awaits the matching call of an
+:class:`engram_client.AsyncEngramClient`: bound to the app serving ``/mcp`` (over HTTP), to an app in this
+process (``engram mcp``) or to a remote engram (``engram mcp --url``); the calls and results are the same.
 The result is answered as structured content plus its JSON text. A refused call answers ``isError`` with
 the REST error object ``{"error": {"code", "message", "field"?}}``, so an agent reads the same message it
 would over HTTP.
+
+A memory's id is ``memory_id`` in every tool, as in the answers (``save_memory`` answers ``memory_id``).
+``id``, the name these tools took first, is still accepted (:data:`ID_ALIASES`).
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Awaitable, Callable
+from contextlib import AbstractAsyncContextManager
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-import anyio
-import httpx
+from engram_client import AsyncEngramClient, EngramConnectionError, EngramError, InvalidRequestError
 from mcp.server.fastmcp import Context, FastMCP
 from mcp.types import CallToolResult, TextContent, ToolAnnotations
 from pydantic import BaseModel, Field, ValidationError
 
-from api.client.base import EngramAPIError, dump
-from api.client.local import LocalEngramClient
-from api.client.sync import EngramClient
 from api.mcp import descriptions as text
+from api.sdk import as_json, unreachable
 from core.memories.schemas import MemoryCategory, MemoryKind, RelationType
 
-MemoryClient = LocalEngramClient | EngramClient
-# Resolves the client of the agent behind one tool call (stdio: fixed; HTTP: from the request's key).
-ClientFor = Callable[[Context], Awaitable[MemoryClient]]
+# The client of the agent behind one tool call, for the duration of the call (stdio: one for the process;
+# HTTP: one on the serving app with the request's key).
+ClientFor = Callable[[Context], AbstractAsyncContextManager[AsyncEngramClient]]
+# Tools that name a memory by its id, and the argument name they accepted before taking `memory_id`.
+ID_ALIASES = {"save_memory": "id", "get_memory": "id", "update_memory": "id", "forget_memory": "id"}
 
-Id = Annotated[str, Field(description="The memory id, e.g. '42'.")]
+MemoryId = Annotated[str, Field(description="The memory's id, e.g. '42' (`id` is accepted too).")]
 AgentId = Annotated[str | None, Field(description="Your agent id; saves carry it.")]
 Persona = Annotated[str | None, Field(description="The persona you act under.")]
 Tags = Annotated[list[str] | None, Field(description="Labels, e.g. ['customer'].")]
@@ -55,6 +58,7 @@ Associations = Annotated[list[AssociationArg] | None, Field(description="Links t
 
 # Names in a tool's locals() that are not arguments to forward (free variables show up there too).
 _NOT_FIELDS = frozenset({"ctx", "client_for"})
+_ID_AND_WHO = frozenset({"memory_id", "agent_id", "persona"})
 
 
 def _given(values: dict[str, Any]) -> dict[str, Any]:
@@ -69,7 +73,7 @@ def _given(values: dict[str, Any]) -> dict[str, Any]:
 
 
 def _result(value: Any) -> CallToolResult:
-    data = dump(value)
+    data = as_json(value)
     structured = data if isinstance(data, dict) else {"result": data}
     return CallToolResult(
         content=[TextContent(type="text", text=json.dumps(data, ensure_ascii=False, indent=1))],
@@ -77,7 +81,7 @@ def _result(value: Any) -> CallToolResult:
     )
 
 
-def error_result(exc: EngramAPIError) -> CallToolResult:
+def error_result(exc: EngramError) -> CallToolResult:
     body = {"error": {**exc.error, "status": exc.status}}
     return CallToolResult(content=[TextContent(type="text", text=json.dumps(body, ensure_ascii=False))], isError=True)
 
@@ -86,18 +90,29 @@ def validation_error_result(exc: ValidationError) -> CallToolResult:
     """A tool argument the schema refuses, as the REST API's 422 naming the field."""
     first = exc.errors()[0]
     field = ".".join(str(part) for part in first["loc"]) or None
-    return error_result(EngramAPIError(422, "validation_error", first["msg"], field))
+    return error_result(InvalidRequestError(first["msg"], status=422, code="validation_error", field=field))
 
 
-async def _run(client_for: ClientFor, ctx: Context, call: Callable[[MemoryClient], Any]) -> CallToolResult:
+def with_memory_id(tool: str, arguments: dict[str, Any]) -> dict[str, Any]:
+    """A call's arguments with the old id argument name read as `memory_id`."""
+    alias = ID_ALIASES.get(tool)
+    if alias is None or alias not in arguments or "memory_id" in arguments:
+        return arguments
+    renamed = dict(arguments)
+    renamed["memory_id"] = renamed.pop(alias)
+    return renamed
+
+
+async def _run(
+    client_for: ClientFor, ctx: Context, call: Callable[[AsyncEngramClient], Awaitable[Any]]
+) -> CallToolResult:
     try:
-        client = await client_for(ctx)
-        # Local calls are synchronous database work, remote ones blocking HTTP: keep both off the event loop.
-        return _result(await anyio.to_thread.run_sync(call, client))
-    except EngramAPIError as exc:
+        async with client_for(ctx) as client:
+            return _result(await call(client))
+    except EngramConnectionError as exc:
+        return error_result(unreachable(exc))
+    except EngramError as exc:
         return error_result(exc)
-    except httpx.HTTPError as exc:
-        return error_result(EngramAPIError(503, "unavailable", f"engram is unreachable ({exc}); retry shortly"))
 
 
 def register_tools(server: FastMCP, client_for: ClientFor) -> None:
@@ -114,7 +129,9 @@ def register_tools(server: FastMCP, client_for: ClientFor) -> None:
         content: Annotated[str | None, Field(description="The memory: concise, complete, <= 50,000 bytes.")] = None,
         learning: Annotated[str | None, Field(description="Alias of content.")] = None,
         linked_entities: LinkedEntities = None,
-        id: Annotated[str | None, Field(description="A stable id to upsert; omit for the next integer id.")] = None,
+        memory_id: Annotated[
+            str | None, Field(description="A stable id to upsert; omit for the next integer id (`id` works too).")
+        ] = None,
         kind: Kind = None,
         category: Category = None,
         importance: Annotated[float | None, Field(ge=0.0, le=1.0, description="0..1; default by kind.")] = None,
@@ -126,17 +143,20 @@ def register_tools(server: FastMCP, client_for: ClientFor) -> None:
         agent_id: AgentId = None,
         persona: Persona = None,
     ) -> CallToolResult:
-        fields = _given({k: v for k, v in locals().items() if k not in _NOT_FIELDS})
-        return await _run(client_for, ctx, lambda c: c.save_memory(**fields))
+        fields = _given({k: v for k, v in locals().items() if k not in _NOT_FIELDS | {"memory_id", "learning"}})
+        fields["content"] = content if content is not None else learning
+        return await _run(client_for, ctx, lambda c: c.save_memory(id=memory_id, **fields))
 
     @server.tool(description=text.GET_MEMORY, annotations=read_only)
-    async def get_memory(ctx: Context, id: Id, agent_id: AgentId = None, persona: Persona = None) -> CallToolResult:
-        return await _run(client_for, ctx, lambda c: c.get_memory(id, agent_id=agent_id, persona=persona))
+    async def get_memory(
+        ctx: Context, memory_id: MemoryId, agent_id: AgentId = None, persona: Persona = None
+    ) -> CallToolResult:
+        return await _run(client_for, ctx, lambda c: c.get_memory(memory_id, agent_id=agent_id, persona=persona))
 
     @server.tool(description=text.UPDATE_MEMORY, annotations=writes)
     async def update_memory(
         ctx: Context,
-        id: Id,
+        memory_id: MemoryId,
         content: Annotated[str | None, Field(description="The new text.")] = None,
         kind: Kind = None,
         category: Category = None,
@@ -147,13 +167,15 @@ def register_tools(server: FastMCP, client_for: ClientFor) -> None:
         agent_id: AgentId = None,
         persona: Persona = None,
     ) -> CallToolResult:
-        fields = _given({k: v for k, v in locals().items() if k not in _NOT_FIELDS | {"id", "agent_id", "persona"}})
-        return await _run(client_for, ctx, lambda c: c.patch_memory(id, agent_id=agent_id, persona=persona, **fields))
+        fields = _given({k: v for k, v in locals().items() if k not in _NOT_FIELDS | _ID_AND_WHO})
+        return await _run(
+            client_for, ctx, lambda c: c.update_memory(memory_id, agent_id=agent_id, persona=persona, **fields)
+        )
 
     @server.tool(description=text.FORGET_MEMORY, annotations=destroys)
     async def forget_memory(
         ctx: Context,
-        id: Id,
+        memory_id: MemoryId,
         reason: Annotated[str | None, Field(description="Why, for the audit trail.")] = None,
         purge: Annotated[bool, Field(description="Delete it for good instead (owner or admin).")] = False,
         agent_id: AgentId = None,
@@ -162,7 +184,7 @@ def register_tools(server: FastMCP, client_for: ClientFor) -> None:
         return await _run(
             client_for,
             ctx,
-            lambda c: c.forget_memory(id, reason=reason, purge=purge, agent_id=agent_id, persona=persona),
+            lambda c: c.forget_memory(memory_id, reason=reason, purge=purge, agent_id=agent_id, persona=persona),
         )
 
     @server.tool(description=text.LIST_MEMORIES, annotations=read_only)

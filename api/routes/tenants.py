@@ -47,6 +47,9 @@ class Quotas(BaseModel):
 
 
 class Usage(BaseModel):
+    # Every answer carries every counter: the OpenAPI document marks them required.
+    model_config = ConfigDict(json_schema_serialization_defaults_required=True)
+
     memories: int = 0
     datasources: int = 0
     storage_bytes: int = 0

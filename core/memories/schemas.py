@@ -203,7 +203,17 @@ def unknown_fields(model: type[BaseModel], body: dict[str, Any]) -> None:
             raise Invalid(f"{key}: Extra inputs are not permitted", field=str(key))
 
 
+def _similar_existing_is_optional(schema: dict[str, Any]) -> None:
+    # The results of a batch carry no similar_existing; a single save's answer always does.
+    schema["required"] = [name for name in schema.get("required", []) if name != "similar_existing"]
+
+
 class SaveResult(BaseModel):
+    # The OpenAPI document marks required what every answer carries (generated clients type it as present).
+    model_config = ConfigDict(
+        json_schema_serialization_defaults_required=True, json_schema_extra=_similar_existing_is_optional
+    )
+
     memory_id: str
     entities: list[str]
     warnings: list[str] = Field(default_factory=list)

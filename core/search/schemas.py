@@ -120,6 +120,9 @@ class EntityHit(BaseModel):
 
 
 class Channels(BaseModel):
+    # Every answer carries every field: the OpenAPI document marks them required.
+    model_config = ConfigDict(json_schema_serialization_defaults_required=True)
+
     entity_bm25: bool = False
     fulltext: bool = False
     dense: bool = False
@@ -127,6 +130,9 @@ class Channels(BaseModel):
 
 
 class SearchResponse(BaseModel):
+    # Every answer carries every field: the OpenAPI document marks them required.
+    model_config = ConfigDict(json_schema_serialization_defaults_required=True)
+
     memories: list[MemoryHit] = Field(default_factory=list)
     example_queries: list[ExampleQueryHit] = Field(default_factory=list)
     entities: list[EntityHit] = Field(default_factory=list)

@@ -9,14 +9,14 @@ import random
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import date
 from typing import Any, Generic, TypeVar
 from urllib.parse import quote
 
 import httpx
 from pydantic import BaseModel
 
-from engram_client.errors import EngramError, error_for
+from engram_client.errors import EngramConnectionError, EngramError, error_for
 
 T = TypeVar("T")
 M = TypeVar("M", bound=BaseModel)
@@ -87,10 +87,15 @@ class Call(Generic[T]):
     parse: Callable[[Any], T]
     params: dict[str, Any] = field(default_factory=dict)
     json: Any = None
+    markdown: str | None = None  # a text/markdown body instead of JSON (the import)
+    text_answer: bool | None = False  # the answer is text (the export); None: whatever its content type says
 
     def request_kwargs(self) -> dict[str, Any]:
         kwargs: dict[str, Any] = {"params": {k: v for k, v in self.params.items() if v is not None and v != []}}
-        if self.json is not None:
+        if self.markdown is not None:
+            kwargs["content"] = self.markdown.encode("utf-8")
+            kwargs["headers"] = {"Content-Type": "text/markdown; charset=utf-8"}
+        elif self.json is not None:
             kwargs["json"] = self.json
         return kwargs
 
@@ -108,6 +113,11 @@ def read(call: Call[T], response: httpx.Response) -> T:
             request_id=response.headers.get("X-Request-ID"),
             retry_after=retry_after(response),
         )
+    as_text = call.text_answer
+    if as_text is None:
+        as_text = "json" not in response.headers.get("Content-Type", "")
+    if as_text:
+        return call.parse(response.text)
     try:
         return call.parse(response.json())
     except ValueError as exc:
@@ -119,8 +129,6 @@ def should_retry(response: httpx.Response, attempt: int, settings: Settings) -> 
 
 
 def connection_error(exc: httpx.HTTPError, settings: Settings) -> EngramError:
-    from engram_client.errors import EngramConnectionError
-
     return EngramConnectionError(f"cannot reach engram at {settings.base_url}: {exc}", code="unreachable")
 
 
@@ -128,15 +136,25 @@ def parser(model: type[M]) -> Callable[[Any], M]:
     return model.model_validate
 
 
+def list_parser(model: type[M], key: str) -> Callable[[Any], list[M]]:
+    """The list under ``key`` of an answer, each item as ``model``."""
+    return lambda body: [model.model_validate(item) for item in body[key]]
+
+
+def segment(value: str) -> str:
+    """A path segment: an id or name quoted whole (a ``/`` in it stays part of it)."""
+    return quote(value, safe="")
+
+
 def memory_path(memory_id: str) -> str:
-    return f"/v1/memories/{quote(memory_id, safe='')}"
+    return f"/v1/memories/{segment(memory_id)}"
 
 
 def json_value(value: Any) -> Any:
     """A keyword argument as JSON: models by their fields, datetimes as ISO 8601."""
     if isinstance(value, BaseModel):
         return value.model_dump(mode="json", exclude_none=True)
-    if isinstance(value, datetime):
+    if isinstance(value, date):  # datetimes too
         return value.isoformat()
     if isinstance(value, list | tuple):
         return [json_value(v) for v in value]

@@ -8,19 +8,18 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from typing import Any
-from urllib.parse import quote
 
-from engram_client._calls import Call, Settings, given, identity, memory_path, parser
+from engram_client._calls import Call, Settings, given, identity, memory_path, parser, segment
 from engram_client.models import (
     BatchResult,
     ForgetResult,
     HydrateResult,
-    Job,
     Memory,
     MemoryPage,
     SaveResult,
     SearchResponse,
 )
+from engram_client.resources import ImportResult, MemoryHistory, RunEnded
 
 _WHO = ("agent_id", "persona")
 
@@ -44,6 +43,11 @@ def save_memories(
 def get_memory(settings: Settings, memory_id: str, fields: Mapping[str, Any]) -> Call[Memory]:
     params = {**_who(settings, fields), "include_forgotten": "true" if fields.get("include_forgotten") else None}
     return Call("GET", memory_path(memory_id), parser(Memory), params=params)
+
+
+def memory_history(settings: Settings, memory_id: str, fields: Mapping[str, Any]) -> Call[MemoryHistory]:
+    params = {**_who(settings, fields), "include_forgotten": "true" if fields.get("include_forgotten") else None}
+    return Call("GET", memory_path(memory_id) + "/history", parser(MemoryHistory), params=params)
 
 
 def update_memory(settings: Settings, memory_id: str, fields: Mapping[str, Any]) -> Call[Memory]:
@@ -75,5 +79,16 @@ def search(settings: Settings, fields: Mapping[str, Any]) -> Call[SearchResponse
     return Call("POST", "/v1/search", parser(SearchResponse), json=body)
 
 
-def get_job(settings: Settings, job_id: str) -> Call[Job]:
-    return Call("GET", f"/v1/jobs/{quote(job_id, safe='')}", parser(Job))
+def export_memories(settings: Settings, fields: Mapping[str, Any]) -> Call[str]:
+    params = {"format": "markdown", **_who(settings, fields)}
+    return Call("GET", "/v1/memories:export", str, params=params, text_answer=True)
+
+
+def import_memories(settings: Settings, markdown: str, fields: Mapping[str, Any]) -> Call[ImportResult]:
+    return Call("POST", "/v1/memories:import", parser(ImportResult), params=_who(settings, fields), markdown=markdown)
+
+
+def end_run(settings: Settings, run_id: str, fields: Mapping[str, Any]) -> Call[RunEnded]:
+    flags = {"all": "true" if fields.get("all_categories") else None, "purge": "true" if fields.get("purge") else None}
+    params = {**_who(settings, fields), **flags}
+    return Call("DELETE", f"/v1/runs/{segment(run_id)}", parser(RunEnded), params=params)

@@ -12,18 +12,18 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping, Sequence
 from datetime import datetime
-from typing import Any
+from typing import Any, overload
 
 import httpx
 
 from engram_client import _operations as op
-from engram_client._calls import Call, Settings, T, connection_error, read, should_retry
+from engram_client._admin_sync import AdminCalls
+from engram_client._calls import Call, M, Settings, T, connection_error, parser, read, should_retry
 from engram_client.models import (
     Association,
     BatchResult,
     ForgetResult,
     HydrateResult,
-    Job,
     ListSort,
     Memory,
     MemoryCategory,
@@ -34,11 +34,12 @@ from engram_client.models import (
     SearchMode,
     SearchResponse,
 )
+from engram_client.resources import ImportResult, MemoryHistory, RunEnded
 
 Entities = list[str] | dict[str, Any]
 
 
-class EngramClient:
+class EngramClient(AdminCalls):
     """engram over its REST API. ``agent_id`` / ``persona`` are sent when a call names none.
 
     429 and 503 answers are retried ``max_retries`` times, waiting what ``Retry-After`` says (else an
@@ -133,6 +134,17 @@ class EngramClient:
         """Recall one memory by id (:class:`NotFoundError` when absent or not visible)."""
         return self._send(op.get_memory(self.settings, memory_id, locals()))
 
+    def memory_history(
+        self,
+        memory_id: str,
+        *,
+        include_forgotten: bool = False,
+        agent_id: str | None = None,
+        persona: str | None = None,
+    ) -> MemoryHistory:
+        """The memory's versions, newest (the current one) first."""
+        return self._send(op.memory_history(self.settings, memory_id, locals()))
+
     def update_memory(
         self,
         memory_id: str,
@@ -190,6 +202,28 @@ class EngramClient:
         """The standing context of an agent that fits ``budget_bytes`` (core memories first)."""
         return self._send(op.hydrate(self.settings, locals()))
 
+    def export_memories(self, *, agent_id: str | None = None, persona: str | None = None) -> str:
+        """The visible memories as markdown with YAML front matter, one block a memory."""
+        return self._send(op.export_memories(self.settings, locals()))
+
+    def import_memories(
+        self, markdown: str, *, agent_id: str | None = None, persona: str | None = None
+    ) -> ImportResult:
+        """Save the memories of an export (the same keys replace the same memories)."""
+        return self._send(op.import_memories(self.settings, markdown, locals()))
+
+    def end_run(
+        self,
+        run_id: str,
+        *,
+        all_categories: bool = False,
+        purge: bool = False,
+        agent_id: str | None = None,
+        persona: str | None = None,
+    ) -> RunEnded:
+        """Forget a run's conversation memories (``all_categories``: every memory of it; ``purge``: for good)."""
+        return self._send(op.end_run(self.settings, run_id, locals()))
+
     # Search
 
     def search(
@@ -216,7 +250,48 @@ class EngramClient:
         """Memories, example queries and catalog entities relevant to a question and/or entities."""
         return self._send(op.search(self.settings, locals()))
 
-    # Jobs
+    # Any call, typed by the caller
 
-    def get_job(self, job_id: str) -> Job:
-        return self._send(op.get_job(self.settings, job_id))
+    @overload
+    def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        params: dict[str, Any] | None = None,
+        json: Any = None,
+        markdown: str | None = None,
+        cast_to: type[M],
+    ) -> M: ...
+
+    @overload
+    def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        params: dict[str, Any] | None = None,
+        json: Any = None,
+        markdown: str | None = None,
+        cast_to: None = None,
+    ) -> Any: ...
+
+    def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        params: dict[str, Any] | None = None,
+        json: Any = None,
+        markdown: str | None = None,
+        cast_to: type[M] | None = None,
+    ) -> M | Any:
+        """Any REST call, with this client's key, retries and typed errors: the answer parsed as ``cast_to``
+        (a pydantic model), else as decoded JSON (text when the answer is not JSON)."""
+        parse = parser(cast_to) if cast_to is not None else _as_is
+        call = Call(method, path, parse, params=params or {}, json=json, markdown=markdown, text_answer=None)
+        return self._send(call)
+
+
+def _as_is(body: Any) -> Any:
+    return body

@@ -30,6 +30,14 @@ class EngramError(Exception):
         self.request_id = request_id
         self.details = details or {}
 
+    @property
+    def error(self) -> dict[str, Any]:
+        """The REST error object ``{"code", "message", "field"?, ...}`` this error was read from."""
+        body: dict[str, Any] = {"code": self.code, "message": self.message}
+        if self.field is not None:
+            body["field"] = self.field
+        return {**body, **{k: v for k, v in self.details.items() if k not in body}}
+
 
 class BadRequestError(EngramError):
     """400: the request is wrong in a way no single field explains (e.g. an unknown datasource)."""

@@ -156,3 +156,5 @@ class Job(_Model):
     tenant: str | None = None  # shown to the operator key, which sees every tenant's jobs
     started_at: datetime | None = None
     finished_at: datetime | None = None
+    # An operator's discard or cancel: {"by", "reason", "at", "from_state"} (the job is failed).
+    abandoned: dict[str, Any] | None = None

@@ -40,6 +40,28 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/audit": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * Read the audit log
+         * @description Every write and admin action of the tenant (and the operator's actions on it), newest first:
+         *     `at`, `action`, `actor` (`user`, `key_id`, `agent_id`), `target` and `request_id`. Append-only: the
+         *     service itself cannot change or remove an entry; entries older than the retention setting are pruned.
+         */
+        get: operations["read_audit"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/v1/datasources": {
         parameters: {
             query?: never;
@@ -191,6 +213,47 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/jobs/{job_id}/cancel": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Cancel a queued job
+         * @description End a queued job without running it (operator key): it becomes failed, abandoned, its error naming
+         *     who cancelled it and why. 409 for a running or finished job.
+         */
+        post: operations["cancel_job"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/jobs/{job_id}/discard": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Discard a failed job
+         * @description Mark one failed job abandoned, with who and why (operator key); 409 if it is not failed.
+         */
+        post: operations["discard_job"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/v1/jobs/{job_id}/retry": {
         parameters: {
             query?: never;
@@ -205,6 +268,48 @@ export interface paths {
          * @description Queue a failed or stuck job again (tenant admin key, or the operator key); 409 if it is not stuck.
          */
         post: operations["retry_job"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/jobs:discard": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Discard failed jobs
+         * @description Mark every failed job of the filter abandoned, with who and why (operator key): they stay failed, off
+         *     the dashboard's failures and out of later bulk retries.
+         */
+        post: operations["discard_failed_jobs"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/jobs:retry": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Retry failed jobs
+         * @description Queue again every failed job of the filter (operator key): kind, tenant, a substring of the error,
+         *     or ids; discarded jobs are left alone. At most 10,000 a call; the answer says which.
+         */
+        post: operations["retry_failed_jobs"];
         delete?: never;
         options?: never;
         head?: never;
@@ -449,6 +554,69 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/ops/reindex": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * Reindexing progress
+         * @description The configured model's background reindex (operator key): `running`, `paused` or `idle`; memories
+         *     embedded with it (`done`) and not yet (`remaining`) overall and per tenant, the rate of the last minute
+         *     and an ETA.
+         */
+        get: operations["read_reindex"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/ops/reindex:pause": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Pause reindexing
+         * @description Hold the reindex jobs of the configured model in the queue (operator key); running ones finish.
+         *     Fresh saves and every other job go on.
+         */
+        post: operations["pause_reindex"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/ops/reindex:resume": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Resume reindexing
+         * @description Let the held reindex jobs go on where they were (operator key).
+         */
+        post: operations["resume_reindex"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/v1/runs/{run_id}": {
         parameters: {
             query?: never;
@@ -493,10 +661,176 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/tenants": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * List tenants
+         * @description Tenants by name, with their state, quotas and current usage.
+         */
+        get: operations["list_tenants"];
+        put?: never;
+        /**
+         * Provision a tenant
+         * @description A new tenant and its first admin key (shown only in this answer); 409 when the name is taken.
+         */
+        post: operations["create_tenant"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/tenants/{name}": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * Read a tenant
+         * @description One tenant with its current usage.
+         */
+        get: operations["read_tenant"];
+        put?: never;
+        post?: never;
+        /**
+         * Offboard a tenant
+         * @description Offboarding: the tenant's keys answer 401 at once, and a purge job removes every row of it, its vectors,
+         *     its full-text index and its cached state on every replica. The name may be used again at once.
+         */
+        delete: operations["delete_tenant"];
+        options?: never;
+        head?: never;
+        /**
+         * Suspend, resume or limit a tenant
+         * @description A suspended tenant's keys get 403 `tenant_suspended` on every call; its data and queued jobs are kept
+         *     and go on when it is active again. Quotas named here replace the tenant's (null: unlimited).
+         */
+        patch: operations["patch_tenant"];
+        trace?: never;
+    };
+    "/v1/usage": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * The tenant's usage
+         * @description The caller's tenant: current usage and quotas; with `from`/`to`, the daily counters of those days.
+         */
+        get: operations["read_usage"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/webhooks": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * List webhooks
+         * @description The tenant's webhooks (never their secrets), oldest first.
+         */
+        get: operations["list_webhooks"];
+        put?: never;
+        /**
+         * Register a webhook
+         * @description Deliveries of the listed events start with the next change. The answer carries the signing `secret`
+         *     (Standard Webhooks), shown only here: receivers verify `webhook-signature` with it.
+         */
+        post: operations["create_webhook"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/webhooks/{webhook_id}": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * Get a webhook
+         * @description One webhook: its URL, events and state (`disabled` after failing for too long, with the reason).
+         */
+        get: operations["get_webhook"];
+        put?: never;
+        post?: never;
+        /**
+         * Delete a webhook
+         * @description Stops its deliveries at once; its delivery history goes with it.
+         */
+        delete: operations["delete_webhook"];
+        options?: never;
+        head?: never;
+        /**
+         * Change a webhook or rotate its secret
+         * @description Change the given fields. `rotate_secret: true` issues a new secret, returned once in `secret`;
+         *     `enabled: true` resumes a disabled webhook (its pending deliveries go out again).
+         */
+        patch: operations["patch_webhook"];
+        trace?: never;
+    };
+    "/v1/webhooks/{webhook_id}/deliveries": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * List a webhook's deliveries
+         * @description Newest first, each with its event `type`, `data`, `state` and every attempt (time, HTTP status or
+         *     error, duration); the delivery's `id` is the `webhook-id` header of each attempt.
+         */
+        get: operations["list_deliveries"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
 }
 export type webhooks = Record<string, never>;
 export interface components {
     schemas: {
+        /**
+         * AbandonIn
+         * @description The body of discarding or cancelling one job.
+         */
+        AbandonIn: {
+            /**
+             * By
+             * @description who (default: operator)
+             * @default null
+             */
+            by?: string | null;
+            /**
+             * Reason
+             * @description why: kept on the job
+             */
+            reason: string;
+        };
         /** AggregationIn */
         AggregationIn: {
             /**
@@ -543,6 +877,45 @@ export interface components {
         } & {
             [key: string]: unknown;
         };
+        /** AuditActor */
+        AuditActor: {
+            /** Agent Id */
+            agent_id: string | null;
+            /** Key Id */
+            key_id: string | null;
+            /** User */
+            user: string | null;
+        } & {
+            [key: string]: unknown;
+        };
+        /** AuditEntryOut */
+        AuditEntryOut: {
+            /** Action */
+            action: string;
+            actor: components["schemas"]["AuditActor"];
+            /**
+             * At
+             * Format: date-time
+             */
+            at: string;
+            /** Id */
+            id: string;
+            /** Request Id */
+            request_id: string | null;
+            /** Target */
+            target: string | null;
+        } & {
+            [key: string]: unknown;
+        };
+        /** AuditPage */
+        AuditPage: {
+            /** Entries */
+            entries: components["schemas"]["AuditEntryOut"][];
+            /** Next Cursor */
+            next_cursor: string | null;
+        } & {
+            [key: string]: unknown;
+        };
         /** BatchItemError */
         BatchItemError: {
             error: components["schemas"]["ErrorBody"];
@@ -562,22 +935,22 @@ export interface components {
              * Dense
              * @default false
              */
-            dense?: boolean;
+            dense: boolean;
             /**
              * Entity Bm25
              * @default false
              */
-            entity_bm25?: boolean;
+            entity_bm25: boolean;
             /**
              * Fulltext
              * @default false
              */
-            fulltext?: boolean;
+            fulltext: boolean;
             /**
              * Graph
              * @default false
              */
-            graph?: boolean;
+            graph: boolean;
         };
         /** ColumnIn */
         ColumnIn: {
@@ -630,6 +1003,11 @@ export interface components {
             ratio: number;
             /** Tenant */
             tenant: string;
+            /**
+             * Waiting
+             * @description why embedding waits, when it does (a spent daily quota, a suspended tenant)
+             */
+            waiting: string | null;
         } & {
             [key: string]: unknown;
         };
@@ -670,16 +1048,38 @@ export interface components {
              */
             user: string;
         };
+        /**
+         * CreateWebhookIn
+         * @description `POST /v1/webhooks`: where to deliver which events.
+         */
+        CreateWebhookIn: {
+            /**
+             * Description
+             * @description a note for the tenant's admins
+             * @default null
+             */
+            description?: string | null;
+            /**
+             * Events
+             * @description any of: memory.created, memory.updated, memory.forgotten, memory.purged, job.failed, ingest.succeeded, ingest.failed, quota.exceeded
+             */
+            events: string[];
+            /**
+             * Url
+             * @description an http(s) URL; hosted servers refuse loopback, private and metadata hosts
+             */
+            url: string;
+        };
         /** Datasource */
         Datasource: {
             /** Created At */
-            created_at?: string | null;
+            created_at: string | null;
             /** Description */
-            description?: string | null;
+            description: string | null;
             /** Dialect */
-            dialect?: string | null;
+            dialect: string | null;
             /** Last Ingested At */
-            last_ingested_at?: string | null;
+            last_ingested_at: string | null;
             /** Model Count */
             model_count?: number | null;
             /** Models */
@@ -687,9 +1087,9 @@ export interface components {
             /** Name */
             name: string;
             /** Schema */
-            schema?: string | null;
+            schema: string | null;
             /** Updated At */
-            updated_at?: string | null;
+            updated_at: string | null;
             /** Url */
             url: string;
         } & {
@@ -729,6 +1129,62 @@ export interface components {
         } & {
             [key: string]: unknown;
         };
+        /** DeliveryAttempt */
+        DeliveryAttempt: {
+            /**
+             * At
+             * Format: date-time
+             */
+            at: string;
+            /** Attempt */
+            attempt: number;
+            /** Duration Ms */
+            duration_ms: number | null;
+            /** Error */
+            error: string | null;
+            /** Status */
+            status: number | null;
+        } & {
+            [key: string]: unknown;
+        };
+        /** DiscardIn */
+        DiscardIn: {
+            /**
+             * By
+             * @description who (default: operator)
+             * @default null
+             */
+            by?: string | null;
+            /**
+             * Error Contains
+             * @description a substring of the job's error
+             * @default null
+             */
+            error_contains?: string | null;
+            /**
+             * Ids
+             * @description only these job ids
+             * @default null
+             */
+            ids?: string[] | null;
+            /**
+             * Kind
+             * @description one of embed, refresh_samples, ingest, ingest_cleanup, reconcile, prune, purge_tenant, webhook
+             * @default null
+             */
+            kind?: string | null;
+            /**
+             * Reason
+             * @description why: kept on each job
+             */
+            reason: string;
+            /**
+             * Tenant
+             * @description the tenant's name
+             * @default null
+             */
+            tenant?: string | null;
+        };
         /** EntityHit */
         EntityHit: {
             /** Id */
@@ -756,7 +1212,7 @@ export interface components {
              * @description on 422: the offending field's path
              * @example kind
              */
-            field?: string | null;
+            field: string | null;
             /**
              * Message
              * @description what went wrong, for a human
@@ -867,25 +1323,25 @@ export interface components {
             /** Memory Ids */
             memory_ids: string[];
             /** Warnings */
-            warnings?: string[];
+            warnings: string[];
         } & {
             [key: string]: unknown;
         };
         /** IssuedKeyOut */
         IssuedKeyOut: {
             /** Agent Id */
-            agent_id?: string | null;
+            agent_id: string | null;
             /** Api Key */
             api_key: string;
             /** Id */
             id: string;
             /** Persona */
-            persona?: string | null;
+            persona: string | null;
             /**
              * Read Only
              * @default false
              */
-            read_only?: boolean;
+            read_only: boolean;
             /** Role */
             role: string;
             /** Tenant */
@@ -897,34 +1353,38 @@ export interface components {
         };
         /** Job */
         Job: {
+            /** Abandoned */
+            abandoned: {
+                [key: string]: unknown;
+            } | null;
             /** Attempts */
             attempts: number;
             /** Created At */
-            created_at?: string | null;
+            created_at: string | null;
             /** Error */
-            error?: string | null;
+            error: string | null;
             /** Finished At */
-            finished_at?: string | null;
+            finished_at: string | null;
             /** Id */
             id: string;
             /** Kind */
             kind: string;
             /** Payload */
-            payload?: {
+            payload: {
                 [key: string]: unknown;
             } | null;
             /** Result */
-            result?: {
+            result: {
                 [key: string]: unknown;
             } | null;
             /** Started At */
-            started_at?: string | null;
+            started_at: string | null;
             /** State */
             state: string;
             /** Tenant */
-            tenant?: string | null;
+            tenant: string | null;
             /** Updated At */
-            updated_at?: string | null;
+            updated_at: string | null;
         } & {
             [key: string]: unknown;
         };
@@ -935,12 +1395,51 @@ export interface components {
         } & {
             [key: string]: unknown;
         };
+        /** JobBulkResult */
+        JobBulkResult: {
+            /** Count */
+            count: number;
+            /** Job Ids */
+            job_ids: string[];
+        } & {
+            [key: string]: unknown;
+        };
+        /**
+         * JobFilterIn
+         * @description Which failed jobs a bulk action takes: every field narrows (none: every failed job).
+         */
+        JobFilterIn: {
+            /**
+             * Error Contains
+             * @description a substring of the job's error
+             * @default null
+             */
+            error_contains?: string | null;
+            /**
+             * Ids
+             * @description only these job ids
+             * @default null
+             */
+            ids?: string[] | null;
+            /**
+             * Kind
+             * @description one of embed, refresh_samples, ingest, ingest_cleanup, reconcile, prune, purge_tenant, webhook
+             * @default null
+             */
+            kind?: string | null;
+            /**
+             * Tenant
+             * @description the tenant's name
+             * @default null
+             */
+            tenant?: string | null;
+        };
         /** JobPage */
         JobPage: {
             /** Jobs */
             jobs: components["schemas"]["Job"][];
             /** Next Cursor */
-            next_cursor?: string | null;
+            next_cursor: string | null;
         } & {
             [key: string]: unknown;
         };
@@ -954,18 +1453,18 @@ export interface components {
         /** KeyOut */
         KeyOut: {
             /** Agent Id */
-            agent_id?: string | null;
+            agent_id: string | null;
             /** Created At */
-            created_at?: string | null;
+            created_at: string | null;
             /** Id */
             id: string;
             /** Persona */
-            persona?: string | null;
+            persona: string | null;
             /**
              * Read Only
              * @default false
              */
-            read_only?: boolean;
+            read_only: boolean;
             /** Role */
             role: string;
             /** User */
@@ -1005,11 +1504,11 @@ export interface components {
              * Access Count
              * @default 0
              */
-            access_count?: number;
+            access_count: number;
             /** Agent Id */
-            agent_id?: string | null;
+            agent_id: string | null;
             /** Associations */
-            associations?: components["schemas"]["AssociationOut"][];
+            associations: components["schemas"]["AssociationOut"][];
             /** Category */
             category: string;
             /** Content */
@@ -1022,7 +1521,7 @@ export interface components {
             /** Created By */
             created_by: string;
             /** Entities */
-            entities?: string[];
+            entities: string[];
             /** Id */
             id: string;
             /** Importance */
@@ -1030,27 +1529,27 @@ export interface components {
             /** Kind */
             kind: string;
             /** Last Accessed At */
-            last_accessed_at?: string | null;
+            last_accessed_at: string | null;
             /** Occurred At */
-            occurred_at?: string | null;
+            occurred_at: string | null;
             /** Persona */
-            persona?: string | null;
+            persona: string | null;
             /** Query */
-            query?: {
+            query: {
                 [key: string]: unknown;
             } | null;
             /** Run Id */
-            run_id?: string | null;
+            run_id: string | null;
             /** Source */
-            source?: string | null;
+            source: string | null;
             /** Stale Reason */
-            stale_reason?: string | null;
+            stale_reason: string | null;
             /** Status */
             status: string;
             /** Superseded By */
-            superseded_by?: string | null;
+            superseded_by: string | null;
             /** Tags */
-            tags?: string[];
+            tags: string[];
             /**
              * Updated At
              * Format: date-time
@@ -1090,7 +1589,7 @@ export interface components {
             /** Memories */
             memories: components["schemas"]["Memory"][];
             /** Next Cursor */
-            next_cursor?: string | null;
+            next_cursor: string | null;
         } & {
             [key: string]: unknown;
         };
@@ -1108,55 +1607,55 @@ export interface components {
             /** Content */
             content: string;
             /** Entities */
-            entities?: string[];
+            entities: string[];
             /** Importance */
             importance: number;
             /** Kind */
             kind: string;
             /** Tags */
-            tags?: string[];
+            tags: string[];
         } & {
             [key: string]: unknown;
         };
         /** ModelInspection */
         ModelInspection: {
             /** Aggregations */
-            aggregations?: {
+            aggregations: {
                 [key: string]: unknown;
             }[];
             /** Columns */
-            columns?: {
+            columns: {
                 [key: string]: unknown;
             }[];
             /** Datasource */
             datasource: string;
             /** Description */
-            description?: string | null;
+            description: string | null;
             /** Foreign Keys */
-            foreign_keys?: {
+            foreign_keys: {
                 [key: string]: unknown;
             }[];
             /**
              * Hidden
              * @default false
              */
-            hidden?: boolean;
+            hidden: boolean;
             /** Id */
             id: string;
             /** Label */
-            label?: string | null;
+            label: string | null;
             /** Learnings */
-            learnings?: components["schemas"]["Memory"][];
+            learnings: components["schemas"]["Memory"][];
             /** Measures */
-            measures?: {
+            measures: {
                 [key: string]: unknown;
             }[];
             /** Name */
             name: string;
             /** Origin */
-            origin?: string | null;
+            origin: string | null;
             /** Table */
-            table?: string | null;
+            table: string | null;
         } & {
             [key: string]: unknown;
         };
@@ -1261,6 +1760,11 @@ export interface components {
          *     it does not know, so a misspelt option is never silently ignored.
          */
         NoOptionsIn: Record<string, never>;
+        /** OffboardingOut */
+        OffboardingOut: {
+            /** Job Id */
+            job_id: string;
+        };
         /** PatchMemoryIn */
         PatchMemoryIn: {
             /**
@@ -1334,6 +1838,98 @@ export interface components {
              */
             tags?: string[] | null;
         };
+        /**
+         * PatchWebhookIn
+         * @description `PATCH /v1/webhooks/{id}`: change the given fields; `rotate_secret` issues a new secret.
+         */
+        PatchWebhookIn: {
+            /**
+             * Description
+             * @description a new note
+             * @default null
+             */
+            description?: string | null;
+            /**
+             * Enabled
+             * @description false pauses deliveries; true resumes them
+             * @default null
+             */
+            enabled?: boolean | null;
+            /**
+             * Events
+             * @description the new list of events
+             * @default null
+             */
+            events?: string[] | null;
+            /**
+             * Rotate Secret
+             * @description issue a new signing secret (shown once)
+             * @default false
+             */
+            rotate_secret?: boolean;
+            /**
+             * Url
+             * @description a new URL (checked as at creation)
+             * @default null
+             */
+            url?: string | null;
+        };
+        /** ProvisionedOut */
+        ProvisionedOut: {
+            /** Api Key */
+            api_key: string;
+            /** Created At */
+            created_at: string | null;
+            quotas: components["schemas"]["Quotas"];
+            /** State */
+            state: string;
+            /** Tenant */
+            tenant: string;
+        };
+        /**
+         * Quotas
+         * @description A tenant's limits; null is unlimited.
+         */
+        Quotas: {
+            /** Embedding Texts Per Day */
+            embedding_texts_per_day: number | null;
+            /** Max Datasources */
+            max_datasources: number | null;
+            /** Max Memories */
+            max_memories: number | null;
+            /** Requests Per Minute */
+            requests_per_minute: number | null;
+        };
+        /**
+         * QuotasIn
+         * @description Limits to set; null is unlimited, a quota not named is left as it is.
+         */
+        QuotasIn: {
+            /**
+             * Embedding Texts Per Day
+             * @description texts sent to the embedding provider
+             * @default null
+             */
+            embedding_texts_per_day?: number | null;
+            /**
+             * Max Datasources
+             * @description datasources registered
+             * @default null
+             */
+            max_datasources?: number | null;
+            /**
+             * Max Memories
+             * @description memories kept (not forgotten)
+             * @default null
+             */
+            max_memories?: number | null;
+            /**
+             * Requests Per Minute
+             * @description requests of all the tenant's keys together
+             * @default null
+             */
+            requests_per_minute?: number | null;
+        };
         /** Readiness */
         Readiness: {
             /**
@@ -1362,6 +1958,36 @@ export interface components {
              * @default null
              */
             models?: string[] | null;
+        };
+        /** ReindexActIn */
+        ReindexActIn: {
+            /**
+             * By
+             * @description who (default: operator)
+             * @default null
+             */
+            by?: string | null;
+        };
+        /** ReindexProgress */
+        ReindexProgress: {
+            /** Done */
+            done: number;
+            /** Eta Seconds */
+            eta_seconds?: number | null;
+            /** Model */
+            model: string;
+            /** Rate Per S */
+            rate_per_s: number;
+            /** Remaining */
+            remaining: number;
+            /** State */
+            state: string;
+            /** Tenants */
+            tenants: {
+                [key: string]: unknown;
+            }[];
+        } & {
+            [key: string]: unknown;
         };
         /** RunEnded */
         RunEnded: {
@@ -1506,7 +2132,7 @@ export interface components {
                 [key: string]: unknown;
             }[];
             /** Warnings */
-            warnings?: string[];
+            warnings: string[];
         };
         /** SearchRequest */
         SearchRequest: {
@@ -1618,22 +2244,299 @@ export interface components {
         };
         /** SearchResponse */
         SearchResponse: {
-            channels?: components["schemas"]["Channels"];
+            channels: components["schemas"]["Channels"];
             /**
              * Degraded
              * @default false
              */
-            degraded?: boolean;
+            degraded: boolean;
             /** Entities */
-            entities?: components["schemas"]["EntityHit"][];
+            entities: components["schemas"]["EntityHit"][];
             /** Example Queries */
-            example_queries?: components["schemas"]["ExampleQueryHit"][];
+            example_queries: components["schemas"]["ExampleQueryHit"][];
             /** Memories */
-            memories?: components["schemas"]["MemoryHit"][];
+            memories: components["schemas"]["MemoryHit"][];
             /** Resolved Input Entities */
-            resolved_input_entities?: string[];
+            resolved_input_entities: string[];
             /** Warnings */
-            warnings?: string[];
+            warnings: string[];
+        };
+        /**
+         * TenantIn
+         * @description `POST /v1/tenants`.
+         */
+        TenantIn: {
+            /**
+             * Admin User
+             * @description the user (an email) of the first admin key
+             * @default admin@localhost
+             */
+            admin_user?: string;
+            /**
+             * Name
+             * @description letters, digits, '_', '.', '-'; at most 200
+             * @example acme
+             */
+            name: string;
+            /**
+             * @description limits; those not named take the deployment's defaults
+             * @default null
+             */
+            quotas?: components["schemas"]["QuotasIn"] | null;
+        };
+        /** TenantOut */
+        TenantOut: {
+            /** Created At */
+            created_at: string | null;
+            quotas: components["schemas"]["Quotas"];
+            /** State */
+            state: string;
+            /** Tenant */
+            tenant: string;
+            usage: components["schemas"]["Usage"];
+        };
+        /** TenantPage */
+        TenantPage: {
+            /** Next Cursor */
+            next_cursor: string | null;
+            /** Tenants */
+            tenants: components["schemas"]["TenantOut"][];
+        };
+        /**
+         * TenantPatch
+         * @description `PATCH /v1/tenants/{name}`: suspend or resume, and/or change the quotas named.
+         */
+        TenantPatch: {
+            /** @default null */
+            quotas?: components["schemas"]["QuotasIn"] | null;
+            /**
+             * State
+             * @description active or suspended
+             * @default null
+             */
+            state?: string | null;
+        };
+        /** Usage */
+        Usage: {
+            /**
+             * Datasources
+             * @default 0
+             */
+            datasources: number;
+            /**
+             * Embedded Texts
+             * @default 0
+             */
+            embedded_texts: number;
+            /**
+             * Embedding Tokens
+             * @default 0
+             */
+            embedding_tokens: number;
+            /**
+             * Memories
+             * @default 0
+             */
+            memories: number;
+            /**
+             * Requests
+             * @default 0
+             */
+            requests: number;
+            /**
+             * Saves
+             * @default 0
+             */
+            saves: number;
+            /**
+             * Searches
+             * @default 0
+             */
+            searches: number;
+            /**
+             * Storage Bytes
+             * @default 0
+             */
+            storage_bytes: number;
+        };
+        /** UsageDay */
+        UsageDay: {
+            /**
+             * Datasources
+             * @default 0
+             */
+            datasources: number;
+            /** Date */
+            date: string;
+            /**
+             * Embedded Texts
+             * @default 0
+             */
+            embedded_texts: number;
+            /**
+             * Embedding Tokens
+             * @default 0
+             */
+            embedding_tokens: number;
+            /**
+             * Memories
+             * @default 0
+             */
+            memories: number;
+            /**
+             * Requests
+             * @default 0
+             */
+            requests: number;
+            /**
+             * Saves
+             * @default 0
+             */
+            saves: number;
+            /**
+             * Searches
+             * @default 0
+             */
+            searches: number;
+            /**
+             * Storage Bytes
+             * @default 0
+             */
+            storage_bytes: number;
+        };
+        /** UsageReport */
+        UsageReport: {
+            /** Days */
+            days?: components["schemas"]["UsageDay"][] | null;
+            quotas: components["schemas"]["Quotas"];
+            usage: components["schemas"]["Usage"];
+        };
+        /** WebhookCreated */
+        WebhookCreated: {
+            /** Created At */
+            created_at: string | null;
+            /** Description */
+            description: string | null;
+            /** Disabled Reason */
+            disabled_reason: string | null;
+            /** Events */
+            events: string[];
+            /** Failing Since */
+            failing_since: string | null;
+            /** Id */
+            id: string;
+            /**
+             * Secret
+             * @description the signing secret (Standard Webhooks `whsec_...`), shown only now
+             */
+            secret: string;
+            /** State */
+            state: string;
+            /** Updated At */
+            updated_at: string | null;
+            /** Url */
+            url: string;
+        } & {
+            [key: string]: unknown;
+        };
+        /** WebhookDeleted */
+        WebhookDeleted: {
+            /** Deleted */
+            deleted: boolean;
+            /** Id */
+            id: string;
+        } & {
+            [key: string]: unknown;
+        };
+        /** WebhookDeliveryOut */
+        WebhookDeliveryOut: {
+            /** Attempts */
+            attempts: components["schemas"]["DeliveryAttempt"][];
+            /** Created At */
+            created_at: string | null;
+            /** Data */
+            data: {
+                [key: string]: unknown;
+            } | null;
+            /** Finished At */
+            finished_at: string | null;
+            /** Id */
+            id: string;
+            /** Next Attempt At */
+            next_attempt_at: string | null;
+            /** State */
+            state: string;
+            /** Type */
+            type: string;
+        } & {
+            [key: string]: unknown;
+        };
+        /** WebhookDeliveryPage */
+        WebhookDeliveryPage: {
+            /** Deliveries */
+            deliveries: components["schemas"]["WebhookDeliveryOut"][];
+            /** Next Cursor */
+            next_cursor: string | null;
+        } & {
+            [key: string]: unknown;
+        };
+        /** WebhookList */
+        WebhookList: {
+            /** Webhooks */
+            webhooks: components["schemas"]["WebhookOut"][];
+        } & {
+            [key: string]: unknown;
+        };
+        /** WebhookOut */
+        WebhookOut: {
+            /** Created At */
+            created_at: string | null;
+            /** Description */
+            description: string | null;
+            /** Disabled Reason */
+            disabled_reason: string | null;
+            /** Events */
+            events: string[];
+            /** Failing Since */
+            failing_since: string | null;
+            /** Id */
+            id: string;
+            /** State */
+            state: string;
+            /** Updated At */
+            updated_at: string | null;
+            /** Url */
+            url: string;
+        } & {
+            [key: string]: unknown;
+        };
+        /** WebhookUpdated */
+        WebhookUpdated: {
+            /** Created At */
+            created_at: string | null;
+            /** Description */
+            description: string | null;
+            /** Disabled Reason */
+            disabled_reason: string | null;
+            /** Events */
+            events: string[];
+            /** Failing Since */
+            failing_since: string | null;
+            /** Id */
+            id: string;
+            /**
+             * Secret
+             * @description the new signing secret, only when one was issued
+             */
+            secret?: string | null;
+            /** State */
+            state: string;
+            /** Updated At */
+            updated_at: string | null;
+            /** Url */
+            url: string;
+        } & {
+            [key: string]: unknown;
         };
     };
     responses: never;
@@ -1680,6 +2583,91 @@ export interface operations {
                 };
                 content: {
                     "application/json": components["schemas"]["Readiness"];
+                };
+            };
+            /** @description A dependency (database, broker) is down; retry after `Retry-After` seconds. */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+        };
+    };
+    read_audit: {
+        parameters: {
+            query?: {
+                /** @description page size (at most 200) */
+                limit?: number;
+                /** @description the `next_cursor` of the previous page */
+                cursor?: string | null;
+                /** @description an action (`memory.save`) or a family of them (`memory`) */
+                action?: string | null;
+                /** @description a user, key id or agent id */
+                actor?: string | null;
+                /** @description only entries at or after this time (ISO 8601) */
+                since?: string | null;
+            };
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Read the audit log */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["AuditPage"];
+                };
+            };
+            /** @description Bad request: the body is not valid JSON, or an input names something that does not exist. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Missing or unknown API key. */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description The key may not do this (e.g. a member key on an admin route). */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Validation failed; `field` is the offending field's path (also for a field the call does not know). */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Rate limit of this key exceeded; see `Retry-After`. */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
                 };
             };
             /** @description A dependency (database, broker) is down; retry after `Retry-After` seconds. */
@@ -2332,7 +3320,7 @@ export interface operations {
         parameters: {
             query?: {
                 /** @description only jobs of this kind */
-                kind?: "embed" | "refresh_samples" | "ingest" | "ingest_cleanup" | "reconcile" | "prune";
+                kind?: "embed" | "refresh_samples" | "ingest" | "ingest_cleanup" | "reconcile" | "prune" | "purge_tenant" | "webhook";
                 /** @description only jobs in this state */
                 state?: "queued" | "running" | "succeeded" | "failed";
                 /** @description only this tenant's jobs (operator key only) */
@@ -2490,6 +3478,250 @@ export interface operations {
             };
         };
     };
+    cancel_job: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description the job's id (e.g. from a 202's job_id) */
+                job_id: string;
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                /**
+                 * @example {
+                 *       "reason": "the tenant asked to stop the import"
+                 *     }
+                 */
+                "application/json": components["schemas"]["AbandonIn"];
+            };
+        };
+        responses: {
+            /** @description Cancel a queued job */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Job"];
+                };
+            };
+            /** @description Bad request: the body is not valid JSON, or an input names something that does not exist. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Missing or unknown API key. */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description The key may not do this (e.g. a member key on an admin route). */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Not found, or not visible to this key. */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Conflicts with the current state (an existing name, a job that is not stuck). */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Content or body too large. */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description The body is not JSON (`Content-Type: application/json`). */
+            415: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Validation failed; `field` is the offending field's path (also for a field the call does not know). */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Rate limit of this key exceeded; see `Retry-After`. */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description A dependency (database, broker) is down; retry after `Retry-After` seconds. */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+        };
+    };
+    discard_job: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description the job's id (e.g. from a 202's job_id) */
+                job_id: string;
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                /**
+                 * @example {
+                 *       "reason": "duplicate of a later import"
+                 *     }
+                 */
+                "application/json": components["schemas"]["AbandonIn"];
+            };
+        };
+        responses: {
+            /** @description Discard a failed job */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Job"];
+                };
+            };
+            /** @description Bad request: the body is not valid JSON, or an input names something that does not exist. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Missing or unknown API key. */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description The key may not do this (e.g. a member key on an admin route). */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Not found, or not visible to this key. */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Conflicts with the current state (an existing name, a job that is not stuck). */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Content or body too large. */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description The body is not JSON (`Content-Type: application/json`). */
+            415: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Validation failed; `field` is the offending field's path (also for a field the call does not know). */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Rate limit of this key exceeded; see `Retry-After`. */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description A dependency (database, broker) is down; retry after `Retry-After` seconds. */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+        };
+    };
     retry_job: {
         parameters: {
             query?: never;
@@ -2554,6 +3786,214 @@ export interface operations {
             };
             /** @description Conflicts with the current state (an existing name, a job that is not stuck). */
             409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Content or body too large. */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description The body is not JSON (`Content-Type: application/json`). */
+            415: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Validation failed; `field` is the offending field's path (also for a field the call does not know). */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Rate limit of this key exceeded; see `Retry-After`. */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description A dependency (database, broker) is down; retry after `Retry-After` seconds. */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+        };
+    };
+    discard_failed_jobs: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                /**
+                 * @example {
+                 *       "by": "ops@example.com",
+                 *       "error_contains": "503",
+                 *       "kind": "embed",
+                 *       "reason": "the source was retired",
+                 *       "tenant": "acme"
+                 *     }
+                 */
+                "application/json": components["schemas"]["DiscardIn"];
+            };
+        };
+        responses: {
+            /** @description Discard failed jobs */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["JobBulkResult"];
+                };
+            };
+            /** @description Bad request: the body is not valid JSON, or an input names something that does not exist. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Missing or unknown API key. */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description The key may not do this (e.g. a member key on an admin route). */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Content or body too large. */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description The body is not JSON (`Content-Type: application/json`). */
+            415: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Validation failed; `field` is the offending field's path (also for a field the call does not know). */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Rate limit of this key exceeded; see `Retry-After`. */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description A dependency (database, broker) is down; retry after `Retry-After` seconds. */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+        };
+    };
+    retry_failed_jobs: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: {
+            content: {
+                /**
+                 * @example {
+                 *       "error_contains": "503",
+                 *       "kind": "embed",
+                 *       "tenant": "acme"
+                 *     }
+                 */
+                "application/json": components["schemas"]["JobFilterIn"];
+            };
+        };
+        responses: {
+            /** @description Retry failed jobs */
+            202: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["JobBulkResult"];
+                };
+            };
+            /** @description Bad request: the body is not valid JSON, or an input names something that does not exist. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Missing or unknown API key. */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description The key may not do this (e.g. a member key on an admin route). */
+            403: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -4219,6 +5659,269 @@ export interface operations {
             };
         };
     };
+    read_reindex: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Reindexing progress */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ReindexProgress"];
+                };
+            };
+            /** @description Missing or unknown API key. */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description The key may not do this (e.g. a member key on an admin route). */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Validation failed; `field` is the offending field's path (also for a field the call does not know). */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Rate limit of this key exceeded; see `Retry-After`. */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description A dependency (database, broker) is down; retry after `Retry-After` seconds. */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+        };
+    };
+    pause_reindex: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: {
+            content: {
+                /**
+                 * @example {
+                 *       "by": "ops@example.com"
+                 *     }
+                 */
+                "application/json": components["schemas"]["ReindexActIn"];
+            };
+        };
+        responses: {
+            /** @description Pause reindexing */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ReindexProgress"];
+                };
+            };
+            /** @description Bad request: the body is not valid JSON, or an input names something that does not exist. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Missing or unknown API key. */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description The key may not do this (e.g. a member key on an admin route). */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Content or body too large. */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description The body is not JSON (`Content-Type: application/json`). */
+            415: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Validation failed; `field` is the offending field's path (also for a field the call does not know). */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Rate limit of this key exceeded; see `Retry-After`. */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description A dependency (database, broker) is down; retry after `Retry-After` seconds. */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+        };
+    };
+    resume_reindex: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: {
+            content: {
+                /** @example {} */
+                "application/json": components["schemas"]["ReindexActIn"];
+            };
+        };
+        responses: {
+            /** @description Resume reindexing */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ReindexProgress"];
+                };
+            };
+            /** @description Bad request: the body is not valid JSON, or an input names something that does not exist. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Missing or unknown API key. */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description The key may not do this (e.g. a member key on an admin route). */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Content or body too large. */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description The body is not JSON (`Content-Type: application/json`). */
+            415: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Validation failed; `field` is the offending field's path (also for a field the call does not know). */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Rate limit of this key exceeded; see `Retry-After`. */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description A dependency (database, broker) is down; retry after `Retry-After` seconds. */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+        };
+    };
     delete_run: {
         parameters: {
             query?: {
@@ -4404,6 +6107,1073 @@ export interface operations {
             };
             /** @description The body is not JSON (`Content-Type: application/json`). */
             415: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Validation failed; `field` is the offending field's path (also for a field the call does not know). */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Rate limit of this key exceeded; see `Retry-After`. */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description A dependency (database, broker) is down; retry after `Retry-After` seconds. */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+        };
+    };
+    list_tenants: {
+        parameters: {
+            query?: {
+                /** @description page size (default 50) */
+                limit?: number;
+                /** @description the next_cursor of the previous page */
+                cursor?: string;
+                /** @description only tenants in this state */
+                state?: "active" | "suspended";
+                /** @description only tenants whose name starts with this */
+                q?: string;
+            };
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description List tenants */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["TenantPage"];
+                };
+            };
+            /** @description Missing or unknown API key. */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description The key may not do this (e.g. a member key on an admin route). */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Validation failed; `field` is the offending field's path (also for a field the call does not know). */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Rate limit of this key exceeded; see `Retry-After`. */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description A dependency (database, broker) is down; retry after `Retry-After` seconds. */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+        };
+    };
+    create_tenant: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                /**
+                 * @example {
+                 *       "name": "acme",
+                 *       "quotas": {
+                 *         "max_memories": 100000,
+                 *         "requests_per_minute": 600
+                 *       }
+                 *     }
+                 */
+                "application/json": components["schemas"]["TenantIn"];
+            };
+        };
+        responses: {
+            /** @description Provision a tenant */
+            201: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ProvisionedOut"];
+                };
+            };
+            /** @description Bad request: the body is not valid JSON, or an input names something that does not exist. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Missing or unknown API key. */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description The key may not do this (e.g. a member key on an admin route). */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Conflicts with the current state (an existing name, a job that is not stuck). */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Content or body too large. */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description The body is not JSON (`Content-Type: application/json`). */
+            415: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Validation failed; `field` is the offending field's path (also for a field the call does not know). */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Rate limit of this key exceeded; see `Retry-After`. */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description A dependency (database, broker) is down; retry after `Retry-After` seconds. */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+        };
+    };
+    read_tenant: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description the tenant's name */
+                name: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Read a tenant */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["TenantOut"];
+                };
+            };
+            /** @description Missing or unknown API key. */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description The key may not do this (e.g. a member key on an admin route). */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Not found, or not visible to this key. */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Validation failed; `field` is the offending field's path (also for a field the call does not know). */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Rate limit of this key exceeded; see `Retry-After`. */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description A dependency (database, broker) is down; retry after `Retry-After` seconds. */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+        };
+    };
+    delete_tenant: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description the tenant's name */
+                name: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Offboard a tenant */
+            202: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["OffboardingOut"];
+                };
+            };
+            /** @description Missing or unknown API key. */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description The key may not do this (e.g. a member key on an admin route). */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Not found, or not visible to this key. */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Validation failed; `field` is the offending field's path (also for a field the call does not know). */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Rate limit of this key exceeded; see `Retry-After`. */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description A dependency (database, broker) is down; retry after `Retry-After` seconds. */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+        };
+    };
+    patch_tenant: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description the tenant's name */
+                name: string;
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                /**
+                 * @example {
+                 *       "state": "suspended"
+                 *     }
+                 */
+                "application/json": components["schemas"]["TenantPatch"];
+            };
+        };
+        responses: {
+            /** @description Suspend, resume or limit a tenant */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["TenantOut"];
+                };
+            };
+            /** @description Bad request: the body is not valid JSON, or an input names something that does not exist. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Missing or unknown API key. */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description The key may not do this (e.g. a member key on an admin route). */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Not found, or not visible to this key. */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Content or body too large. */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description The body is not JSON (`Content-Type: application/json`). */
+            415: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Validation failed; `field` is the offending field's path (also for a field the call does not know). */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Rate limit of this key exceeded; see `Retry-After`. */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description A dependency (database, broker) is down; retry after `Retry-After` seconds. */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+        };
+    };
+    read_usage: {
+        parameters: {
+            query?: {
+                /** @description first day of the daily counters (UTC) */
+                from?: string;
+                /** @description last day of the daily counters (default: today) */
+                to?: string;
+            };
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The tenant's usage */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["UsageReport"];
+                };
+            };
+            /** @description Bad request: the body is not valid JSON, or an input names something that does not exist. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Missing or unknown API key. */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description The key may not do this (e.g. a member key on an admin route). */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Validation failed; `field` is the offending field's path (also for a field the call does not know). */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Rate limit of this key exceeded; see `Retry-After`. */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description A dependency (database, broker) is down; retry after `Retry-After` seconds. */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+        };
+    };
+    list_webhooks: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description List webhooks */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["WebhookList"];
+                };
+            };
+            /** @description Missing or unknown API key. */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description The key may not do this (e.g. a member key on an admin route). */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Validation failed; `field` is the offending field's path (also for a field the call does not know). */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Rate limit of this key exceeded; see `Retry-After`. */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description A dependency (database, broker) is down; retry after `Retry-After` seconds. */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+        };
+    };
+    create_webhook: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                /**
+                 * @example {
+                 *       "events": [
+                 *         "memory.created",
+                 *         "ingest.failed"
+                 *       ],
+                 *       "url": "https://hooks.example.com/engram"
+                 *     }
+                 */
+                "application/json": components["schemas"]["CreateWebhookIn"];
+            };
+        };
+        responses: {
+            /** @description Register a webhook */
+            201: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["WebhookCreated"];
+                };
+            };
+            /** @description Bad request: the body is not valid JSON, or an input names something that does not exist. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Missing or unknown API key. */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description The key may not do this (e.g. a member key on an admin route). */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Content or body too large. */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description The body is not JSON (`Content-Type: application/json`). */
+            415: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Validation failed; `field` is the offending field's path (also for a field the call does not know). */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Rate limit of this key exceeded; see `Retry-After`. */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description A dependency (database, broker) is down; retry after `Retry-After` seconds. */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+        };
+    };
+    get_webhook: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description the webhook's id (from POST or GET /v1/webhooks) */
+                webhook_id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Get a webhook */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["WebhookOut"];
+                };
+            };
+            /** @description Missing or unknown API key. */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description The key may not do this (e.g. a member key on an admin route). */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Not found, or not visible to this key. */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Validation failed; `field` is the offending field's path (also for a field the call does not know). */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Rate limit of this key exceeded; see `Retry-After`. */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description A dependency (database, broker) is down; retry after `Retry-After` seconds. */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+        };
+    };
+    delete_webhook: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description the webhook's id (from POST or GET /v1/webhooks) */
+                webhook_id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Delete a webhook */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["WebhookDeleted"];
+                };
+            };
+            /** @description Missing or unknown API key. */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description The key may not do this (e.g. a member key on an admin route). */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Not found, or not visible to this key. */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Validation failed; `field` is the offending field's path (also for a field the call does not know). */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Rate limit of this key exceeded; see `Retry-After`. */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description A dependency (database, broker) is down; retry after `Retry-After` seconds. */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+        };
+    };
+    patch_webhook: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description the webhook's id (from POST or GET /v1/webhooks) */
+                webhook_id: string;
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                /**
+                 * @example {
+                 *       "events": [
+                 *         "memory.created"
+                 *       ],
+                 *       "rotate_secret": true
+                 *     }
+                 */
+                "application/json": components["schemas"]["PatchWebhookIn"];
+            };
+        };
+        responses: {
+            /** @description Change a webhook or rotate its secret */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["WebhookUpdated"];
+                };
+            };
+            /** @description Bad request: the body is not valid JSON, or an input names something that does not exist. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Missing or unknown API key. */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description The key may not do this (e.g. a member key on an admin route). */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Not found, or not visible to this key. */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Content or body too large. */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description The body is not JSON (`Content-Type: application/json`). */
+            415: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Validation failed; `field` is the offending field's path (also for a field the call does not know). */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Rate limit of this key exceeded; see `Retry-After`. */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description A dependency (database, broker) is down; retry after `Retry-After` seconds. */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+        };
+    };
+    list_deliveries: {
+        parameters: {
+            query?: {
+                /** @description page size (at most 200) */
+                limit?: number;
+                /** @description the `next_cursor` of the previous page */
+                cursor?: string;
+                /** @description only deliveries in this state */
+                state?: "pending" | "succeeded" | "failed";
+            };
+            header?: never;
+            path: {
+                /** @description the webhook's id (from POST or GET /v1/webhooks) */
+                webhook_id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description List a webhook's deliveries */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["WebhookDeliveryPage"];
+                };
+            };
+            /** @description Bad request: the body is not valid JSON, or an input names something that does not exist. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Missing or unknown API key. */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description The key may not do this (e.g. a member key on an admin route). */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Not found, or not visible to this key. */
+            404: {
                 headers: {
                     [name: string]: unknown;
                 };

@@ -30,9 +30,9 @@ def test_worker_runs_ingest_and_follow_ups(client, tenant, worker, tmp_path):
 def test_cli_ingest_wait_follows_the_jobs(client, tenant, worker, tmp_path, monkeypatch):
     """`engram ingest DS --wait` polls GET /v1/jobs/{id} until the ingest and its follow-ups are done."""
     from click.testing import CliRunner
+    from engram_client import EngramClient
 
     import api.cli.catalog as cli_catalog
-    from api.client import EngramClient
 
     def in_process_client(url, api_key):  # type: ignore[no-untyped-def]
         engram = EngramClient(base_url="http://testserver", api_key=None)

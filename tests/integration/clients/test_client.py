@@ -1,22 +1,25 @@
-"""The Python clients: sync and async over the real API, and local mode in-process, give the same results
-for every REST call (one scenario, three tenants with the same catalog, compared field by field)."""
+"""engram's Python SDK (engram_client): sync and async over the real API, and local mode in-process (the
+SDK's client answered by the app in this process, as the CLI and MCP use it), give the same results for
+every REST call (one scenario, three tenants with the same catalog, compared field by field)."""
 
 from __future__ import annotations
 
 import inspect
 import re
+import uuid
 from collections.abc import Callable
+from datetime import date
 from typing import Any
 
 import anyio
+import httpx
 import pytest
+from engram_client import AsyncEngramClient, EngramClient, MemoryHistory
+from engram_client import EngramError as EngramAPIError
 
-from api.client import EngramAPIError, EngramClient
-from api.client.aio import AsyncEngramClient
-from api.client.base import dump
-from api.client.local import LocalEngramClient
-from core.memories.schemas import ListFilters, SaveMemoryIn
-from core.search.schemas import SearchRequest
+from api.sdk import LocalEngramClient
+from api.sdk import as_json as dump
+from tests.helpers.api import OPERATOR_KEY
 from tests.helpers.catalog import create_and_ingest, sqlite_source
 
 # Values that differ between tenants by construction (times, secrets, generated ids, tenant names).
@@ -92,7 +95,7 @@ async def scenario(engram: Any) -> dict[str, Any]:
             occurred_at="2024-05-06T07:08:09+00:00",
         )
     )
-    out["save_model"] = await run(lambda: engram.save_memory(SaveMemoryIn(content="refunds take 30 days", id="kb.1")))
+    out["save_model"] = await run(lambda: engram.save_memory(content="refunds take 30 days", id="kb.1"))
     out["save_invalid"] = await run(lambda: engram.save_memory(content=""))
     out["save_unknown_entity"] = await run(lambda: engram.save_memory(content="x", linked_entities=["shop.nope"]))
     out["batch"] = await run(
@@ -101,13 +104,13 @@ async def scenario(engram: Any) -> dict[str, Any]:
         )
     )
     out["get"] = await run(lambda: engram.get_memory("1"))
-    out["patch"] = await run(lambda: engram.patch_memory("1", tags=["units", "money"]))
+    out["patch"] = await run(lambda: engram.update_memory("1", tags=["units", "money"]))
     out["list"] = await run(lambda: engram.list_memories(tags="units"))
-    out["list_model"] = await run(lambda: engram.list_memories(ListFilters(limit=1, sort="importance")))
+    out["list_model"] = await run(lambda: engram.list_memories(limit=1, sort="importance"))
     out["list_too_many"] = await run(lambda: engram.list_memories(limit=500))
     out["hydrate"] = await run(lambda: engram.hydrate(budget_bytes=40))
     out["search"] = await run(lambda: engram.search(question="what unit is the amount in"))
-    out["search_model"] = await run(lambda: engram.search(SearchRequest(entities=["shop.orders"], max_entities=2)))
+    out["search_model"] = await run(lambda: engram.search(entities=["shop.orders"], max_entities=2))
     markdown = await run(lambda: engram.export_memories())
     out["export"] = markdown
     out["import"] = await run(lambda: engram.import_memories(markdown))
@@ -155,7 +158,7 @@ def test_sync_async_and_local_give_the_same_results(api_url, three_tenants):  # 
             over_sync = await scenario(sync_client)
         async with AsyncEngramClient(base_url=api_url, api_key=async_tenant.admin_key) as async_client:
             over_async = await scenario(async_client)
-        with EngramClient.local(api_key=local_tenant.admin_key) as local_client:
+        with LocalEngramClient(api_key=local_tenant.admin_key) as local_client:
             in_process = await scenario(local_client)
         return [over_sync, over_async, in_process]
 
@@ -191,7 +194,7 @@ def test_members_are_refused_admin_calls_the_same_way(api_url, client, tenant, m
     key = member_key()
 
     async def main() -> None:
-        with EngramClient(base_url=api_url, api_key=key) as remote, EngramClient.local(api_key=key) as local:
+        with EngramClient(base_url=api_url, api_key=key) as remote, LocalEngramClient(api_key=key) as local:
             for engram in (remote, local):
                 for thunk in (
                     lambda e=engram: e.create_key(user="x@example.com"),
@@ -203,21 +206,81 @@ def test_members_are_refused_admin_calls_the_same_way(api_url, client, tenant, m
     anyio.run(main)
 
 
-def test_bad_keys_and_signatures():
-    """A wrong key is 401 in local mode too; the three clients expose the same methods and signatures."""
+# Every operation of the OpenAPI document and the SDK method that makes it.
+OPERATIONS = {
+    ("get", "/healthz"): "health",
+    ("get", "/readyz"): "readiness",
+    ("post", "/v1/memories"): "save_memory",
+    ("post", "/v1/memories:batch"): "save_memories",
+    ("get", "/v1/memories"): "list_memories",
+    ("get", "/v1/memories/{memory_id}"): "get_memory",
+    ("get", "/v1/memories/{memory_id}/history"): "memory_history",
+    ("patch", "/v1/memories/{memory_id}"): "update_memory",
+    ("delete", "/v1/memories/{memory_id}"): "forget_memory",
+    ("post", "/v1/hydrate"): "hydrate",
+    ("get", "/v1/memories:export"): "export_memories",
+    ("post", "/v1/memories:import"): "import_memories",
+    ("delete", "/v1/runs/{run_id}"): "end_run",
+    ("post", "/v1/search"): "search",
+    ("post", "/v1/datasources"): "create_datasource",
+    ("get", "/v1/datasources"): "list_datasources",
+    ("get", "/v1/datasources/{name}"): "get_datasource",
+    ("delete", "/v1/datasources/{name}"): "delete_datasource",
+    ("post", "/v1/datasources/{name}/ingest"): "ingest_datasource",
+    ("post", "/v1/datasources/{name}/refresh-samples"): "refresh_samples",
+    ("get", "/v1/models/{datasource}/{name}"): "inspect_model",
+    ("put", "/v1/models/{datasource}/{name}"): "put_model",
+    ("patch", "/v1/models/{datasource}/{name}"): "patch_model",
+    ("delete", "/v1/models/{datasource}/{name}"): "delete_model",
+    ("get", "/v1/jobs"): "list_jobs",
+    ("get", "/v1/jobs/{job_id}"): "get_job",
+    ("post", "/v1/jobs/{job_id}/retry"): "retry_job",
+    ("post", "/v1/jobs:retry"): "retry_failed_jobs",
+    ("post", "/v1/jobs:discard"): "discard_failed_jobs",
+    ("post", "/v1/jobs/{job_id}/discard"): "discard_job",
+    ("post", "/v1/jobs/{job_id}/cancel"): "cancel_job",
+    ("get", "/v1/ops/reindex"): "reindex_progress",
+    ("post", "/v1/ops/reindex:pause"): "pause_reindex",
+    ("post", "/v1/ops/reindex:resume"): "resume_reindex",
+    ("get", "/v1/ops/coverage"): "coverage",
+    ("post", "/v1/keys"): "create_key",
+    ("get", "/v1/keys"): "list_keys",
+    ("delete", "/v1/keys/{key_id}"): "revoke_key",
+    ("post", "/v1/tenants"): "create_tenant",
+    ("get", "/v1/tenants"): "list_tenants",
+    ("get", "/v1/tenants/{name}"): "get_tenant",
+    ("patch", "/v1/tenants/{name}"): "update_tenant",
+    ("delete", "/v1/tenants/{name}"): "delete_tenant",
+    ("get", "/v1/usage"): "usage",
+    ("get", "/v1/audit"): "list_audit",
+    ("post", "/v1/webhooks"): "create_webhook",
+    ("get", "/v1/webhooks"): "list_webhooks",
+    ("get", "/v1/webhooks/{webhook_id}"): "get_webhook",
+    ("patch", "/v1/webhooks/{webhook_id}"): "update_webhook",
+    ("delete", "/v1/webhooks/{webhook_id}"): "delete_webhook",
+    ("get", "/v1/webhooks/{webhook_id}/deliveries"): "webhook_deliveries",
+}
+
+
+def test_bad_keys_and_signatures(app):  # type: ignore[no-untyped-def]
+    """A wrong key is 401 in local mode too; the SDK has one method per REST call of the OpenAPI document,
+    and the three clients expose the same methods and signatures."""
     with pytest.raises(EngramAPIError) as raised:
-        EngramClient.local(api_key="egk_wrong")
+        LocalEngramClient(api_key="egk_wrong")
     assert raised.value.status == 401 and raised.value.code == "unauthorized"
     public = [
         n
         for n in dir(EngramClient)
         if not n.startswith("_") and callable(getattr(EngramClient, n)) and n not in ("request", "local", "close")
     ]
-    assert len(public) == 27
+    documented = {(verb, path) for path, item in app.openapi()["paths"].items() for verb in item}
+    assert documented == set(OPERATIONS), documented ^ set(OPERATIONS)
+    assert sorted(public) == sorted(OPERATIONS.values())
     for name in public:
         remote = inspect.signature(getattr(EngramClient, name))
         assert inspect.signature(getattr(LocalEngramClient, name)) == remote, name
-        assert hasattr(AsyncEngramClient, name)
+        assert inspect.signature(getattr(AsyncEngramClient, name)) == remote, name
+        assert inspect.iscoroutinefunction(getattr(AsyncEngramClient, name)), name
 
 
 def test_local_mode_is_the_rest_client_over_the_app_itself():
@@ -226,3 +289,95 @@ def test_local_mode_is_the_rest_client_over_the_app_itself():
     own = {name for name in vars(LocalEngramClient) if not name.startswith("__")}
     assert own == set(), own
     assert issubclass(LocalEngramClient, EngramClient)
+
+
+class Recorder(httpx.BaseTransport):
+    """Sends over HTTP and keeps every answer, to compare with what the OpenAPI document promises."""
+
+    def __init__(self) -> None:
+        self.inner = httpx.HTTPTransport()
+        self.answers: list[tuple[str, str, httpx.Response]] = []
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        response = self.inner.handle_request(request)
+        response.read()
+        self.answers.append((request.method.lower(), request.url.path, response))
+        return response
+
+
+def missing_fields(spec: dict[str, Any], schema: dict[str, Any], value: Any, where: str = "") -> list[str]:
+    """The fields ``schema`` marks required that ``value`` lacks, at any depth (with their paths)."""
+    if "$ref" in schema:
+        schema = spec["components"]["schemas"][schema["$ref"].rsplit("/", 1)[1]]
+    if "anyOf" in schema:
+        branches = [missing_fields(spec, branch, value, where) for branch in schema["anyOf"]]
+        return min(branches, key=len)
+    if isinstance(value, list) and "items" in schema:
+        return [m for i, item in enumerate(value) for m in missing_fields(spec, schema["items"], item, f"{where}.{i}")]
+    if not isinstance(value, dict):
+        return []
+    missing = [f"{where}.{name}" for name in schema.get("required", []) if name not in value]
+    for name, sub in schema.get("properties", {}).items():
+        if name in value:
+            missing += missing_fields(spec, sub, value[name], f"{where}.{name}")
+    return missing
+
+
+@pytest.fixture
+def tenant_with_catalog(client, make_tenant, tmp_path):  # type: ignore[no-untyped-def]
+    tenant = make_tenant("answers")
+    with sqlite_source(tmp_path) as (url, schema):
+        create_and_ingest(client, tenant, url=url, schema=schema)
+        yield tenant
+
+
+def test_answers_carry_every_field_the_document_requires(api_url, tenant_with_catalog, app):  # noqa: F811
+    """What generated clients (the TypeScript one) type as always present is in every answer of every call."""
+    recorder = Recorder()
+    with EngramClient(api_url, api_key=tenant_with_catalog.admin_key, transport=recorder) as engram:
+        anyio.run(scenario, engram)
+        # The calls the scenario leaves out, and the operator's.
+        history = engram.memory_history("1", include_forgotten=True)
+        assert history.versions[0].tags == ["units", "money"] and history.versions[-1].tags == ["units"]
+        # The raw request: parsed as the model named, else as JSON, or as text when the answer is not JSON.
+        raw = engram.request("GET", "/v1/memories/1/history", cast_to=MemoryHistory)
+        assert isinstance(raw, MemoryHistory) and raw.versions == history.versions
+        assert engram.request("GET", "/v1/memories/1")["tags"] == ["units", "money"]
+        assert engram.request("GET", "/v1/memories:export", params={"format": "markdown"}).startswith("---\n")
+        engram.list_keys()
+        engram.health()
+        engram.readiness()
+        engram.usage(from_date=date.today())
+        assert "memory.save" in {entry.action for entry in engram.list_audit(limit=200).entries}
+        hook = engram.create_webhook("http://127.0.0.1:9/hook", events=["memory.created"], description="answers")
+        assert hook.secret and [h.id for h in engram.list_webhooks()] == [hook.id]
+        assert engram.update_webhook(hook.id, rotate_secret=True).secret not in (None, hook.secret)
+        assert engram.update_webhook(hook.id, enabled=False).state == engram.get_webhook(hook.id).state
+        assert engram.webhook_deliveries(hook.id, limit=5).deliveries == []
+        assert engram.delete_webhook(hook.id).deleted
+    with EngramClient(api_url, api_key=OPERATOR_KEY, transport=recorder) as operator:
+        made = operator.create_tenant(f"answers-{uuid.uuid4().hex[:8]}", quotas={"max_memories": 10})
+        operator.update_tenant(made.tenant, state="suspended")
+        operator.list_tenants(prefix=made.tenant)
+        operator.get_tenant(made.tenant)
+        assert operator.retry_failed_jobs(tenant=made.tenant).count == 0
+        assert operator.discard_failed_jobs(reason="answers", tenant=made.tenant).job_ids == []
+        operator.reindex_progress()
+        operator.delete_tenant(made.tenant)
+    spec = app.openapi()
+    templates = {
+        (verb, re.compile(re.sub(r"\\\{\w+\\\}", "[^/]+", re.escape(path)))): op
+        for path, item in spec["paths"].items()
+        for verb, op in item.items()
+    }
+    checked, missing = set(), {}
+    for verb, path, response in recorder.answers:
+        if response.status_code >= 300 or "json" not in response.headers.get("Content-Type", ""):
+            continue
+        operation = next(op for (v, pattern), op in templates.items() if v == verb and pattern.fullmatch(path))
+        schema = operation["responses"][str(response.status_code)]["content"]["application/json"]["schema"]
+        if lacking := missing_fields(spec, schema, response.json()):
+            missing[f"{verb} {path}"] = lacking
+        checked.add(operation["operationId"])
+    assert not missing, missing
+    assert len(checked) >= 38, checked

@@ -222,3 +222,26 @@ def test_identity_hydrate_list_and_catalog_tools(api_url, client, tenant, member
             assert job["kind"] == "ingest"
 
     anyio.run(main)
+
+
+def test_tools_name_a_memory_by_memory_id_and_still_accept_id(api_url, tenant):
+    """Every tool names a memory `memory_id`, as the answers do; `id`, the first name, still works."""
+
+    async def main() -> None:
+        async with http_session(api_url, tenant.admin_key) as session:
+            listed = {t.name: t.inputSchema for t in (await session.list_tools()).tools}
+            for tool in ("get_memory", "update_memory", "forget_memory"):
+                assert "memory_id" in listed[tool]["required"] and "id" not in listed[tool]["properties"], tool
+            save_arguments = listed["save_memory"]["properties"]
+            assert "memory_id" in save_arguments and "id" not in save_arguments
+            saved = await call(session, "save_memory", {"content": "named once", "memory_id": "named-1"})
+            assert saved["memory_id"] == "named-1"
+            assert (await call(session, "get_memory", {"memory_id": "named-1"}))["content"] == "named once"
+            assert (await call(session, "get_memory", {"id": "named-1"}))["content"] == "named once"
+            updated = await call(session, "update_memory", {"memory_id": "named-1", "content": "named twice"})
+            assert updated["content"] == "named twice"
+            missing = await call(session, "get_memory", {}, error=True)
+            assert missing["status"] == 422 and missing["field"] == "memory_id"
+            assert (await call(session, "forget_memory", {"memory_id": "named-1"}))["status"] == "forgotten"
+
+    anyio.run(main)

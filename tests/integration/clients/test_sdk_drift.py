@@ -5,12 +5,18 @@ fails here instead of in a user's program."""
 from __future__ import annotations
 
 import inspect
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import engram_client.models as sdk
+import engram_client.resources as more
 import pytest
-from engram_client import EngramClient
+from engram_client import AsyncEngramClient, EngramClient
 from pydantic import BaseModel
+
+SDK = Path(__file__).resolve().parents[3] / "clients" / "python"
 
 
 @pytest.fixture(scope="module")
@@ -39,6 +45,40 @@ RESPONSES: list[tuple[type[BaseModel], str]] = [
     (sdk.ExampleQueryHit, "ExampleQueryHit"),
     (sdk.EntityHit, "EntityHit"),
     (sdk.Channels, "Channels"),
+    (more.MemoryVersion, "MemoryVersion"),
+    (more.MemoryHistory, "MemoryHistory"),
+    (more.ImportResult, "ImportResult"),
+    (more.RunEnded, "RunEnded"),
+    (more.Datasource, "Datasource"),
+    (more.Deleted, "Deleted"),
+    (more.JobAccepted, "JobAccepted"),
+    (more.JobPage, "JobPage"),
+    (more.ModelInspection, "ModelInspection"),
+    (more.IssuedKey, "IssuedKeyOut"),
+    (more.ApiKey, "KeyOut"),
+    (more.KeyRevoked, "KeyRevoked"),
+    (more.CoverageRow, "CoverageRow"),
+    (more.Health, "Health"),
+    (more.Readiness, "Readiness"),
+    (more.Quotas, "Quotas"),
+    (more.Usage, "Usage"),
+    (more.UsageDay, "UsageDay"),
+    (more.UsageReport, "UsageReport"),
+    (more.Tenant, "TenantOut"),
+    (more.ProvisionedTenant, "ProvisionedOut"),
+    (more.TenantPage, "TenantPage"),
+    (more.AuditActor, "AuditActor"),
+    (more.AuditEntry, "AuditEntryOut"),
+    (more.AuditPage, "AuditPage"),
+    (more.Webhook, "WebhookOut"),
+    (more.WebhookCreated, "WebhookCreated"),
+    (more.WebhookUpdated, "WebhookUpdated"),
+    (more.WebhookDeleted, "WebhookDeleted"),
+    (more.DeliveryAttempt, "DeliveryAttempt"),
+    (more.WebhookDelivery, "WebhookDeliveryOut"),
+    (more.WebhookDeliveryPage, "WebhookDeliveryPage"),
+    (more.JobBulkResult, "JobBulkResult"),
+    (more.ReindexProgress, "ReindexProgress"),
 ]
 
 
@@ -46,8 +86,8 @@ RESPONSES: list[tuple[type[BaseModel], str]] = [
 def test_response_models_have_the_spec_fields(spec, ours, name):
     """Same field names; and the SDK never requires a field the server may leave out."""
     schema = component(spec, name)
-    assert set(ours.model_fields) == set(schema["properties"])
-    required = {field for field, info in ours.model_fields.items() if info.is_required()}
+    assert {info.alias or field for field, info in ours.model_fields.items()} == set(schema["properties"])
+    required = {info.alias or field for field, info in ours.model_fields.items() if info.is_required()}
     assert required <= set(schema.get("required", []))
 
 
@@ -81,3 +121,23 @@ QUERIES: list[tuple[str, str, str]] = [
 def test_method_parameters_are_the_query_parameters(spec, method, path, verb):
     documented = {parameter["name"] for parameter in spec["paths"][path][verb]["parameters"]}
     assert _parameters(method) == documented
+
+
+def test_the_async_calls_are_the_sync_ones_awaitable():
+    """The async client's admin calls are generated from the sync ones; the file in the repository is current,
+    and every sync method has an async twin with the same signature."""
+    script = SDK / "scripts" / "make_async_admin.py"
+    assert subprocess.run([sys.executable, str(script), "--check"], timeout=60).returncode == 0, f"run {script}"
+    for name in (n for n in dir(EngramClient) if not n.startswith("_") and n != "close"):
+        assert inspect.signature(getattr(AsyncEngramClient, name)) == inspect.signature(getattr(EngramClient, name))
+
+
+def test_the_sdk_stands_alone():
+    """The SDK is its own distribution too: importing all of it loads nothing of the server."""
+    code = (
+        "import sys, engram_client, engram_client.langchain, engram_client.langgraph\n"
+        "server = sorted(m for m in sys.modules if m.split('.')[0] in ('core', 'api', 'workers'))\n"
+        "assert not server, server\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=SDK)
+    assert result.returncode == 0, result.stderr

@@ -134,8 +134,9 @@ def test_bad_bindings_are_422(client, tenant, body, field):
 
 def test_local_client_and_mcp_path_enforce_the_binding_too(client, tenant):
     """The in-process client (what the MCP server calls) applies the same binding and read-only guard."""
-    from api.client.base import EngramAPIError
-    from api.client.local import LocalEngramClient
+    from engram_client import EngramError as EngramAPIError
+
+    from api.sdk import LocalEngramClient
 
     read_only = make_key(client, tenant, read_only=True)["api_key"]
     bound = make_key(client, tenant, agent_id="agent-a")["api_key"]
