@@ -9,6 +9,9 @@ the REST routes through it, over the network or answered by an app in this proce
   call is one request to the app that received it, on the event loop serving it.
 """
 
+# Imports inside functions are deferred: the app (create_app, api.auth) loads only when a client answers
+# in this process, and api.broker (Celery) only when that app publishes its own jobs; the CLI's HTTP-only
+# commands import this module without either.
 from __future__ import annotations
 
 import asyncio

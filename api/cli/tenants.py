@@ -8,6 +8,8 @@ Every command is a REST call made with the operator key, to one of:
 A home that holds no engram is refused in one line, and nothing is created there.
 """
 
+# Imports inside the commands are deferred: `engram` loads only the command that runs (see api.cli); the
+# in-process app and the database only when no API URL is given.
 from __future__ import annotations
 
 import json

@@ -5,6 +5,8 @@ runs beside `engram serve`), or with ``--url`` through a remote engram's REST AP
 hosted engram). The tools and their answers are the same.
 """
 
+# create_app is imported on use: `engram mcp` (a CLI command, see api.cli) builds the app only when it
+# answers from this process.
 from __future__ import annotations
 
 import contextlib
