@@ -14,14 +14,34 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from uvicorn.middleware.proxy_headers import ProxyHeadersMiddleware
 
 import core.schema  # noqa: F401 - every table known to the ORM
+from api.dashboard import routes as dashboard
+from api.dashboard import tenants as dashboard_tenants
 from api.errors import error_response, install_error_handlers
+from api.mcp.http import mount_mcp
 from api.observe import RequestContext
 from api.openapi import install_openapi, operation_id
 from api.overload import LoadShedder
+from api.routes import (
+    audit,
+    catalog,
+    health,
+    jobs,
+    keys,
+    memories,
+    metrics,
+    ops,
+    runs,
+    search,
+    tenants,
+    transfer,
+    webhooks,
+)
+from api.tenant_events import TenantEventListener
 from core import __version__
 from core.config import get_settings
 from core.db import limit_waits
 from core.parsing import plain_int
+from core.tenancy.usage import buffer
 
 log = logging.getLogger("engram.api")
 
@@ -84,23 +104,6 @@ def create_app(*, install_queue: bool = False) -> FastAPI:
     if settings.trusted_proxies.strip():
         app.add_middleware(ProxyHeadersMiddleware, trusted_hosts=settings.trusted_proxies)
 
-    from api.dashboard import routes as dashboard
-    from api.dashboard import tenants as dashboard_tenants
-    from api.routes import (
-        audit,
-        catalog,
-        health,
-        jobs,
-        keys,
-        memories,
-        metrics,
-        ops,
-        runs,
-        search,
-        tenants,
-        transfer,
-        webhooks,
-    )
 
     # The router tries routes in this order and stops at the first full match: search and memories, most of
     # the traffic, first (walking the other routers first cost a search ~50 us of CPU). No two routers share
@@ -110,7 +113,6 @@ def create_app(*, install_queue: bool = False) -> FastAPI:
         dashboard_tenants, metrics,
     ):  # fmt: skip
         app.include_router(module.router)
-    from api.mcp.http import mount_mcp
 
     mount_mcp(app)
     _run_tenant_services(app)
@@ -118,6 +120,7 @@ def create_app(*, install_queue: bool = False) -> FastAPI:
     # request never waits on the broker. `install_queue` also publishes from this process, for setups
     # without a worker relay (the in-process client, MCP over stdio).
     if install_queue:
+        # Deferred: api.broker loads Celery, which only an app that publishes its own jobs needs.
         from api.broker import install_job_queue
 
         install_job_queue()
@@ -131,9 +134,6 @@ def _run_tenant_services(app: FastAPI) -> None:
 
     @asynccontextmanager
     async def lifespan(application: Any) -> AsyncIterator[Any]:
-        from api.tenant_events import TenantEventListener
-        from core.tenancy.usage import buffer
-
         listener = TenantEventListener()
         listener.start()
         try:

@@ -8,7 +8,9 @@ from functools import lru_cache
 import redis
 
 from core.config import get_settings
+from core.jobs.service import set_job_queue
 from core.runtime import resolve_redis_url
+from workers.queue import CeleryJobQueue
 
 _lock = threading.Lock()
 
@@ -25,9 +27,9 @@ def ping_broker() -> None:
 
 def install_job_queue() -> None:
     """Route committed outbox jobs of this process to Celery."""
-    from core.jobs.service import set_job_queue
+    # Deferred: importing workers.celery_app builds the Celery app from the broker URL, which raises
+    # ServiceNotRunning where none is configured; only processes that publish jobs need it.
     from workers.celery_app import app
-    from workers.queue import CeleryJobQueue
 
     with _lock:
         set_job_queue(CeleryJobQueue(app))

@@ -15,6 +15,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 
+from api.quota_events import from_scope
 from core.dbwaits import AnswerTimeout
 from core.errors import EngramError, QuotaExceeded
 
@@ -104,8 +105,6 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(EngramError)
     async def _engram(request: Request, exc: EngramError) -> JSONResponse:
         if isinstance(exc, QuotaExceeded):
-            from api.quota_events import from_scope
-
             await run_in_threadpool(from_scope, request.scope, exc)
         headers = {"Retry-After": "5" if exc.status == 503 else "1"} if exc.status in (429, 503) else None
         headers = {**(headers or {}), **getattr(exc, "headers", {})} or None

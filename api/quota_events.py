@@ -15,6 +15,7 @@ from starlette.types import Scope
 
 from core.db import tenant_session
 from core.errors import EngramError, QuotaExceeded
+from core.webhooks.service import emit
 
 log = logging.getLogger("engram.api")
 
@@ -38,7 +39,6 @@ def _due(tenant_id: int, quota: str) -> bool:
 
 def quota_exceeded(tenant_id: int, errors: list[EngramError]) -> None:
     """Send `quota.exceeded` for each quota among ``errors`` (at most once a minute per tenant and quota)."""
-    from core.webhooks.service import emit
 
     quotas = {(e.quota, e.limit) for e in errors if isinstance(e, QuotaExceeded) and e.quota is not None}
     due = [(quota, limit) for quota, limit in sorted(quotas, key=str) if _due(tenant_id, str(quota))]

@@ -26,6 +26,7 @@ from limits.strategies import SlidingWindowCounterRateLimiter
 from starlette.types import Scope
 
 from core.config import get_settings
+from core.runtime import ServiceNotRunning, resolve_redis_url
 
 log = logging.getLogger("engram.ratelimit")
 
@@ -102,8 +103,6 @@ class RedisRateLimiter:
             return None
         url = get_settings().redis_url
         if not url:
-            from core.runtime import ServiceNotRunning, resolve_redis_url
-
             try:
                 url = resolve_redis_url()
             except ServiceNotRunning:

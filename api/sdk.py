@@ -9,6 +9,9 @@ the REST routes through it, over the network or answered by an app in this proce
   call is one request to the app that received it, on the event loop serving it.
 """
 
+# Imports inside functions are deferred: the app (create_app, api.auth) loads only when a client answers
+# in this process, and api.broker (Celery) only when that app publishes its own jobs; the CLI's HTTP-only
+# commands import this module without either.
 from __future__ import annotations
 
 import asyncio
@@ -25,7 +28,7 @@ from sqlalchemy.exc import OperationalError
 from starlette.types import ASGIApp
 
 from core import errors as core_errors
-from core.logging import current_request_id
+from core.tracing import current_request_id
 
 T = TypeVar("T")
 # The base URL of in-process requests: never resolved, the transport answers them.

@@ -51,7 +51,7 @@ class Settings(BaseSettings):
 
     # Secret used to encrypt datasource credentials at rest (Fernet key, urlsafe base64).
     secret_key: str = ""
-    # Which datasources this process may open (core.entities.source_guard): "hosted" refuses loopback,
+    # Which datasources this process may open (core.source_guard): "hosted" refuses loopback,
     # private, link-local, CGNAT, multicast and metadata addresses and needs sqlite_roots for SQLite;
     # "local" (what `engram serve` sets) allows them. Empty: the mode of a running `engram serve` on this
     # home, else hosted. Engram's own database is refused in both.
@@ -85,7 +85,7 @@ class Settings(BaseSettings):
     outbox_linger_seconds: float = 0.2
     reconcile_interval_seconds: float = 15.0
     # A failed job attempt is retried after base * 2^(attempt-1) seconds, capped at the max, with jitter
-    # (core.jobs.runner.backoff_seconds); after max_attempts it fails. The defaults ride out an outage of
+    # (workers.runner.backoff_seconds); after max_attempts it fails. The defaults ride out an outage of
     # about a day: 20 attempts, the delays doubling from 2 s to a 4 h ceiling.
     job_max_attempts: int = 20
     job_retry_base_seconds: float = 2.0

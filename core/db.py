@@ -43,7 +43,12 @@ from sqlalchemy.pool import NullPool
 
 from core.config import get_settings
 from core.dbwaits import ANSWER_MARGIN_SECONDS, BoundedConnection, run_simple
-from core.tenancy.rls import SYSTEM_ROLE
+from core.runtime import resolve_database_url
+
+# The role a transaction of the app role switches to for the named system mode: owns nothing, cannot log
+# in, has no BYPASSRLS; the app role is a member that does not inherit it (only `SET ROLE` reaches it).
+# Defined here, where sessions switch to it; core.tenancy.rls creates it and grants it.
+SYSTEM_ROLE = "engram_system"
 
 
 class Base(DeclarativeBase):
@@ -87,8 +92,6 @@ def owner_database_url() -> str:
     """The URL migrations run with (the owner of the schema): ENGRAM_DATABASE_URL or `serve`'s."""
     url = get_settings().database_url
     if not url:
-        from core.runtime import resolve_database_url
-
         url = resolve_database_url()
     return normalize_url(url)
 

@@ -14,13 +14,15 @@ import re
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
-from contextvars import ContextVar
 from typing import TextIO
 
 from pythonjsonlogger.core import RESERVED_ATTRS
 from pythonjsonlogger.json import JsonFormatter
 
-REQUEST_ID: ContextVar[str | None] = ContextVar("engram_request_id", default=None)
+from core.config import get_settings
+
+# The request id lives with the trace context (core.tracing), which carries both into jobs.
+from core.tracing import REQUEST_ID, current_trace_ids
 
 _PATTERNS: tuple[tuple[re.Pattern[str], str], ...] = (
     # engram API and operator keys.
@@ -39,10 +41,6 @@ _PATTERNS: tuple[tuple[re.Pattern[str], str], ...] = (
 )
 _secrets: set[str] = set()
 _HANDLER_MARK = "_engram_handler"
-
-
-def current_request_id() -> str | None:
-    return REQUEST_ID.get()
 
 
 @contextmanager
@@ -80,8 +78,6 @@ class ContextFilter(logging.Filter):
         request_id = REQUEST_ID.get()
         if request_id is not None:
             record.request_id = request_id
-        from core.tracing import current_trace_ids
-
         ids = current_trace_ids()
         if ids is not None:
             record.trace_id, record.span_id = ids
@@ -129,7 +125,6 @@ def configure_logging(
     ``process`` names the emitter (api, worker, beat, cli) in each JSON line. Level and format come from the
     settings unless given.
     """
-    from core.config import get_settings
 
     settings = get_settings()
     for secret in (settings.operator_key, settings.secret_key):

@@ -11,6 +11,8 @@ from __future__ import annotations
 import os
 import threading
 
+from threadpoolctl import threadpool_limits
+
 _done = False
 _lock = threading.Lock()
 
@@ -24,6 +26,4 @@ def single_threaded_blas() -> None:
         _done = True
     if "OPENBLAS_NUM_THREADS" in os.environ or "OMP_NUM_THREADS" in os.environ:
         return
-    from threadpoolctl import threadpool_limits
-
     threadpool_limits(limits=1, user_api="blas")

@@ -10,8 +10,6 @@ from __future__ import annotations
 import json
 import os
 import sys
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -96,37 +94,3 @@ def resolve_api_url() -> str:
     settings = get_settings()
     return f"http://{settings.host}:{settings.port}"
 
-
-@contextmanager
-def database_session_for_cli() -> Iterator[None]:
-    """Make the database reachable for a one-off command.
-
-    Uses ENGRAM_DATABASE_URL, else the running `engram serve` on this home, else starts the home's
-    embedded PostgreSQL for the duration of the command.
-    """
-    from core.config import reset_settings_cache
-    from core.db import dispose_engine
-
-    settings = get_settings()
-    if settings.database_url:
-        yield
-        return
-    record = read_runtime()
-    if record and record.get("database_url"):
-        os.environ["ENGRAM_DATABASE_URL"] = str(record["database_url"])
-        reset_settings_cache()
-        yield
-        return
-    from core.embedded import EmbeddedPostgres
-
-    settings.home.mkdir(parents=True, exist_ok=True)
-    server = EmbeddedPostgres.for_home(settings.home)
-    os.environ["ENGRAM_DATABASE_URL"] = server.start()
-    reset_settings_cache()
-    try:
-        yield
-    finally:
-        dispose_engine()
-        server.stop()
-        os.environ.pop("ENGRAM_DATABASE_URL", None)
-        reset_settings_cache()

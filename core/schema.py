@@ -2,11 +2,11 @@
 
 import core.entities.store  # noqa: F401 - catalog tables, and the snapshot loader memory saves use
 from core.audit.models import AuditCounter, AuditEntry, OperatorAuditEntry
-from core.embeddings.store_models import Embedding
 from core.jobs.models import Job
 from core.lifecycle.definitions import EntityDefinition
 from core.memories.models import Association, Memory, MemoryVersion, Tombstone
 from core.tenancy.models import ApiKey, Tenant, TenantUsage, UsageFlush, User
+from core.vectors import Embedding
 from core.webhooks.models import Webhook, WebhookDelivery
 
 __all__ = [

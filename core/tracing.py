@@ -16,15 +16,24 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import Any
 
 from opentelemetry import context as otel_context
 from opentelemetry import propagate, trace
+from sqlalchemy import event
+from sqlalchemy.engine import Engine
 
-from core.logging import current_request_id
+from core.config import get_settings
 
+# The request a log line or a job belongs to (set per API request and per job; core.logging logs it).
+REQUEST_ID: ContextVar[str | None] = ContextVar("engram_request_id", default=None)
 _provider: Any = None  # the SDK TracerProvider once configured; the SDK is imported only then
 _sql_listeners: list[tuple[str, Any]] = []
+
+
+def current_request_id() -> str | None:
+    return REQUEST_ID.get()
 
 
 def tracing_enabled() -> bool:
@@ -38,6 +47,8 @@ def _otlp_exporter(endpoint_setting: str) -> Any:
     from_env = os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") or os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT")
     if not endpoint_setting and not from_env:
         return None
+    # Deferred: the exporter (protobuf, requests) loads only when an endpoint is configured; off, the start
+    # path of every process imports OpenTelemetry's no-op API alone.
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
     if endpoint_setting:
@@ -50,10 +61,10 @@ def configure_tracing(*, service: str, exporter: Any = None) -> bool:
     """Install the process's tracer provider if an endpoint is configured (or ``exporter`` is given, as tests
     do with the SDK's in-memory exporter); returns whether tracing is on. A later call only adds ``exporter``."""
     global _provider
-    from core.config import get_settings
 
     if _provider is not None:
         if exporter is not None:
+            # Deferred: the SDK loads only once tracing is on (see the module docstring).
             from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 
             _provider.add_span_processor(SimpleSpanProcessor(exporter))
@@ -61,6 +72,7 @@ def configure_tracing(*, service: str, exporter: Any = None) -> bool:
     otlp = None if exporter is not None else _otlp_exporter(get_settings().otlp_endpoint)
     if exporter is None and otlp is None:
         return False
+    # Deferred: the SDK loads only once tracing is on (see the module docstring).
     from opentelemetry.sdk.resources import Resource
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor
@@ -82,8 +94,6 @@ def stop_tracing() -> None:
     global _provider
     if _provider is None:
         return
-    from sqlalchemy import event
-    from sqlalchemy.engine import Engine
 
     for name, listener in _sql_listeners:
         event.remove(Engine, name, listener)
@@ -134,8 +144,6 @@ def publishing_context(carrier: dict[str, Any] | None) -> Iterator[None]:
 
 def _instrument_sqlalchemy() -> None:
     """A client span per SQL statement, child of whatever span is current (request, job)."""
-    from sqlalchemy import event
-    from sqlalchemy.engine import Engine
 
     tracer = trace.get_tracer("engram.sqlalchemy")
 

@@ -47,7 +47,7 @@ def main() -> None:
     base = Path(tempfile.mkdtemp(prefix="engram-request-cpu-", dir="/tmp"))
     base.chmod(0o755)
     try:
-        from core.embedded import embedded_services
+        from api.serve.embedded import embedded_services
 
         with embedded_services(base, durable=False) as (database_url, redis_url):
             os.environ.update(

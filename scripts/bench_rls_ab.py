@@ -26,8 +26,8 @@ from sqlalchemy import create_engine, event
 from sqlalchemy.orm import Session, sessionmaker
 
 import core.db as db
-from core.bench.search import MODES, Corpus, build
-from core.bench.stack import bench_stack
+from api.bench.search import MODES, Corpus, build
+from api.bench.stack import bench_stack
 from core.config import reset_settings_cache
 
 

@@ -38,7 +38,7 @@ def main() -> None:
     base.chmod(0o755)
     operator_key = "egop_" + uuid.uuid4().hex
     try:
-        from core.embedded import embedded_services
+        from api.serve.embedded import embedded_services
 
         with embedded_services(base, durable=False) as (database_url, redis_url):
             os.environ.update(

@@ -32,8 +32,8 @@ def hold(spec_path: Path, memories: int, entities: int, locomo: str | None, conv
     """Build the stack and corpus, write what the workers need to ``spec_path``, keep it all up until stopped."""
     import base64
 
-    from core.bench.search import build
-    from core.bench.stack import bench_stack
+    from api.bench.search import build
+    from api.bench.stack import bench_stack
     from core.config import reset_settings_cache
 
     os.environ.setdefault("ENGRAM_SECRET_KEY", base64.urlsafe_b64encode(os.urandom(32)).decode())
@@ -50,7 +50,7 @@ def hold(spec_path: Path, memories: int, entities: int, locomo: str | None, conv
 
 
 def _load_conversations(path: str, count: int) -> list[dict]:
-    from core.bench.retrieval import load_conversation
+    from api.bench.retrieval import load_conversation
     from core.db import system_session
     from core.tenancy.service import create_tenant, get_tenant_by_name
 
@@ -72,9 +72,9 @@ def work(spec_path: Path, home: str) -> None:
     spec = json.loads(spec_path.read_text())
     os.environ.update({**spec["env"], "ENGRAM_HOME": home})
     Path(home).mkdir(exist_ok=True)
-    from core.bench.corpus import Corpus
-    from core.bench.retrieval import ask
-    from core.bench.search import measure_answers
+    from api.bench.corpus import Corpus
+    from api.bench.retrieval import ask
+    from api.bench.search import measure_answers
 
     corpus = Corpus(tenant_id=spec["tenant_id"], entity_ids=spec["entity_ids"])
     questions = [(c["tenant_id"], q) for c in spec["conversations"] for q in c["questions"]]
@@ -143,7 +143,7 @@ def main() -> None:
                     worker.stdin.write(f"{mode} {args.queries} {number}\n")  # type: ignore[union-attr]
                     worker.stdin.flush()  # type: ignore[union-attr]
                     figures[name, mode].append(json.loads(worker.stdout.readline()))  # type: ignore[union-attr]
-        from core.bench import machine_speed_ms
+        from api.bench import machine_speed_ms
 
         print(f"python_loop_ms {machine_speed_ms():.1f} (after the rounds)")
         for mode in modes:

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Installs engram with its test tools into ./.venv and runs the checks: ruff, mypy, then the test suite
-# on the real stack (embedded PostgreSQL + pgvector and Redis started by the suite itself).
+# Installs engram with its test tools into ./.venv and runs the checks: ruff, mypy, the import layers
+# (lint-imports, contracts in pyproject.toml), then the test suite on the real stack (embedded PostgreSQL +
+# pgvector and Redis started by the suite itself).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -22,4 +23,5 @@ fi
 
 .venv/bin/ruff check core api workers tests scripts clients/python
 .venv/bin/mypy core api workers
+.venv/bin/lint-imports
 exec .venv/bin/python -m pytest "$@"

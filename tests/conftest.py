@@ -36,8 +36,8 @@ def _temp_dirs_removed() -> Iterator[None]:
 
 @pytest.fixture(scope="session")
 def stack() -> Iterator[Stack]:
+    from api.serve.embedded import embedded_services
     from core.db import dispose_engine
-    from core.embedded import embedded_services
 
     base = make_temp_dir("engram-test-")
     try:
@@ -150,7 +150,7 @@ def api_url(stack) -> Iterator[str]:  # type: ignore[no-untyped-def]
 @pytest.fixture
 def api_server(stack, worker) -> Iterator[str]:  # type: ignore[no-untyped-def]
     """`engram api` in its own process, as production runs it."""
-    from core.embedded import free_port
+    from api.serve.embedded import free_port
 
     port = free_port()
     log = open(f"/tmp/engram-api-{port}.log", "wb")  # noqa: SIM115

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 from celery import Celery
 from celery.signals import setup_logging
 
@@ -58,7 +60,6 @@ def make_celery() -> Celery:
 @setup_logging.connect
 def _configure_logging(**_: object) -> None:
     """Celery leaves logging alone when this signal has a receiver: worker and beat log as the API does."""
-    import sys
 
     configure_logging(process="beat" if "beat" in sys.argv else "worker")
 
@@ -66,6 +67,7 @@ def _configure_logging(**_: object) -> None:
 def instrument_celery() -> None:
     """Trace task publishing and execution when tracing is on (the context travels in message headers)."""
     if configure_tracing(service="worker"):
+        # Deferred: the Celery instrumentation loads only when tracing is on.
         from opentelemetry.instrumentation.celery import CeleryInstrumentor
 
         instrumentor = CeleryInstrumentor()

@@ -5,12 +5,16 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+import time
 
 from celery import Celery
 from sqlalchemy import select
 
+from core.config import get_settings
+from core.db import system_session
 from core.jobs.batches import Message
 from core.jobs.lanes import lane_of, queue_for
+from core.jobs.models import Job
 from core.tracing import publishing_context
 
 log = logging.getLogger(__name__)
@@ -27,10 +31,6 @@ def job_task_name(kind: str) -> str:
 
 def _single_messages(job_ids: list[str]) -> list[Message]:
     """One message per job, with its kind (the task name) and stored request context, read in one query."""
-    from core.config import get_settings
-    from core.db import system_session
-    from core.jobs.models import Job
-
     max_docs = get_settings().interactive_max_docs
     with system_session() as session:
         rows = session.execute(select(Job.id, Job.kind, Job.payload).where(Job.id.in_(job_ids))).all()
@@ -105,7 +105,6 @@ class CeleryJobQueue:
 
     def drain(self, timeout: float = 5.0) -> None:
         """Wait until queued publications are attempted (tests, shutdown)."""
-        import time
 
         deadline = time.monotonic() + timeout
         while not self._pending.empty() and time.monotonic() < deadline:

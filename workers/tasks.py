@@ -12,14 +12,22 @@ from celery.signals import task_postrun, task_prerun, worker_init, worker_ready
 
 import core.schema  # noqa: F401 - every table known to the ORM
 from core.config import get_settings
-from core.db import system_session
+from core.db import get_engine, system_session
+from core.embeddings.factory import embedder_for_settings
+from core.embeddings.hnsw import ensure_hnsw_indexes
+from core.embeddings.providers import get_embedder
+from core.embeddings.reconcile import reconcile_embeddings
 from core.jobs.models import JOB_KINDS
-from core.jobs.runner import run_jobs
+from core.jobs.relay import OutboxRelay, RelayLimits
 from core.jobs.service import jobs_to_redispatch, set_job_queue
-from core.logging import REQUEST_ID
+from core.lifecycle.prune import enqueue_prune
 from core.native import single_threaded_blas
+from core.tenancy.usage import forget_old_flushes, measure_storage
+from core.tracing import REQUEST_ID
+from core.webhooks.delivery import sweep_due_webhooks
 from workers.celery_app import app
 from workers.queue import REQUEST_ID_HEADER, RUN_JOB_TASK, CeleryJobQueue, job_task_name
+from workers.runner import run_jobs
 
 log = logging.getLogger(__name__)
 # Jobs that workers enqueue (split chunks, ingest's sample refresh, reconcile's gaps) are left to the relay
@@ -46,10 +54,6 @@ def warm_embedding_path(**_: object) -> None:
     collections that jobs' allocations trigger no longer walk the whole start-up heap (measured: three
     quarters less time in the collector over a run of embed jobs)."""
     single_threaded_native_pools()
-    import core.embeddings.refresh  # noqa: F401
-    import core.embeddings.similarity  # noqa: F401
-    from core.embeddings.chaos import embedder_for_settings
-
     try:
         embedder_for_settings().warm()
     except Exception as exc:
@@ -61,9 +65,6 @@ def warm_embedding_path(**_: object) -> None:
 @worker_ready.connect
 def start_outbox_relay(**_: object) -> None:
     """Publish the job rows writers commit (the API never talks to the broker on a write)."""
-    from core.db import get_engine
-    from core.jobs.relay import OutboxRelay, RelayLimits
-
     dsn = get_engine().url.render_as_string(hide_password=False).replace("postgresql+psycopg://", "postgresql://")
     settings = get_settings()
     OutboxRelay(
@@ -130,13 +131,10 @@ def reconcile_task() -> int:
         )
     if job_ids:
         log.info("reconcile re-dispatched %d job(s)", len(job_ids))
-    from core.embeddings.providers import get_embedder
-    from core.embeddings.reconcile import reconcile_embeddings
 
     gaps = reconcile_embeddings(model=get_embedder(settings.embedding_model).name)
     if gaps:
         log.info("reconcile queued embeddings for %d doc(s) in %d tenant(s)", sum(gaps.values()), len(gaps))
-    from core.embeddings.hnsw import ensure_hnsw_indexes
 
     built = ensure_hnsw_indexes(threshold=settings.dense_exact_max_docs)
     if built:
@@ -147,8 +145,6 @@ def reconcile_task() -> int:
 @app.task(name="engram.prune", acks_late=True)
 def prune_task() -> str | None:
     """Queue a lifecycle pass as a `prune` job, so it is retried, listed and shown like any other job."""
-    from core.lifecycle.prune import enqueue_prune
-
     with system_session() as session:
         job = enqueue_prune(session)
         return job.id if job is not None else None
@@ -157,8 +153,6 @@ def prune_task() -> str | None:
 @app.task(name="engram.meter", acks_late=True)
 def meter_task() -> int:
     """Measure the storage of tenants whose data changed (usage's storage_bytes), and forget old flush ids."""
-    from core.tenancy.usage import forget_old_flushes, measure_storage
-
     measured = measure_storage()
     forget_old_flushes()
     return measured
@@ -167,7 +161,5 @@ def meter_task() -> int:
 @app.task(name="engram.webhooks", acks_late=True)
 def webhooks_task() -> int:
     """Queue delivery jobs for webhooks whose next attempt is due (retries after a backoff, lost jobs)."""
-    from core.webhooks.delivery import sweep_due_webhooks
-
     with system_session() as session:
         return sweep_due_webhooks(session)

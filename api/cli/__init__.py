@@ -61,7 +61,7 @@ def api(host: str | None, port: int | None, workers: int | None, migrate: bool, 
 
     settings = get_settings()
     configure_logging(process="api")
-    from core.entities.source_guard import describe_policy
+    from core.source_guard import describe_policy
 
     logging.getLogger("engram.api").info("%s", describe_policy())  # what tenants may connect to
     if migrate:
@@ -181,7 +181,7 @@ def beat(home: str | None) -> None:
 def migrate(home: str | None) -> None:
     """Apply database migrations."""
     _set_home(home)
-    from core.runtime import database_session_for_cli
+    from api.cli.database import database_session_for_cli
 
     with database_session_for_cli():
         from core.migrate import upgrade

@@ -4,6 +4,8 @@ Each figure is `{"bench", "metric", "value", "unit", "params"}` (CONTRACT sectio
 throwaway embedded home unless ENGRAM_DATABASE_URL / ENGRAM_REDIS_URL name real services.
 """
 
+# Imports inside the commands are deferred: `engram` loads only the command that runs (see api.cli), and a
+# benchmark's stack (api.bench) only when one is run.
 from __future__ import annotations
 
 import json
@@ -47,8 +49,8 @@ def eval_() -> None:
 @json_option
 def bench_write(sizes: str, saves: int, batches: int, port: int, webhook: bool, as_json: bool) -> None:
     """Single-save latency over REST at each tenant size, and :batch throughput."""
-    from core.bench.write import run
-    from core.embedded import free_port
+    from api.bench.write import run
+    from api.serve.embedded import free_port
 
     tenant_sizes = [int(s) for s in sizes.split(",")]
     figures = run(sizes=tenant_sizes, saves=saves, batches=batches, port=port or free_port(), webhook=webhook)
@@ -62,7 +64,7 @@ def bench_write(sizes: str, saves: int, batches: int, port: int, webhook: bool, 
 @json_option
 def bench_search(memories: int, entities: int, queries: int, as_json: bool) -> None:
     """Search p50/p95 per mode on a generated tenant (in-process calls of the service the API uses)."""
-    from core.bench.search import run
+    from api.bench.search import run
 
     figures = run(memories=memories, entities=entities, queries=queries, log=lambda m: click.echo(m, err=True))
     emit_figures(figures, as_json=as_json)
@@ -78,7 +80,7 @@ def bench_search(memories: int, entities: int, queries: int, as_json: bool) -> N
 @json_option
 def bench_load(clients: int, seconds: float, url: str | None, key: str | None, as_json: bool) -> None:
     """Mixed load (60% search, 30% save, 10% get): statuses, latencies, lost writes, /healthz latency."""
-    from core.bench.load import run
+    from api.bench.load import run
 
     try:
         figures = run(url=url, key=key, clients=clients, seconds=seconds, log=lambda m: click.echo(m, err=True))
@@ -100,7 +102,7 @@ def bench_load(clients: int, seconds: float, url: str | None, key: str | None, a
 @json_option
 def eval_retrieval(file: str, limit: int, form: str, as_json: bool) -> None:
     """Recall@5/10/20 (overall and per category) and search latency over a LoCoMo-shaped file."""
-    from core.bench.retrieval import run
+    from api.bench.retrieval import run
 
     figures = run(path=file, limit=limit, log=lambda m: click.echo(m, err=True), content_only=form == "content")
     emit_figures(figures, as_json=as_json)
@@ -117,8 +119,8 @@ def eval_retrieval(file: str, limit: int, form: str, as_json: bool) -> None:
 @json_option
 def bench_ingest(rows: int, pg_url: str, as_json: bool) -> None:
     """Time ingest + profiling of a generated table in SQLite and PostgreSQL (the job's code path)."""
-    from core.bench import figure
-    from core.entities.bench import run_ingest_bench
+    from api.bench import figure
+    from api.bench.ingest import run_ingest_bench
 
     emit_figures(run_ingest_bench(rows=rows, pg_url=pg_url, figure=figure), as_json=as_json)
 
@@ -135,9 +137,9 @@ def bench_ingest(rows: int, pg_url: str, as_json: bool) -> None:
 @json_option
 def bench_embed(memories: int, batch_size: int, port: int, model: str | None, as_json: bool) -> None:
     """Raw embedder throughput, and the pipeline end to end (saves until coverage 1.0)."""
-    from core.bench.embed import run
+    from api.bench.embed import run
+    from api.serve.embedded import free_port
     from core.config import reset_settings_cache
-    from core.embedded import free_port
 
     if model:
         os.environ["ENGRAM_EMBEDDING_MODEL"] = model  # the API and worker processes inherit it
@@ -154,8 +156,8 @@ def bench_embed(memories: int, batch_size: int, port: int, model: str | None, as
 @json_option
 def bench_fairness(backlog: int, interval: float, operator_tenants: int, port: int, as_json: bool) -> None:
     """Tenant B's fresh saves (wait for their vectors) while tenant A's import drains; coverage meanwhile."""
-    from core.bench.fairness import run
-    from core.embedded import free_port
+    from api.bench.fairness import run
+    from api.serve.embedded import free_port
 
     figures = run(backlog=backlog, interval=interval, port=port or free_port(), operator_tenants=operator_tenants)
     emit_figures(figures, as_json=as_json)
@@ -169,7 +171,7 @@ def bench_fairness(backlog: int, interval: float, operator_tenants: int, port: i
 @json_option
 def bench_tenants(tenants: int, searches: int, large_size: int, max_seconds: float, as_json: bool) -> None:
     """Search latency (warm and cold tenants), API RSS and open files with many long-tailed tenants."""
-    from core.bench.tenants import run
+    from api.bench.tenants import run
 
     figures = run(
         tenants=tenants,

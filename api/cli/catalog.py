@@ -1,5 +1,6 @@
 """`engram ingest DS [--wait]`: queue an ingest and, with --wait, follow it and its follow-up jobs."""
 
+# Imports inside the commands are deferred: `engram` loads only the command that runs (see api.cli).
 from __future__ import annotations
 
 import json

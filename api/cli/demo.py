@@ -5,6 +5,7 @@ follow-up jobs), and saves a few memories about it under fixed ids (``demo-...``
 changes nothing and the integer ids the quickstart's own saves get are the ones the README shows.
 """
 
+# Imports inside the commands are deferred: `engram` loads only the command that runs (see api.cli).
 from __future__ import annotations
 
 import sqlite3

@@ -1,5 +1,6 @@
 """`engram memory ...`: the CLI face of the memory REST calls."""
 
+# Imports inside the commands are deferred: `engram` loads only the command that runs (see api.cli).
 from __future__ import annotations
 
 import json

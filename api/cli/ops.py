@@ -1,5 +1,6 @@
 """`engram search` and `engram jobs`: the CLI face of search and of the job queue."""
 
+# Imports inside the commands are deferred: `engram` loads only the command that runs (see api.cli).
 from __future__ import annotations
 
 import json

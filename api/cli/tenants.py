@@ -8,6 +8,8 @@ Every command is a REST call made with the operator key, to one of:
 A home that holds no engram is refused in one line, and nothing is created there.
 """
 
+# Imports inside the commands are deferred: `engram` loads only the command that runs (see api.cli); the
+# in-process app and the database only when no API URL is given.
 from __future__ import annotations
 
 import json
@@ -70,7 +72,7 @@ def operator_client(*, url: str | None, operator_key: str | None, home: str | No
             yield client
         return
     if not settings.database_url and not record:
-        from core.embedded import existing_pg_data_dir
+        from api.serve.embedded import existing_pg_data_dir
 
         if existing_pg_data_dir(settings.home) is None:
             raise click.ClickException(
@@ -84,9 +86,9 @@ def operator_client(*, url: str | None, operator_key: str | None, home: str | No
 @contextmanager
 def _in_process(operator_key: str | None) -> Iterator[Any]:
     """engram's routes in this process, on the configured or the home's database, with an operator key."""
+    from api.cli.database import database_session_for_cli
     from api.sdk import LOCAL_URL, InProcessTransport
     from core.config import reset_settings_cache
-    from core.runtime import database_session_for_cli
 
     if not os.environ.get("ENGRAM_OPERATOR_KEY"):
         # This process's own key: the routes admit the operator by comparing with the setting.

@@ -35,6 +35,8 @@ def _job_ids(tasks: object) -> list[str]:
 def _inspect() -> tuple[dict[str, list[str]] | None, str | None]:
     """{worker: [job ids]} from the workers that answered, or (None, why) when the broker is unreachable."""
     try:
+        # Deferred: importing workers.celery_app builds the Celery app from the broker URL (raises without
+        # one); inside the try, a missing broker is an answer (None, why), not an import error.
         from workers.celery_app import app
 
         replies = app.control.inspect(timeout=INSPECT_TIMEOUT_SECONDS).active() or {}

@@ -5,6 +5,8 @@ their size is a cost paid per turn. Counted with OpenAI's cl100k_base encoding (
 inside its package, so no download); without litellm, with the bundled local model's WordPiece tokenizer.
 """
 
+# Imports inside functions are deferred: tiktoken is optional (litellm's tokenizer files when present, else
+# the bundled model's WordPiece through tokenizers), and build_server is loaded only when measuring.
 from __future__ import annotations
 
 import contextlib

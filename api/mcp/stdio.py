@@ -5,6 +5,8 @@ runs beside `engram serve`), or with ``--url`` through a remote engram's REST AP
 hosted engram). The tools and their answers are the same.
 """
 
+# create_app is imported on use: `engram mcp` (a CLI command, see api.cli) builds the app only when it
+# answers from this process.
 from __future__ import annotations
 
 import contextlib
@@ -16,9 +18,10 @@ import anyio
 from engram_client import AsyncEngramClient, EngramClient, EngramConnectionError, EngramError
 from mcp.server.fastmcp import Context
 
+from api.cli.database import database_session_for_cli
 from api.mcp import build_server
 from api.sdk import app_client, check_key, install_job_queue
-from core.runtime import ServiceNotRunning, database_session_for_cli
+from core.runtime import ServiceNotRunning
 
 
 class McpStartupError(RuntimeError):

@@ -13,6 +13,7 @@ from fastapi.responses import JSONResponse
 
 from api.auth import require_admin, require_caller
 from api.openapi import BEARER, IDENTITY, DatasourcePath, ModelPath, operation
+from api.routes.memories import acting_identity
 from api.schemas import Datasource, DatasourceList, Deleted, JobAccepted, ModelInspection
 from core.audit.service import record
 from core.db import tenant_session
@@ -149,7 +150,6 @@ def inspect_model(
 ) -> dict[str, Any]:
     """Columns with types, descriptions and samples, measures, aggregations, and the `learnings`: query-less
     memories visible to the caller whose entities overlap the model."""
-    from api.routes.memories import acting_identity
 
     # Learnings follow the memory visibility rules, so the agent and persona of the call matter.
     caller = acting_identity(caller, None, request)

@@ -19,6 +19,7 @@ from sqlalchemy.pool import NullPool
 
 from api.openapi import operation
 from api.schemas import Health, Readiness
+from core.db import get_engine
 
 router = APIRouter(tags=["health"])
 
@@ -41,8 +42,6 @@ def _engine() -> Engine:
     global _probe_engine
     with _probe_lock:
         if _probe_engine is None:
-            from core.db import get_engine
-
             url = get_engine().url
             _probe_engine = create_engine(
                 url,
@@ -64,6 +63,7 @@ def _checks() -> dict[str, str]:
     except Exception as exc:
         checks["database"] = f"unavailable: {type(exc).__name__}"
     try:
+        # Deferred: api.broker loads Celery, needed only when readiness checks the broker.
         from api.broker import ping_broker
 
         ping_broker()

@@ -16,7 +16,7 @@ from core.audit.service import Actor, record
 from core.config import get_settings
 from core.db import system_session
 from core.entities.schemas import NoOptionsIn
-from core.errors import Forbidden
+from core.errors import Forbidden, Invalid, NotFound
 from core.jobs import operations, queries
 from core.jobs.models import JOB_KINDS, JOB_STATES
 from core.jobs.service import get_job
@@ -130,8 +130,6 @@ def _operator_only(request: Request) -> None:
 
 
 def _tenant_of(session: Any, name: str | None) -> int | None:
-    from core.errors import Invalid, NotFound
-
     if name is None:
         return None
     try:

@@ -15,11 +15,10 @@ from api.openapi import BEARER, IDENTITY, MemoryIdPath, operation, query_from
 from api.quota_events import quota_exceeded
 from api.responses import json_answer
 from api.schemas import BatchResult, ForgetResult, HydrateResult, Memory, MemoryHistory, MemoryPage
-from core.audit import trail
 from core.db import tenant_session, tenant_write
 from core.embeddings.providers import EmbeddingProviderError
 from core.errors import EngramError, Invalid
-from core.memories import listing, service
+from core.memories import listing, service, trail
 from core.memories.schemas import (
     MAX_BATCH_ITEMS,
     HydrateIn,

@@ -16,12 +16,13 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
-from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, CollectorRegistry, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, CollectorRegistry, generate_latest, multiprocess
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
 from api.dashboard.routes import cached_coverage, require_operator
+from api.routes.ops import reindex_progress
 from core.db import system_session
 from core.jobs import queries
 from core.jobs.models import JOB_KINDS, JOB_STATES
@@ -57,7 +58,6 @@ class DatabaseCollector(Collector):
 
 def _reindex_metrics() -> Iterator[Metric]:
     """The configured model's reindex: memories done and remaining, the rate, and whether it is paused."""
-    from api.routes.ops import reindex_progress
 
     body = reindex_progress()
     docs = GaugeMetricFamily(
@@ -135,8 +135,6 @@ class ProcessCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         source: Any = REGISTRY
         if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
-            from prometheus_client import multiprocess
-
             source = CollectorRegistry()
             multiprocess.MultiProcessCollector(source)
         for metric in source.collect():

@@ -13,8 +13,11 @@ from api.routes.jobs import tenant_scope
 from api.schemas import CoverageReport
 from core.config import get_settings
 from core.db import scope_to_tenant, system_session
+from core.embeddings.coverage import memory_counts
 from core.embeddings.providers import get_embedder
+from core.embeddings.reindex import progress, set_paused
 from core.embeddings.store import CoverageRow, coverage
+from core.entities.models import Datasource
 from core.errors import Forbidden
 from core.memories.schemas import parse_model
 from core.tenancy.models import Tenant
@@ -26,8 +29,6 @@ router = APIRouter(prefix="/v1/ops", tags=["operations"], dependencies=[Depends(
 def coverage_rows(tenant_id: int | None) -> list[dict[str, Any]]:
     """Coverage rows of one tenant, or of every tenant (the operator): memory counts for all of them in one
     read of the counters, the catalog rendered only for tenants that have one."""
-    from core.embeddings.coverage import memory_counts
-    from core.entities.models import Datasource
 
     model = get_embedder(get_settings().embedding_model).name
     rows: list[dict[str, Any]] = []
@@ -106,16 +107,12 @@ def _require_operator(request: Request) -> None:
 
 
 def reindex_progress() -> dict[str, Any]:
-    from core.embeddings.reindex import progress
-
     model = get_embedder(get_settings().embedding_model).name
     with system_session() as session:
         return progress(session, model=model)
 
 
 def set_reindex_paused(body: Any, *, paused: bool, by: str | None = None) -> dict[str, Any]:
-    from core.embeddings.reindex import set_paused
-
     parsed = parse_model(ReindexActIn, {} if body is None else body)
     model = get_embedder(get_settings().embedding_model).name
     with system_session() as session:

@@ -15,11 +15,10 @@ from api.auth import require_caller
 from api.openapi import BEARER, IDENTITY, operation
 from api.routes.memories import acting_identity
 from api.schemas import ImportResult
-from core.audit import trail
 from core.config import get_settings
 from core.db import allow_longer, tenant_session, tenant_write
 from core.errors import BadRequest, EngramError, Invalid
-from core.memories import transfer
+from core.memories import trail, transfer
 from core.memories.schemas import unknown_fields
 from core.tenancy.context import Caller
 from core.tenancy.usage import buffer as usage_buffer

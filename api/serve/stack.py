@@ -8,9 +8,12 @@ embedded servers; every child also dies with this process (PDEATHSIG) if it is k
 
 from __future__ import annotations
 
+import errno
+import json
 import os
 import secrets
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -20,10 +23,17 @@ from pathlib import Path
 from typing import Any
 
 import click
+import httpx
+from cryptography.fernet import Fernet
 
+from api.serve.embedded import EmbeddedPostgres, EmbeddedRedis
 from api.serve.supervise import die_with_parent
 from core.config import Settings, get_settings, reset_settings_cache
-from core.runtime import engram_command
+from core.db import dispose_engine, system_session
+from core.migrate import upgrade
+from core.runtime import clear_runtime, engram_command, read_runtime, write_runtime
+from core.source_guard import describe_policy, serve_policy
+from core.tenancy.service import create_tenant, get_tenant_by_name
 
 
 @dataclass
@@ -59,8 +69,6 @@ def _secret_key(settings: Settings) -> str:
         return settings.secret_key
     path = settings.home / "secret_key"
     if not path.exists():
-        from cryptography.fernet import Fernet
-
         path.write_text(Fernet.generate_key().decode())
         path.chmod(0o600)
     return path.read_text().strip()
@@ -71,8 +79,6 @@ def _bootstrap_default_tenant(home: Path) -> str | None:
     marker = home / ".default-tenant"
     if marker.exists():
         return None
-    from core.db import system_session
-    from core.tenancy.service import create_tenant, get_tenant_by_name
 
     with system_session() as session:
         key = None if get_tenant_by_name(session, name="default") else create_tenant(session, name="default").api_key
@@ -81,8 +87,6 @@ def _bootstrap_default_tenant(home: Path) -> str | None:
 
 
 def _wait_http(url: str, *, timeout: float, children: list[Child]) -> bool:
-    import httpx
-
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if any(c.process is not None and c.process.poll() is not None for c in children if c.name == "api"):
@@ -98,8 +102,6 @@ def _wait_http(url: str, *, timeout: float, children: list[Child]) -> bool:
 
 def ensure_port_free(host: str, port: int) -> None:
     """Fail at once, before anything starts or is printed, when another process holds the API's port."""
-    import errno
-    import socket
 
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     with socket.socket(family, socket.SOCK_STREAM) as probe:
@@ -114,7 +116,6 @@ def ensure_port_free(host: str, port: int) -> None:
 
 def _cause(log_path: Path) -> str:
     """The ": <message>" of the last error a child logged (its lines are JSON, core.logging), or nothing."""
-    import json
 
     try:
         lines = log_path.read_text(errors="replace").splitlines()[-200:]
@@ -137,7 +138,6 @@ def serve(*, host: str, port: int, home: Path) -> None:
     os.environ["ENGRAM_HOME"] = str(home)
     reset_settings_cache()
     settings = get_settings()
-    from core.runtime import clear_runtime, read_runtime, write_runtime
 
     if read_runtime(home) is not None:
         raise click.ClickException(f"engram serve is already running on {home} (see {home / 'runtime.json'})")
@@ -155,20 +155,14 @@ def serve(*, host: str, port: int, home: Path) -> None:
     try:
         database_url, redis_url = settings.database_url, settings.redis_url
         if not database_url:
-            from core.embedded import EmbeddedPostgres
-
             pg = EmbeddedPostgres.for_home(home)
             embedded.append(pg)
             database_url = pg.start()
         if not redis_url:
-            from core.embedded import EmbeddedRedis
-
             redis_server = EmbeddedRedis(data_dir=home / "redis")
             embedded.append(redis_server)
             redis_url = redis_server.start()
         operator_key, new_operator_key = _operator_key(settings)
-        from core.entities.source_guard import describe_policy, serve_policy
-
         os.environ.update(
             ENGRAM_DATABASE_URL=database_url,
             ENGRAM_REDIS_URL=redis_url,
@@ -177,13 +171,9 @@ def serve(*, host: str, port: int, home: Path) -> None:
             ENGRAM_DATASOURCE_POLICY=serve_policy(),
         )
         reset_settings_cache()
-        from core.migrate import upgrade
-
         upgrade()
         admin_key = _bootstrap_default_tenant(home)
         # This process also answers nothing as the owner: no connection opened to migrate stays open.
-        from core.db import dispose_engine
-
         dispose_engine()
         api_url = f"http://{host}:{port}"
         write_runtime(
@@ -192,7 +182,7 @@ def serve(*, host: str, port: int, home: Path) -> None:
                 "database_url": database_url,
                 "redis_url": redis_url,
                 "api_url": api_url,
-                # Other commands on this home (core.entities.source_guard.policy) judge sources as serve does.
+                # Other commands on this home (core.source_guard.policy) judge sources as serve does.
                 "datasource_policy": serve_policy(),
             },
             home,

@@ -21,8 +21,8 @@ from sqlalchemy.orm import Session
 
 from core.audit.models import AuditEntry, OperatorAuditEntry
 from core.errors import BadRequest
-from core.logging import current_request_id
 from core.tenancy.context import Caller
+from core.tracing import current_request_id
 
 MAX_PAGE = 200
 _TARGET_CHARS = 400

@@ -40,15 +40,3 @@ class FaultInjectingEmbedder(Embedder):
             )
         return self.inner.embed_documents(texts)
 
-
-def embedder_for_settings(model: str | None = None) -> Embedder:
-    """The configured embedder (or `model`, when a job names one), wrapped in fault injection when the drill
-    setting asks for it."""
-    from core.config import get_settings
-    from core.embeddings.providers import get_embedder
-
-    settings = get_settings()
-    embedder = get_embedder(model or settings.embedding_model)
-    if settings.embedding_fault_rate > 0:
-        return FaultInjectingEmbedder(embedder, fault_rate=settings.embedding_fault_rate)
-    return embedder

@@ -177,6 +177,8 @@ class LocalStaticEmbedder(Embedder):
 
     def __init__(self, model_dir: Path | str = LOCAL_MODEL_DIR, **kw: Any) -> None:
         super().__init__(**kw)
+        # Deferred: only the bundled local model tokenizes here; an API or worker on a hosted model never
+        # loads the tokenizers library.
         from tokenizers import Tokenizer
 
         model_dir = Path(model_dir)

@@ -19,15 +19,18 @@ from sqlalchemy import String, any_, bindparam, delete, select
 from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.orm import Session
 
+from core.config import get_settings
+from core.embeddings import catalog_docs
 from core.embeddings.docs import Doc as Doc
 from core.embeddings.providers import Embedder, metered_tokens
-from core.embeddings.store_models import Embedding
+from core.embeddings.similarity import plan_links
 from core.embeddings.wire import VectorArray, driver_connection, vector_cursor
+from core.entities.render import content_hash, render_memory
 from core.memories.models import Memory
 from core.metrics import EMBEDDED_TEXTS, EMBEDDING_CALLS, EMBEDDING_FAILURES
 from core.refs import MEMORY_PREFIX
-from core.search.render import content_hash, render_memory
 from core.tenancy.usage import embedding_allowance, next_day_start, record_embedding
+from core.vectors import Embedding
 
 if TYPE_CHECKING:
     from core.embeddings.similarity import LinkPlan
@@ -79,7 +82,6 @@ def load_docs(session: Session, *, tenant_id: int, model: str, doc_ids: list[str
             with driver_connection(session).cursor(binary=True) as cursor:
                 params = {"tenant": tenant_id, "model": model, "ids": list(docs)}
                 current.update(cursor.execute(_CURRENT_HASHES, params).fetchall())
-    from core.embeddings import catalog_docs
 
     others = list(dict.fromkeys(d for d in doc_ids if not d.startswith(MEMORY_PREFIX)))
     catalog = catalog_docs.load(session, doc_ids=others) if others else []
@@ -177,9 +179,6 @@ def embed_docs(
     }
     plan = None
     if link_similar and new_memory_vectors:
-        from core.config import get_settings
-        from core.embeddings.similarity import plan_links
-
         settings = get_settings()
         plan = plan_links(
             session,

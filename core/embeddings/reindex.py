@@ -20,33 +20,12 @@ from typing import Any
 from sqlalchemy import text
 from sqlalchemy.orm import Session
 
-REASON = "reindex"
-WINDOW_S = 10
+from core.embeddings.coverage import memory_counts
+
+# The relay's gate for reindex jobs lives with the queue (core.jobs.relay reads it); REASON is used here too.
+from core.jobs.reindex_gate import REASON as REASON
+
 RATE_WINDOW_S = 60
-
-
-def paused_reindex_condition() -> str:
-    """SQL over a ``jobs`` row ``j``: true for a reindex job whose model's reindex the operator paused."""
-    return (
-        f"(j.payload ->> 'reason' = '{REASON}'"
-        " AND EXISTS (SELECT 1 FROM reindex_state AS r WHERE r.model = j.payload ->> 'model' AND r.paused))"
-    )
-
-
-def is_reindex_sql(alias: str) -> str:
-    return f"({alias}.payload ->> 'reason' = '{REASON}')"
-
-
-# Texts the reindex jobs dispatched in the window carried (a scalar SQL expression).
-WINDOW_USED_SQL = f"""(SELECT coalesce(sum(CASE WHEN jsonb_typeof(w.payload -> 'doc_ids') = 'array'
-                                   THEN jsonb_array_length(w.payload -> 'doc_ids') END), 0)
-          FROM jobs AS w
-          WHERE w.payload ->> 'reason' = '{REASON}' AND w.dispatched_at > now() - interval '{WINDOW_S} seconds')"""
-
-
-def reindex_budget(max_texts_per_second: float) -> int | None:
-    """The texts the reindex jobs of one window may carry (None: unthrottled)."""
-    return None if max_texts_per_second <= 0 else max(1, int(max_texts_per_second * WINDOW_S))
 
 
 def tenants_with_other_models(session: Session, *, model: str) -> set[int]:
@@ -74,7 +53,6 @@ def set_paused(session: Session, *, model: str, paused: bool, by: str | None) ->
 def progress(session: Session, *, model: str, tenant_limit: int = 200) -> dict[str, Any]:
     """The reindex of `model` as the operator sees it (system session): state, done / remaining overall and
     per tenant (the tenants with the most remaining first), the rate of the last minute and an ETA."""
-    from core.embeddings.coverage import memory_counts
 
     counts = memory_counts(session, model=model, tenant_ids=None)
     names: dict[int, str] = {int(i): str(n) for i, n in session.execute(text("SELECT id, name FROM tenants")).all()}

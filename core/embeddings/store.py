@@ -13,10 +13,12 @@ from typing import Any
 from sqlalchemy import and_, delete, func, literal, select
 from sqlalchemy.orm import Session
 
-from core.embeddings.store_models import Embedding
+from core.embeddings import catalog_docs
+from core.embeddings.coverage import memory_counts as read_memory_counts
+from core.entities.render import content_hash
 from core.memories.models import Memory
 from core.refs import MEMORY_PREFIX
-from core.search.render import content_hash
+from core.vectors import Embedding
 
 
 def _memory_hash_sql() -> Any:
@@ -59,7 +61,6 @@ def memory_gaps(session: Session, *, model: str, limit: int) -> list[str]:
 
 def catalog_gaps(session: Session, *, model: str) -> list[str]:
     """Catalog doc ids (datasources, models, columns, ...) whose embedding is missing or stale."""
-    from core.embeddings import catalog_docs
 
     docs = catalog_docs.all_docs(session)
     if not docs:
@@ -85,8 +86,6 @@ def coverage(
     Memories are counted from the counters the writes keep (core.embeddings.coverage); `memory_counts`
     (indexed, expected) passes them in when the caller read many tenants' at once. The catalog, small by
     nature, is rendered and hashed here."""
-    from core.embeddings import catalog_docs
-    from core.embeddings.coverage import memory_counts as read_memory_counts
 
     if memory_counts is None:
         tenant_id = session.info.get("tenant_id")  # the session's tenant (scope_to_tenant, tenant_session)

@@ -21,7 +21,6 @@ from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.orm import Session
 
-from core.embeddings.store_models import Embedding
 from core.entities.canonical import entity_matches_cascade, split_canonical
 from core.entities.models import (
     CatalogAggregation,
@@ -32,6 +31,7 @@ from core.entities.models import (
 )
 from core.entities.store import datasource_doc_ids, touch_catalog
 from core.memories.models import Memory, Tombstone
+from core.vectors import Embedding
 
 LEAF_TABLES = {"column": CatalogColumn, "measure": CatalogMeasure, "aggregation": CatalogAggregation}
 STALE_PREFIX = "attached query references removed entities: "

@@ -15,7 +15,6 @@ from sqlalchemy import delete, select, update
 from sqlalchemy.orm import Session
 
 from core.changes import bump_change_seq
-from core.embeddings.store_models import Embedding
 from core.entities.cascade import Removal, remove_entities
 from core.entities.models import (
     CATEGORICAL,
@@ -32,6 +31,7 @@ from core.entities.service import get_datasource, get_model
 from core.entities.store import touch_catalog
 from core.errors import Conflict, Invalid, NotFound
 from core.jobs.service import enqueue
+from core.vectors import Embedding
 
 _FAMILY_HINTS = (
     (TEMPORAL, ("date", "time", "interval")),

@@ -1,4 +1,4 @@
-"""Catalog job handlers: ingest, refresh_samples, ingest_cleanup (named in core.jobs.handlers.HANDLERS).
+"""Catalog job handlers: ingest, refresh_samples, ingest_cleanup (named in workers.handlers.HANDLERS).
 
 A missing datasource, one this server refuses to open, or one that cannot be reached (missing SQLite file,
 refused connection, bad credentials) fails the job at once and changes nothing: the contract says such an
@@ -20,6 +20,7 @@ from core.entities.sources import SourceError, SourceRefused
 from core.errors import NotFound
 from core.jobs.models import Job
 from core.jobs.service import PermanentJobError
+from core.webhooks.service import emit
 
 
 def _datasource_of(session: Session, job: Job) -> tuple[int, str]:
@@ -49,7 +50,6 @@ def run_ingest_job(session: Session, job: Job) -> dict[str, Any]:
         raise PermanentJobError(exc.message) from None
     except SourceError as exc:
         raise PermanentJobError(f"source database: {exc}") from None
-    from core.webhooks.service import emit
 
     emit(session, tenant_id=tenant_id, type="ingest.succeeded", data={"job_id": job.id, "datasource": datasource})
     return result

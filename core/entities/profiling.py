@@ -27,7 +27,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session
 
 from core.changes import bump_change_seq
-from core.entities.crypto import scrub
+from core.crypto import scrub
 from core.entities.models import CATEGORICAL, NUMERIC, TEMPORAL, CatalogColumn, CatalogModel
 from core.entities.service import get_datasource, source_url
 from core.entities.sources import source_engine

@@ -12,8 +12,8 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.orm import Session
 
 from core.changes import bump_change_seq
+from core.crypto import decrypt_url, encrypt_url, redact_url
 from core.entities.cascade import CascadeResult, Removal, remove_entities
-from core.entities.crypto import decrypt_url, encrypt_url, redact_url
 from core.entities.models import (
     CatalogAggregation,
     CatalogColumn,
@@ -28,7 +28,7 @@ from core.entities.store import touch_catalog
 from core.errors import Conflict, NotFound
 from core.jobs.service import enqueue
 from core.memories.models import Memory
-from core.memories.service import memories_to_dicts
+from core.memories.views import memories_to_dicts
 from core.memories.visibility import visible_clause
 from core.tenancy.context import Caller
 from core.tenancy.quotas import check_datasource_quota

@@ -3,7 +3,7 @@
 Source engines are opened read-only where the dialect allows it (PostgreSQL and MySQL/MariaDB session
 characteristics, SQLite ``mode=ro`` plus ``query_only``): the catalog only ever reads, and a bug here must
 not be able to write into a customer's database. Which sources may be opened at all is decided by
-:mod:`core.entities.source_guard`, on registration and again on every connection.
+:mod:`core.source_guard`, on registration and again on every connection.
 """
 
 from __future__ import annotations
@@ -20,8 +20,9 @@ from sqlalchemy import create_engine, event, text
 from sqlalchemy.engine import URL, Engine, make_url
 from sqlalchemy.exc import ArgumentError, NoSuchModuleError, SQLAlchemyError
 
-from core.entities.crypto import redact_url, scrub
-from core.entities.source_guard import (
+from core.crypto import redact_url, scrub
+from core.errors import Invalid
+from core.source_guard import (
     UNREACHABLE,
     SourceRefused,
     SourceUnreachable,
@@ -30,7 +31,6 @@ from core.entities.source_guard import (
     parse_target,
     pin_target,
 )
-from core.errors import Invalid
 
 __all__ = ["SourceError", "SourceRefused", "check_reachable", "open_engine", "parse_source_url", "source_engine"]
 log = logging.getLogger(__name__)

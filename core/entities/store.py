@@ -15,6 +15,7 @@ from sqlalchemy import select, tuple_
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.orm import Session
 
+from core.entities import render
 from core.entities.canonical import MEMORY_PREFIX, CatalogSnapshot, is_memory_ref, split_canonical
 from core.entities.models import (
     CatalogAggregation,
@@ -26,7 +27,6 @@ from core.entities.models import (
     Datasource,
 )
 from core.memories.models import Tombstone
-from core.search import render
 
 DocKind = str
 CatalogChange = tuple[str, DocKind, str | None, bool, int]

@@ -20,7 +20,7 @@ How a committed job reaches a worker. There are three paths; exactly one is the 
 2. The after-commit hook (core.jobs.service.dispatch_outbox) is only a shortcut: a process that installed
    a :class:`~core.jobs.service.JobQueue` (the in-process client, MCP over stdio) also publishes its own
    committed job ids at once. Workers do not: their jobs would pass the fair claim. It may be absent or
-   fail; nothing relies on it, and a job it and the relay both publish runs once (core.jobs.runner skips
+   fail; nothing relies on it, and a job it and the relay both publish runs once (workers.runner skips
    a running job).
 3. Reconcile (core.jobs.service.jobs_to_redispatch, on beat) is the safety net, not a dispatcher: it
    re-queues jobs whose message was lost after the relay claimed them, jobs whose worker died past the
@@ -28,6 +28,7 @@ How a committed job reaches a worker. There are three paths; exactly one is the 
 
 Modules: ``models`` (the row), ``service`` (enqueue, outbox hook, retry, reconcile query), ``relay``,
 ``lanes`` (interactive or bulk), ``operations`` (an operator's bulk retry, discard, cancel), ``batches``
-(which jobs travel and run together), ``runner`` (claim, run, backoff), ``handlers`` (the table of what
-each kind does), ``queries`` (reads for the API and dashboard).
+(which jobs travel and run together), ``queries`` (reads for the API and dashboard). Running a job is the
+workers' part, above every domain: ``workers.runner`` (claim, run, backoff) and ``workers.handlers`` (the
+table of what each kind does).
 """

@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy import ColumnElement, func, select, text, update
 from sqlalchemy.orm import Session
 
-from core.errors import Conflict
+from core.errors import Conflict, Invalid
 from core.jobs.models import JOB_KINDS, Job
 from core.jobs.service import get_job, now
 
@@ -50,8 +50,6 @@ class AbandonIn(BaseModel):
 
 
 def _conditions(filters: JobFilterIn, *, tenant_id: int | None) -> list[ColumnElement[bool]]:
-    from core.errors import Invalid
-
     if filters.kind is not None and filters.kind not in JOB_KINDS:
         raise Invalid(f"kind must be one of {', '.join(JOB_KINDS)}", field="kind")
     for name in ("tenant", "error_contains"):

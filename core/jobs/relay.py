@@ -1,7 +1,7 @@
 """The outbox relay: hands committed job rows to the queues, fairly across tenants.
 
 Writers (the API) only commit job rows; an AFTER INSERT trigger on `jobs` sends NOTIFY engram_jobs, and so
-does every finished job (core.jobs.runner). Each relay (one per worker process) LISTENs and, per lane
+does every finished job (workers.runner). Each relay (one per worker process) LISTENs and, per lane
 (core.jobs.lanes), keeps at most a lane's in-flight limit of jobs published but unfinished over the whole
 cluster. Whenever a slot frees it claims undispatched rows **round-robin over tenants** (each tenant's
 oldest job first, then each one's second, ...), so one tenant's backlog stays in PostgreSQL, where the next
@@ -31,10 +31,11 @@ from dataclasses import dataclass, field
 import psycopg
 from sqlalchemy import text
 
+from core.config import get_settings
 from core.db import system_connection
-from core.embeddings.reindex import WINDOW_USED_SQL, is_reindex_sql, paused_reindex_condition
 from core.jobs.batches import HEAD_COLUMNS, JobHead, Message, plan_messages
 from core.jobs.lanes import LANES, Lane, lane_sql
+from core.jobs.reindex_gate import WINDOW_USED_SQL, is_reindex_sql, paused_reindex_condition, reindex_budget
 
 log = logging.getLogger(__name__)
 CHANNEL = "engram_jobs"
@@ -73,11 +74,7 @@ class RelayLimits:
 
     @classmethod
     def from_settings(cls) -> RelayLimits:
-        from core.config import get_settings
-
         s = get_settings()
-        from core.embeddings.reindex import reindex_budget
-
         return cls(
             reindex_budget=reindex_budget(s.reindex_max_texts_per_second),
             stale_after_s=s.outbox_redispatch_seconds,

@@ -16,10 +16,10 @@ from sqlalchemy import select, text
 from sqlalchemy.orm import Session
 
 from core.audit.service import prune_audit
-from core.config import Settings
+from core.config import Settings, get_settings
 from core.db import tenant_session
 from core.jobs.models import Job
-from core.jobs.service import now
+from core.jobs.service import enqueue, now
 from core.lifecycle.decay import apply_decay, last_pass
 from core.lifecycle.eviction import evict_over_cap
 from core.lifecycle.expiry import expire_category
@@ -117,15 +117,13 @@ def run_prune(session: Session, *, settings: Settings) -> dict[str, Any]:
 
 
 def run_prune_job(session: Session, job: Job) -> dict[str, Any]:
-    """The `prune` job handler (registered in core.jobs.handlers)."""
-    from core.config import get_settings
+    """The `prune` job handler (registered in workers.handlers)."""
 
     return run_prune(session, settings=get_settings())
 
 
 def enqueue_prune(session: Session) -> Job | None:
     """Queue a prune pass unless one is already queued or running (beat must not pile them up)."""
-    from core.jobs.service import enqueue
 
     pending = session.scalar(select(Job.id).where(Job.kind == "prune", Job.state.in_(("queued", "running"))).limit(1))
     if pending is not None:

@@ -16,11 +16,11 @@ from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.orm import Session
 
 from core.changes import bump_change_seq
-from core.embeddings.store_models import Embedding
 from core.entities.cascade import write_tombstones
 from core.memories.history import record_versions
 from core.memories.models import Association, Memory
 from core.refs import memory_ref
+from core.vectors import Embedding
 
 # Who a lifecycle change is recorded as (revisions, forgotten_by): the engine, not a key's user.
 ENGINE_USER = "engram"

@@ -21,6 +21,7 @@ from sqlalchemy.orm import Session
 
 from core.changes import bump_change_seq
 from core.entities.store import load_snapshot
+from core.lifecycle.definitions import watch_definitions
 from core.memories.models import Memory
 from core.refs import MEMORY_PREFIX
 from core.tenancy.models import Tenant
@@ -48,7 +49,6 @@ def watch_tenant(session: Session, *, tenant_id: int) -> int:
         gone = [e for e in entities if not e.startswith(MEMORY_PREFIX) and not snapshot.contains(e)]
         if gone:
             vanished[memory_id] = gone
-    from core.lifecycle.definitions import watch_definitions
 
     changed_definitions = watch_definitions(session, tenant_id=tenant_id)
     if not vanished:

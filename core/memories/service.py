@@ -34,6 +34,7 @@ from core.refs import MEMORY_PREFIX, memory_ref
 from core.tenancy.context import Caller
 from core.tenancy.quotas import exceeded, memory_quota
 from core.tracing import job_context
+from core.vectors import Embedding
 
 
 @dataclass
@@ -120,7 +121,7 @@ def save_memories(
     if limit is not None:
         _hold_to_quota(planned, limit=limit, count=count)
     valid = [p for p in planned if p.error is None]
-    # Which saves were upserts of existing memories (core.audit.trail tells memory.updated from .created).
+    # Which saves were upserts of existing memories (core.memories.trail tells memory.updated from .created).
     session.info["memories_upserted"] = {p.item.id for p in valid if p.existing is not None}
     if valid:
         _write(session, caller, valid)
@@ -426,8 +427,6 @@ def forget_memory(
         session, tenant_id=caller.tenant_id, memory_id=memory_id, change_seq=change_seq, changed_by=caller.user
     )
     if purge:
-        from core.embeddings.store_models import Embedding
-
         doc_id = memory_ref(memory_id)
         session.execute(delete(Embedding).where(Embedding.canonical_id == doc_id))
         session.execute(delete(MemoryVersion).where(MemoryVersion.memory_id == memory_id))

@@ -20,6 +20,8 @@ from sqlalchemy.orm import Session
 
 from core.caches import BoundedCache
 from core.config import get_settings
+from core.db import tenant_session
+from core.embeddings import catalog_docs
 from core.entities import store
 from core.entities.canonical import CatalogSnapshot
 from core.search.fulltext import DocChange
@@ -120,7 +122,6 @@ def entity_docs(
     """
     if not doc_ids:
         return {}
-    from core.embeddings import catalog_docs
 
     memo = snapshot_memo(snapshot)
     with _docs_lock:
@@ -160,8 +161,6 @@ def _start_render(memo: dict[str, Any], *, tenant_id: int, version: int) -> None
 
 def _render_all(*, memo: dict[str, Any], tenant_id: int, version: int) -> None:
     """Render every visible catalog doc of the tenant into ``memo`` if the catalog is still at ``version``."""
-    from core.db import tenant_session
-    from core.embeddings import catalog_docs
 
     try:
         with tenant_session(tenant_id) as session:

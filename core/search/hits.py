@@ -10,12 +10,12 @@ from sqlalchemy import Executable, any_, select
 from sqlalchemy.orm import Session
 
 from core.entities.canonical import CatalogSnapshot
+from core.entities.render import render_memory
 from core.entities.resolver import stale_references
 from core.memories.models import Memory
 from core.search import sql
 from core.search.catalog import Prefetch, entity_docs
 from core.search.filters import EXAMPLE_QUERIES
-from core.search.render import render_memory
 from core.search.schemas import EntityHit, ExampleQueryHit, MemoryHit
 
 # What a hit shows of a memory (and what its stale-query warning reads).

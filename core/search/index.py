@@ -40,13 +40,13 @@ from core.config import get_settings
 from core.db import tenant_session
 from core.entities.canonical import is_memory_ref
 from core.entities.models import Datasource
+from core.entities.render import render_memory_content
 from core.memories.models import Memory, Tombstone
 from core.refs import MEMORY_PREFIX
 from core.search import sql
 from core.search.catalog import catalog_changes
 from core.search.filters import any_of, has_query
 from core.search.fulltext import DocChange, FulltextIndex
-from core.search.render import render_memory_content
 
 # How many memories before and after a memory of the same run lend it their text.
 CONTEXT_TURNS = 2

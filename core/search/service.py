@@ -46,6 +46,7 @@ from sqlalchemy.orm import Session
 
 from core.config import get_settings
 from core.entities.canonical import CatalogSnapshot, is_memory_ref, memory_id_of, rooted_in
+from core.entities.render import render_memory
 from core.entities.resolver import extract_query_entities, resolve_entities
 from core.errors import BadRequest
 from core.memories.models import Memory
@@ -77,7 +78,6 @@ from core.search.rankings import (
     head_query,
     read_head,
 )
-from core.search.render import render_memory
 from core.search.schemas import SearchRequest, SearchResponse
 from core.tenancy.context import Caller
 

@@ -16,6 +16,7 @@ from typing import Any
 from sqlalchemy import func, select, text, update
 from sqlalchemy.orm import Session
 
+from core.audit.service import Actor, record_many, record_operator
 from core.errors import Invalid, NotFound
 from core.jobs.service import enqueue
 from core.tenancy.models import ApiKey, Tenant
@@ -154,7 +155,6 @@ def update_tenant(session: Session, *, name: str, state: Any = None, quotas: Any
 
 def _record_operator_action(session: Session, *, tenant: Tenant, name: str, actions: list[str]) -> None:
     """In the tenant's audit log (it sees what the operator did to it) and in the operator's own trail."""
-    from core.audit.service import Actor, record_many, record_operator
 
     operator = Actor(tenant_id=tenant.id, user="operator")
     record_many(session, caller_or_actor=operator, entries=[(action, f"tenant:{name}") for action in actions])
@@ -182,7 +182,6 @@ def offboard(session: Session, *, name: str, requested_by: str = "operator") -> 
     )
     announce(session, tenant_id=tenant.id, event="deleted")
     # The operator's trail keeps the offboarding (by name); the tenant's own log goes with its purge.
-    from core.audit.service import record_operator
 
     record_operator(
         session, action="tenant.offboard", tenant_name=name, actor=requested_by, detail={"purge_job_id": job.id}

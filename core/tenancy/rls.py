@@ -29,13 +29,12 @@ from sqlalchemy import text
 from sqlalchemy.engine import Connection, make_url
 from sqlalchemy.exc import DBAPIError
 
+from core.db import SYSTEM_ROLE
+
 log = logging.getLogger("engram.tenancy")
 
 POLICY = "engram_tenant_isolation"
 SYSTEM_POLICY = "engram_system_mode"
-# The role a transaction of the app role switches to for the named system mode: owns nothing, cannot log
-# in, has no BYPASSRLS; the app role is a member that does not inherit it (only `SET ROLE` reaches it).
-SYSTEM_ROLE = "engram_system"
 # Tables the service may insert into and read but never update or delete from (the audit trails).
 APPEND_ONLY_TABLES = ("audit_entries", "operator_audit")
 

@@ -22,12 +22,15 @@ import threading
 import uuid
 from collections.abc import Iterable
 from datetime import UTC, date, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 from sqlalchemy import text
 from sqlalchemy.orm import Session
 
 from core.config import get_settings
+from core.db import system_session
+from core.tenancy.rls import tenant_tables
 
 log = logging.getLogger("engram.usage")
 
@@ -115,8 +118,6 @@ class UsageBuffer:
             return written
 
     def _write_pending(self) -> int:
-        from core.db import system_session
-
         assert self._pending is not None
         flush_id, rows = self._pending
         try:
@@ -281,8 +282,6 @@ def usage_of(session: Session, *, tenant_ids: Iterable[int]) -> dict[int, dict[s
 
 
 def _directory_bytes(path: Any) -> int:
-    from pathlib import Path
-
     root = Path(path)
     if not root.is_dir():
         return 0
@@ -293,8 +292,6 @@ def measure_storage(*, max_tenants: int = 200) -> int:
     """Measure what each tenant whose data changed since its last measurement takes now: its rows in every
     tenant table (as PostgreSQL stores them, vectors included) and its full-text index directory when this
     process can see it. Returns the tenants measured (at most ``max_tenants`` a run, least recently first)."""
-    from core.db import system_session
-    from core.tenancy.rls import tenant_tables
 
     with system_session() as session:
         stale = session.execute(
@@ -330,7 +327,6 @@ def measure_storage(*, max_tenants: int = 200) -> int:
 
 def forget_old_flushes(*, older_than: timedelta = timedelta(days=2)) -> int:
     """Flush ids are needed only while a flush may still be retried: keep two days of them."""
-    from core.db import system_session
 
     with system_session() as session:
         result = session.execute(text("DELETE FROM usage_flushes WHERE at < now() - :age"), {"age": older_than})

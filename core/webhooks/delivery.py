@@ -30,8 +30,8 @@ from standardwebhooks.webhooks import Webhook as Signer
 
 from core.audit.service import Actor, record
 from core.config import Settings, get_settings
+from core.crypto import decrypt_secret
 from core.db import scope_to_tenant
-from core.entities.crypto import decrypt_secret
 from core.jobs.models import Job
 from core.jobs.service import PermanentJobError, enqueue
 from core.webhooks.models import WebhookDelivery
@@ -259,7 +259,7 @@ def deliver_due(session: Session, *, tenant_id: int, webhook_id: str, settings: 
 
 
 def run_webhook_job(session: Session, job: Job) -> dict[str, Any]:
-    """The `webhook` job handler (registered in core.jobs.handlers)."""
+    """The `webhook` job handler (registered in workers.handlers)."""
     webhook_id = job.payload.get("webhook_id")
     if job.tenant_id is None or not isinstance(webhook_id, str):
         raise PermanentJobError("webhook job without a tenant or a webhook_id")

@@ -30,7 +30,7 @@ class Webhook(TenantScoped, Base):
     url: Mapped[str] = mapped_column(Text)
     events: Mapped[list[str]] = mapped_column(ARRAY(Text))
     description: Mapped[str | None] = mapped_column(Text, nullable=True)
-    # Fernet, like datasource URLs (core.entities.crypto); the plain secret is shown at creation and rotation.
+    # Fernet, like datasource URLs (core.crypto); the plain secret is shown at creation and rotation.
     secret_encrypted: Mapped[str] = mapped_column(Text)
     state: Mapped[str] = mapped_column(String(20), default="enabled")  # enabled | disabled
     disabled_reason: Mapped[str | None] = mapped_column(Text, nullable=True)

@@ -24,7 +24,7 @@ from typing import Any
 from sqlalchemy import TextClause, delete, select, text
 from sqlalchemy.orm import Session
 
-from core.entities.crypto import encrypt_secret
+from core.crypto import encrypt_secret
 from core.errors import BadRequest, Invalid, NotFound
 from core.jobs.models import Job
 from core.tracing import job_context

@@ -1,4 +1,4 @@
-"""Which webhook URLs this server may post to: the datasource host checks (core.entities.source_guard).
+"""Which webhook URLs this server may post to: the datasource host checks (core.source_guard).
 
 Hosted mode refuses hosts that resolve to loopback, private, link-local or metadata addresses (unless an
 operator allows them in ENGRAM_DATASOURCE_ALLOW_HOSTS); local mode (`engram serve`) allows them. A URL is
@@ -12,7 +12,8 @@ import ipaddress
 from urllib.parse import urlsplit, urlunsplit
 
 from core.config import get_settings
-from core.entities.source_guard import (
+from core.errors import Invalid
+from core.source_guard import (
     HOSTED,
     IPAddress,
     SourceUnreachable,
@@ -23,7 +24,6 @@ from core.entities.source_guard import (
     refused_kind,
     resolve_host,
 )
-from core.errors import Invalid
 
 MAX_URL_CHARS = 2_000
 

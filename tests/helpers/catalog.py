@@ -130,7 +130,7 @@ def run_queued_jobs(tenant_id: int, *, kinds: tuple[str, ...], timeout: float = 
 
     from core.db import system_session
     from core.jobs.models import Job
-    from core.jobs.runner import run_job
+    from workers.runner import run_job
 
     results: dict[str, Any] = {}
     with system_session() as session:

@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 from sqlalchemy import text
 
-from core.embedded import EmbeddedRedis, free_port
+from api.serve.embedded import EmbeddedRedis, free_port
 from tests.helpers.processes import REPO, WorkerProcess, answers_health, make_temp_dir, stop_process, wait_for
 
 DRILL_ENV = {

@@ -11,7 +11,7 @@ def run_pending_jobs(tenant_id: int) -> int:
     """Run the tenant's queued jobs in-process, as a worker would (used where no worker is needed)."""
     from core.db import system_session
     from core.jobs.models import Job
-    from core.jobs.runner import run_job
+    from workers.runner import run_job
 
     with system_session() as session:
         ids = session.scalars(select(Job.id).where(Job.tenant_id == tenant_id, Job.state == "queued")).all()

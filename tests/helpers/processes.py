@@ -111,7 +111,7 @@ def wait_for(predicate: Callable[[], object], *, timeout: float = 30.0, interval
 @contextmanager
 def running_api(env: dict[str, str]) -> Iterator[str]:
     """Start `uvicorn api.main:app` on a free loopback port; yield its URL once /healthz answers; stop it."""
-    from core.embedded import free_port
+    from api.serve.embedded import free_port
 
     port = free_port()
     log = Path(tempfile.mkstemp(prefix="engram-api-", suffix=".log", dir="/tmp")[1])

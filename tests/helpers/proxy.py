@@ -7,7 +7,7 @@ import contextlib
 import socket
 import threading
 
-from core.embedded import free_port
+from api.serve.embedded import free_port
 
 
 class FreezableProxy:

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import psycopg
 
-from core.embedded import free_port
+from api.serve.embedded import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 

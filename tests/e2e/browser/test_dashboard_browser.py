@@ -24,8 +24,8 @@ pytestmark = pytest.mark.skipif(
 def failed_ingest_job(tenant_id: int, datasource: str) -> str:
     """An ingest job that failed for good because its datasource did not exist yet."""
     from core.db import system_session
-    from core.jobs.runner import run_job
     from core.jobs.service import enqueue, get_job_queue, set_job_queue
+    from workers.runner import run_job
 
     queue = get_job_queue()
     set_job_queue(None)  # run it here, once, rather than on the worker

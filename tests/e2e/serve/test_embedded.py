@@ -16,8 +16,8 @@ import psycopg
 import pytest
 import redis
 
-from core import embedded
-from core.embedded import (
+from api.serve import embedded
+from api.serve.embedded import (
     EmbeddedPostgres,
     EmbeddedRedis,
     EmbeddedServiceError,
@@ -267,7 +267,7 @@ def test_a_port_taken_by_another_server_is_skipped(home: Path, monkeypatch: pyte
 _PARENT_SCRIPT = """
 import sys, time
 from pathlib import Path
-from core.embedded import EmbeddedPostgres, EmbeddedRedis, pg_data_dir_for
+from api.serve.embedded import EmbeddedPostgres, EmbeddedRedis, pg_data_dir_for
 home = Path(sys.argv[1])
 postgres = EmbeddedPostgres(data_dir=pg_data_dir_for(home))
 broker = EmbeddedRedis(data_dir=home / "redis")

@@ -16,7 +16,7 @@ import httpx
 import psutil
 import pytest
 
-from core.embedded import free_port
+from api.serve.embedded import free_port
 from tests.helpers.processes import make_temp_dir
 
 REPO = Path(__file__).resolve().parents[3]

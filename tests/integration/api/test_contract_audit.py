@@ -16,7 +16,7 @@ def test_an_unreachable_source_fails_the_ingest_job_on_its_first_attempt(client,
     not sit `queued` in backoff for hours; a retry once the file is back then succeeds."""
     from core.config import get_settings
     from core.db import system_session
-    from core.jobs.runner import run_job
+    from workers.runner import run_job
 
     with sqlite_source(tmp_path) as (url, schema):
         create_and_ingest(client, tenant, url=url, schema=schema)

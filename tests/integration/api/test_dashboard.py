@@ -164,8 +164,8 @@ def test_job_list_filters_pages_and_refuses_bad_input(client, make_tenant):
 
 def test_job_detail_has_every_attempt_with_its_traceback_and_timings(client, tenant):
     from core.db import system_session
-    from core.jobs.runner import run_job
     from core.jobs.service import enqueue, get_job_queue, set_job_queue
+    from workers.runner import run_job
 
     queue = get_job_queue()
     set_job_queue(None)  # run it here, not on a worker

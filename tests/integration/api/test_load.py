@@ -165,7 +165,7 @@ def test_probes_are_async_and_answer_outside_the_request_pool(client, path):
     ],
 )
 def test_bench_load_refuses_anything_but_loopback(url):
-    from core.bench.load import NotLoopback, check_loopback, run
+    from api.bench.load import NotLoopback, check_loopback, run
 
     with pytest.raises(NotLoopback):
         check_loopback(url)
@@ -175,9 +175,9 @@ def test_bench_load_refuses_anything_but_loopback(url):
 
 
 def test_bench_load_short_run_loses_nothing_and_answers_only_2xx_or_503(stack, tenant):
-    from core.bench.load import run
-    from core.bench.stack import BenchStack, api_process
-    from core.embedded import free_port
+    from api.bench.load import run
+    from api.bench.stack import BenchStack, api_process
+    from api.serve.embedded import free_port
 
     with api_process(BenchStack(home=stack.home, env=stack.env), port=free_port()) as url:
         figures = run(url=url, key=tenant.admin_key, clients=4, seconds=3, log=lambda m: None)
@@ -200,7 +200,7 @@ def test_bench_load_finds_every_process_holding_the_listening_socket():
     import subprocess
     import sys
 
-    from core.bench.load import api_processes, cpu_seconds
+    from api.bench.load import api_processes, cpu_seconds
 
     with socket.socket() as listener:
         listener.bind(("127.0.0.1", 0))

@@ -14,7 +14,7 @@ import sys
 import httpx
 import pytest
 
-from core.embedded import free_port
+from api.serve.embedded import free_port
 from core.logging import add_secret, configure_logging, make_formatter, redact, request_id_scope
 from tests.helpers.api import OPERATOR_KEY
 from tests.helpers.catalog import sqlite_source

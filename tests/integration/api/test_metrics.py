@@ -106,7 +106,7 @@ def test_readyz_fails_while_redis_is_down_and_recovers(stack, monkeypatch, tmp_p
 
     from api import broker
     from api.app import create_app
-    from core.embedded import EmbeddedRedis
+    from api.serve.embedded import EmbeddedRedis
 
     redis_server = EmbeddedRedis(data_dir=tmp_path / "redis")
     url = redis_server.start()

@@ -124,7 +124,7 @@ def test_a_tenant_reads_only_its_own_entries(client, make_tenant):
 
 
 def test_a_rolled_back_change_leaves_no_entry(client, tenant):
-    from core.audit import trail
+    from core.memories import trail
     from core.memories.schemas import SaveMemoryIn
     from core.memories.service import save_memory
     from core.tenancy.service import authenticate
@@ -223,7 +223,7 @@ def test_offboarding_records_the_operator_trail_then_removes_the_tenants_entries
 @pytest.fixture
 def api_with_log(stack):  # type: ignore[no-untyped-def]
     """A real API over TCP whose log (JSON lines, with request ids) the test reads."""
-    from core.embedded import free_port
+    from api.serve.embedded import free_port
 
     port = free_port()
     log = Path(tempfile.mkstemp(prefix="engram-audit-api-", suffix=".log", dir="/tmp")[1])

@@ -211,7 +211,7 @@ def test_a_failing_receiver_gets_retries_with_the_same_id_until_it_recovers(deli
 
 
 def test_a_rolled_back_save_sends_nothing(delivering, client, tenant, receiver):
-    from core.audit import trail
+    from core.memories import trail
     from core.memories.schemas import SaveMemoryIn
     from core.memories.service import save_memory
     from core.tenancy.service import authenticate

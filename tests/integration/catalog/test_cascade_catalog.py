@@ -29,8 +29,8 @@ def test_cascade_matches_dotted_descendants_never_character_prefixes(client, sho
     """Deleting model `orders` strips shop.orders and shop.orders.* but never shop.orders_archive; a
     memory left with no entities is kept; embeddings go and tombstones are written, in one change."""
     from core.db import tenant_session
-    from core.embeddings.store_models import Embedding
     from core.entities.store import catalog_changes
+    from core.vectors import Embedding
 
     tenant, _ = shop
     run_queued_jobs(tenant.tenant_id, kinds=("embed",))

@@ -33,7 +33,7 @@ def _catalog(client, tenant, memory_id: str) -> dict[str, Any]:  # type: ignore[
 def _ingest_once(client, tenant) -> dict[str, Any]:  # type: ignore[no-untyped-def]
     """Queue an ingest and run it once (one attempt, as the last of its retries would)."""
     from core.db import system_session
-    from core.jobs.runner import run_job
+    from workers.runner import run_job
 
     response = client.post("/v1/datasources/shop/ingest", headers=tenant.headers())
     assert response.status_code == 202, response.text
@@ -156,7 +156,7 @@ def own_postgres() -> Iterator[Any]:
     import tempfile
     from pathlib import Path
 
-    from core.embedded import EmbeddedPostgres
+    from api.serve.embedded import EmbeddedPostgres
 
     base = Path(tempfile.mkdtemp(prefix="engram-source-pg-", dir="/tmp"))
     base.chmod(0o755)

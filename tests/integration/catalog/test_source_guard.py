@@ -1,4 +1,4 @@
-"""Which datasources the server opens (core.entities.source_guard): never engram's own database, however
+"""Which datasources the server opens (core.source_guard): never engram's own database, however
 spelled; in hosted mode no loopback, private, link-local or metadata host unless allowed; one generic
 answer for every connection failure; SQLite confined to its roots and opened read-only."""
 
@@ -216,7 +216,7 @@ def test_hosted_mode_allow_list_admits_what_the_operator_names(client, tenant, m
 def test_a_name_resolving_to_a_refused_address_is_refused_and_the_checked_ip_is_dialled(mode):
     """Resolution is judged at connect time, and the driver is pinned to the address that was judged, so a
     DNS answer that changes afterwards (rebinding) cannot move the connection."""
-    from core.entities.source_guard import SourceRefused, check_target, parse_target, pin_target
+    from core.source_guard import SourceRefused, check_target, parse_target, pin_target
 
     mode("hosted")
     url = make_url("postgresql+psycopg://u:pw@db.example.com:5433/x?host=db.example.com")
@@ -267,7 +267,7 @@ def silent_port() -> Iterator[int]:
 def test_every_connection_failure_gets_the_same_answer(client, tenant, silent_port):
     """Refused, not a database, no such host, no such database: one message, no driver text, so the URL
     check cannot tell services apart (no port scanner)."""
-    from core.embedded import free_port
+    from api.serve.embedded import free_port
 
     urls = [
         f"postgresql://u:hunter2@127.0.0.1:{free_port()}/db",
@@ -333,7 +333,7 @@ def test_sqlite_sources_are_opened_read_only(sqlite_file, tmp_path):
 
 
 def test_the_startup_line_says_what_is_allowed(mode, tmp_path):
-    from core.entities.source_guard import describe_policy
+    from core.source_guard import describe_policy
 
     mode("local")
     assert "local mode" in describe_policy() and "loopback and private" in describe_policy()
@@ -365,8 +365,8 @@ def test_the_mode_is_the_setting_else_a_running_serves_else_hosted(monkeypatch, 
     """`engram api` and `engram worker` default to hosted; a CLI or `engram mcp` process on the home of a
     running `engram serve` follows serve's local mode through runtime.json; the setting wins over both."""
     from core.config import reset_settings_cache
-    from core.entities.source_guard import policy
     from core.runtime import write_runtime
+    from core.source_guard import policy
 
     monkeypatch.setenv("ENGRAM_HOME", str(tmp_path))
     monkeypatch.delenv("ENGRAM_DATASOURCE_POLICY", raising=False)
@@ -395,7 +395,7 @@ def test_hosted_mode_refuses_driver_parameters_that_read_server_files(client, te
     ):
         response = _create(client, tenant, url)
         assert response.status_code == 422 and "not accepted by this server" in response.json()["error"]["message"]
-    from core.entities.source_guard import parse_target
+    from core.source_guard import parse_target
 
     target = parse_target(make_url("postgresql://u@db.example.com/x?sslrootcert=system&sslmode=verify-full"))
     assert target.host == "db.example.com" and target.port == 5432

@@ -99,7 +99,7 @@ def test_model_change_converges_and_old_rows_serve_meanwhile(client, tenant):
     from core.embeddings.providers import HASHING_MODEL_NAME, get_embedder
     from core.embeddings.reconcile import reconcile_embeddings
     from core.embeddings.store import serving_model
-    from core.embeddings.store_models import Embedding
+    from core.vectors import Embedding
 
     settings = get_settings()
     old_model = get_embedder(settings.embedding_model).name
@@ -164,7 +164,7 @@ def _save(client, tenant, contents: list[str]) -> list[str]:  # type: ignore[no-
 def _stored_vectors(tenant_id: int, model: str) -> dict[str, tuple[str, list[float]]]:
     """canonical id -> (content hash, vector) as pgvector's own text form reads back."""
     from core.db import tenant_session
-    from core.embeddings.store_models import Embedding
+    from core.vectors import Embedding
 
     with tenant_session(tenant_id) as session:
         rows = session.execute(
@@ -194,8 +194,8 @@ def test_bulk_upsert_stores_exact_vectors_and_moves_stats_once(client, tenant):
     from core.db import tenant_session
     from core.embeddings.providers import get_embedder
     from core.embeddings.refresh import embed_docs
+    from core.entities.render import content_hash
     from core.refs import memory_ref as memory_doc_id
-    from core.search.render import content_hash
 
     embedder = get_embedder("local")
     contents = [f"the {word} table is refreshed nightly at {i} am" for i, word in enumerate(("orders", "users", "ä€"))]
@@ -265,8 +265,8 @@ def test_concurrent_jobs_superseding_the_same_memories_both_succeed(client, tena
 
     from core.db import system_session, tenant_session
     from core.jobs.models import Job
-    from core.jobs.runner import run_job
     from core.memories.models import Association, Memory
+    from workers.runner import run_job
 
     base = [f"{table} rows are archived after {n} days" for n, table in enumerate(("orders", "refunds", "carts"))]
     olders = _save(client, tenant, base)

@@ -84,7 +84,7 @@ def test_a_tenants_jobs_run_as_one_batch_and_each_keeps_its_outcome(client, tena
     succeeded with its own attempt and the batch's result."""
     from core.db import system_session
     from core.jobs.models import Job
-    from core.jobs.runner import run_jobs
+    from workers.runner import run_jobs
 
     memory_ids = _save(client, tenant, [f"the {t} table is refreshed nightly" for t in ("a", "b", "c", "d", "e")])
     job_ids = _embed_jobs(tenant.tenant_id)
@@ -107,8 +107,8 @@ def test_a_batch_claims_only_the_jobs_that_may_run_now(client, tenant, stack):
     run (a job past its lease, whose worker died, among them)."""
     from core.db import system_session
     from core.jobs.models import Job
-    from core.jobs.runner import run_jobs
     from core.jobs.service import now
+    from workers.runner import run_jobs
 
     _save(client, tenant, [f"note {n} about the orders feed" for n in range(5)])
     done, running, waiting, abandoned, fresh = _embed_jobs(tenant.tenant_id)
@@ -145,7 +145,7 @@ def test_a_failed_batch_records_the_attempt_on_every_job(client, tenant, stack, 
     from core.config import reset_settings_cache
     from core.db import system_session
     from core.jobs.models import Job
-    from core.jobs.runner import run_jobs
+    from workers.runner import run_jobs
 
     _save(client, tenant, ["the refunds table lags by a day", "the carts table is append only"])
     job_ids = _embed_jobs(tenant.tenant_id)
@@ -239,14 +239,14 @@ def test_a_batch_failing_for_good_ends_only_the_job_that_failed(
     """Three saves' jobs run as one batch and the provider refuses one doc: the failure would end a job for
     good (an error retrying cannot fix, or its last attempt), so the jobs run again one by one in the same
     attempt; the refused one fails alone, its batch-mates are embedded and succeed."""
-    import core.embeddings.chaos as chaos
+    import core.embeddings.factory as factory
     from core.db import system_session
     from core.jobs.models import Job
-    from core.jobs.runner import run_jobs
+    from workers.runner import run_jobs
 
-    configured = chaos.embedder_for_settings
+    configured = factory.embedder_for_settings
     monkeypatch.setattr(
-        chaos,
+        factory,
         "embedder_for_settings",
         lambda model=None: _RefusingProvider(configured(model), marker="REFUSED", retryable=retryable),
     )

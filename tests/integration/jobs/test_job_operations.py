@@ -47,7 +47,7 @@ def test_discard_and_cancel_by_state(client, tenant, action, state, status):
 
 def test_a_cancelled_job_never_runs(client, tenant):
     from core.db import system_session
-    from core.jobs.runner import run_jobs
+    from workers.runner import run_jobs
 
     job_id = make_job(tenant.tenant_id, state="queued", attempts=0)
     assert client.post(f"/v1/jobs/{job_id}/cancel", json={"reason": "stop"}, headers=OPERATOR).status_code == 200

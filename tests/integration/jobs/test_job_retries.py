@@ -8,8 +8,8 @@ from datetime import datetime, timedelta
 import pytest
 
 from core.config import Settings
-from core.jobs.runner import backoff_seconds
 from tests.helpers.processes import WorkerProcess, wait_for
+from workers.runner import backoff_seconds
 
 CONTRACT_FIELDS = {"id", "kind", "state", "attempts", "error", "created_at", "updated_at"}
 

@@ -69,7 +69,7 @@ def test_jobs_are_idempotent_when_run_twice(client, tenant, stack):
     """Running the same job again (at-least-once delivery) is harmless and makes no new embedding."""
     from core.db import system_session
     from core.jobs.models import Job
-    from core.jobs.runner import run_job
+    from workers.runner import run_job
 
     mid = client.post("/v1/memories", json={"content": "run me twice"}, headers=tenant.headers()).json()["memory_id"]
     job = _job_for(tenant.tenant_id, f"memory:{mid}")

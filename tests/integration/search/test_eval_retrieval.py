@@ -6,7 +6,7 @@ from datetime import UTC, datetime
 
 import pytest
 
-from core.bench.retrieval import evaluate, parse_session_date
+from api.bench.retrieval import evaluate, parse_session_date
 
 
 @pytest.mark.parametrize(
@@ -60,7 +60,7 @@ def test_evaluate_reports_recall_per_category(stack, id_format):
 
 
 def test_turn_ids_the_api_refuses_are_mapped_without_collisions():
-    from core.bench.retrieval import memory_ids
+    from api.bench.retrieval import memory_ids
 
     turns = [{"id": "D1:1"}, {"id": "t0-0"}, {"id": "ok-2"}, {"id": "D1:3"}]
     mapping = memory_ids(turns)

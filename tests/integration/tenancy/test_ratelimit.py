@@ -155,8 +155,8 @@ def test_429_is_per_key(client, tenant, member_key, tight_budget):
 
 
 def test_saves_succeed_when_redis_is_down(client, tenant, tight_budget, caplog):
+    from api.serve.embedded import free_port
     from core.config import get_settings
-    from core.embedded import free_port
 
     settings = get_settings()
     saved_url = settings.redis_url

@@ -33,7 +33,7 @@ class Replica:
     """One `engram api` process with a home of its own."""
 
     def __init__(self, stack, base: Path, name: str, *, workers: int = 1):  # type: ignore[no-untyped-def]
-        from core.embedded import free_port
+        from api.serve.embedded import free_port
 
         self.home = base / name
         self.home.mkdir()

@@ -16,6 +16,7 @@ import asyncio
 import os
 import random
 import re
+import shutil
 import signal
 import ssl
 import statistics
@@ -32,7 +33,8 @@ from urllib.parse import urlsplit
 
 import httpx
 
-from core.bench import figure, machine_speed_ms
+from api.bench import figure, machine_speed_ms
+from api.serve.embedded import free_port
 from core.runtime import engram_command
 
 MAX_CLIENTS = 1000
@@ -307,8 +309,6 @@ def _figures(url: str, key: str, *, clients: int, seconds: float, log: Callable[
 @contextmanager
 def throwaway_serve(*, log: Callable[[str], None]) -> Iterator[tuple[str, str]]:
     """`engram serve` on a temporary home and a free port; yields (URL, the default tenant's admin key)."""
-    from core.embedded import free_port
-
     base = Path(tempfile.mkdtemp(prefix="engram-load-", dir="/tmp"))
     base.chmod(0o755)
     port = free_port()
@@ -342,6 +342,4 @@ def throwaway_serve(*, log: Callable[[str], None]) -> Iterator[tuple[str, str]]:
                 except subprocess.TimeoutExpired:
                     process.kill()
                     process.wait()
-            import shutil
-
             shutil.rmtree(base, ignore_errors=True)

@@ -11,18 +11,21 @@ import time
 from typing import Any
 
 import httpx
+from sqlalchemy import text
 
-from core.bench.stack import api_process, bench_stack
-from core.bench.write import _note
+from api.bench import figure
+from api.bench.stack import api_process, bench_stack
+from api.bench.write import _note
+from core.config import get_settings
+from core.db import system_connection, system_session
+from core.embeddings.providers import get_embedder
 from core.runtime import engram_command
+from core.tenancy.service import create_tenant
 
 _WORDS_SEED = 11
 
 
 def _embedder() -> Any:
-    from core.config import get_settings
-    from core.embeddings.providers import get_embedder
-
     return get_embedder(get_settings().embedding_model)
 
 
@@ -44,9 +47,6 @@ def _coverage_complete(http: httpx.Client, expected: int) -> bool:
 
 
 def run(*, memories: int, batch_size: int, port: int) -> list[dict[str, Any]]:
-    from core.db import system_session
-    from core.tenancy.service import create_tenant
-
     model = _embedder().name
     raw = raw_throughput(texts=memories, batch_size=batch_size)
     figures = [_fig("raw_per_s", raw, "texts/s", texts=memories, model=model)]
@@ -94,9 +94,7 @@ def _print_job_timings(started_wall: float | None) -> None:
     rest of the save, the outbox relay's and the broker's latency, and time queued behind other jobs;
     `relayed after` is the part up to the relay claiming the row.
     """
-    from sqlalchemy import text
 
-    from core.db import system_connection
 
     with system_connection() as connection:  # every tenant's jobs
         row = connection.execute(
@@ -126,6 +124,4 @@ def _print_job_timings(started_wall: float | None) -> None:
 
 
 def _fig(metric: str, value: float, unit: str, **params: Any) -> dict[str, Any]:
-    from core.bench import figure
-
     return figure("embed", metric, value, unit, **params)

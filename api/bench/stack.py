@@ -15,7 +15,10 @@ from pathlib import Path
 
 import httpx
 
+from api.serve.embedded import embedded_services
 from core.config import reset_settings_cache
+from core.db import dispose_engine
+from core.migrate import upgrade
 from core.runtime import engram_command
 
 
@@ -27,10 +30,6 @@ class BenchStack:
 
 @contextmanager
 def bench_stack() -> Iterator[BenchStack]:
-    from core.db import dispose_engine
-    from core.embedded import embedded_services
-    from core.migrate import upgrade
-
     base = Path(tempfile.mkdtemp(prefix="engram-bench-", dir="/tmp"))
     base.chmod(0o755)
     saved_env = dict(os.environ)

@@ -19,7 +19,15 @@ import numpy as np
 from psycopg.types.json import Jsonb
 from sqlalchemy import text
 
+from core.config import get_settings
+from core.db import get_owner_engine, tenant_session
+from core.embeddings.providers import get_embedder
+from core.embeddings.wire import vector_records
+from core.entities import editing, service
+from core.entities.render import content_hash
+from core.entities.schemas import ColumnIn, DatasourceIn, ModelPutIn
 from core.memories.schemas import DEFAULT_IMPORTANCE
+from core.search.dense import HNSW_DIMS
 
 COLUMNS_PER_MODEL = 19  # + the model itself = 20 entities per model
 _SUBJECTS = (
@@ -73,9 +81,6 @@ def _model_name(i: int) -> str:
 
 def build_catalog(*, tenant_id: int, entities: int, sqlite_path: str) -> list[str]:
     """A datasource `bench` with entities // 20 models of 19 columns; returns every canonical id."""
-    from core.db import tenant_session
-    from core.entities import editing, service
-    from core.entities.schemas import ColumnIn, DatasourceIn, ModelPutIn
 
     ids: list[str] = []
     with tenant_session(tenant_id) as session:
@@ -119,7 +124,6 @@ def _note(rng: random.Random, entity_ids: list[str]) -> tuple[str, list[str]]:
 
 def load_memories(*, tenant_id: int, count: int, entity_ids: list[str], seed: int = 7) -> list[tuple[str, str]]:
     """COPY ``count`` memories into the tenant; returns (memory id, content) for embedding."""
-    from core.db import get_owner_engine
 
     rng = random.Random(seed)
     now = datetime.now(UTC)
@@ -193,8 +197,6 @@ def embedding_copy_rows(
     Binary COPY sends each vector as pgvector's wire format (dims, 0, big-endian float4s) instead of a
     decimal literal per float, which is most of the load time of a large corpus when formatted in Python.
     """
-    from core.embeddings.wire import vector_records
-    from core.search.render import content_hash
 
     head = struct.pack(">hiq", 7, 8, tenant_id)
     model_field = _copy_field(model.encode())
@@ -230,10 +232,6 @@ def load_tenant_embeddings(
     The HNSW index of the model's dimension is dropped during the load and built once after it (only with
     ``with_hnsw``; otherwise it is left as it is), which is how a bulk import should be done.
     """
-    from core.config import get_settings
-    from core.db import get_owner_engine
-    from core.embeddings.providers import get_embedder
-    from core.search.dense import HNSW_DIMS
 
     embedder = get_embedder(get_settings().embedding_model)
     dims = embedder.dims
@@ -282,7 +280,6 @@ def analyze() -> None:
     (measured: 1.7-10 ms per entity query before, 0.1 ms after). Measuring before that merge times an
     artefact of having just loaded, not the steady state.
     """
-    from core.db import get_owner_engine
 
     with get_owner_engine().connect().execution_options(isolation_level="AUTOCOMMIT") as connection:
         connection.execute(text("VACUUM ANALYZE"))

@@ -24,10 +24,17 @@ from dataclasses import dataclass
 from typing import Any
 
 import httpx
+import psutil
 
-from core.bench.corpus import load_memories, load_tenant_embeddings
-from core.bench.search import percentile
+from api.bench import figure
+from api.bench.corpus import analyze, load_memories, load_tenant_embeddings
+from api.bench.search import percentile
+from api.bench.stack import api_server, bench_stack
+from api.serve.embedded import free_port
+from core.config import get_settings
+from core.db import system_session
 from core.refs import memory_ref
+from core.tenancy.service import create_tenant, get_tenant_by_name
 
 _QUESTIONS = (
     "how do we compute {subject}",
@@ -67,8 +74,6 @@ def _entity_ids() -> list[str]:
 
 def build(*, tenants: int, large_size: int, seed: int, log: Callable[[str], None]) -> list[TenantSpec]:
     """Create the tenants and COPY their memories and vectors in; one HNSW build at the end."""
-    from core.db import system_session
-    from core.tenancy.service import create_tenant, get_tenant_by_name
 
     rng = random.Random(seed)
     sizes = tenant_sizes(tenants=tenants, large_size=large_size, rng=rng)
@@ -91,14 +96,12 @@ def build(*, tenants: int, large_size: int, seed: int, log: Callable[[str], None
     started = time.perf_counter()
     # The HNSW index is built only when a tenant is large enough to be searched through it, as reconcile
     # builds it in a running deployment (core.embeddings.hnsw); smaller tenants rank on exact cosine.
-    from core.config import get_settings
 
     load_tenant_embeddings(
         [(tenant_id, [(f"memory:{i}", "memory", t) for i, t in tenant_docs]) for tenant_id, tenant_docs in docs],
         with_hnsw=max(sizes) > get_settings().dense_exact_max_docs,
     )
     log(f"embeddings and HNSW in {time.perf_counter() - started:.1f}s")
-    from core.bench.corpus import analyze
 
     analyze()
     return specs
@@ -167,7 +170,6 @@ def drive(*, url: str, specs: list[TenantSpec], searches: int, seed: int, deadli
 
 def process_figures(pid: int) -> tuple[float, int]:
     """The API process's resident memory (MB) and open file descriptors."""
-    import psutil
 
     process = psutil.Process(pid)
     return process.memory_info().rss / 2**20, process.num_fds()
@@ -184,10 +186,6 @@ def run(
 ) -> list[dict[str, Any]]:
     """Figures p50/p95/p99 per mode (warm), cold_p95_ms, cold_share, first_question_p95_ms, rss_mb and
     open_files, params tenants."""
-    from core.bench import figure
-    from core.bench.stack import api_server, bench_stack
-    from core.embedded import free_port
-
     figures: list[dict[str, Any]] = []
     with bench_stack() as stack:
         specs = build(tenants=tenants, large_size=large_size, seed=seed, log=log)

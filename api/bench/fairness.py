@@ -21,14 +21,15 @@ from typing import Any
 import httpx
 from sqlalchemy import text
 
-from core.bench.stack import api_process, bench_stack
+from api.bench import figure
+from api.bench.stack import api_process, bench_stack
+from core.db import system_connection, system_session
+from core.tenancy.service import create_tenant, get_tenant_by_name
 
 _POLL_S = 0.01
 
 
 def _has_vector(tenant_id: int, doc_id: str) -> bool:
-    from core.db import system_connection
-
     with system_connection() as connection:
         return (
             connection.execute(
@@ -40,8 +41,6 @@ def _has_vector(tenant_id: int, doc_id: str) -> bool:
 
 
 def _vectors(tenant_id: int) -> int:
-    from core.db import system_connection
-
     with system_connection() as connection:
         return int(
             connection.execute(
@@ -52,7 +51,6 @@ def _vectors(tenant_id: int) -> int:
 
 def _last_vector_at(tenant_id: int) -> float:
     """When the tenant's last vector was written (epoch seconds): the upsert stamps clock_timestamp()."""
-    from core.db import system_connection
 
     with system_connection() as connection:
         return float(
@@ -69,9 +67,6 @@ def _percentile(values: list[float], share: float) -> float:
 
 
 def _tenant(name: str) -> tuple[int, str]:
-    from core.db import system_session
-    from core.tenancy.service import create_tenant, get_tenant_by_name
-
     with system_session() as session:
         key = create_tenant(session, name=name).api_key
         tenant = get_tenant_by_name(session, name=name)
@@ -106,8 +101,6 @@ def _poll_coverage(url: str, key: str, *, every: float, stop: threading.Event, t
 
 def _operator_coverage(url: str, *, tenants: int) -> float:
     """Seconds the operator's coverage over every tenant takes, after creating `tenants` more (best of 3)."""
-    from core.db import system_session
-    from core.tenancy.service import create_tenant
 
     with system_session() as session:
         for n in range(tenants):
@@ -127,8 +120,6 @@ _OPERATOR_KEY = "bench-operator-key-for-the-fairness-run"
 
 
 def run(*, backlog: int, interval: float, port: int, operator_tenants: int = 1000) -> list[dict[str, Any]]:
-    from core.bench import figure
-
     waits: list[float] = []
     coverage_took: list[float] = []
     with bench_stack() as stack:

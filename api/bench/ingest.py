@@ -13,7 +13,19 @@ from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
+import click
 import sqlalchemy as sa
+
+import core.schema  # noqa: F401 - every table known to the ORM
+from api.serve.embedded import EmbeddedPostgres
+from core.config import get_settings, reset_settings_cache
+from core.db import dispose_engine, system_session, tenant_session
+from core.entities.ingest import run_ingest
+from core.entities.profiling import refresh_samples
+from core.entities.schemas import DatasourceIn
+from core.entities.service import create_datasource
+from core.migrate import upgrade
+from core.tenancy.service import create_tenant, get_tenant_by_name
 
 # (name, type, SQL over the row number i): nine categorical columns of growing cardinality (two past
 # the 50-value overflow), eleven numeric and temporal ones.
@@ -77,13 +89,10 @@ def _create(engine: sa.Engine, *, rows: int, schema: str | None, dialect: str) -
 @contextmanager
 def _engram_database() -> Iterator[None]:
     """The configured engram database, else a throwaway embedded PostgreSQL."""
-    from core.config import get_settings, reset_settings_cache
-    from core.db import dispose_engine
 
     if get_settings().database_url:
         yield
         return
-    from core.embedded import EmbeddedPostgres
 
     base = Path(tempfile.mkdtemp(prefix="engram-bench-", dir="/tmp"))
     base.chmod(0o755)
@@ -103,12 +112,6 @@ def _engram_database() -> Iterator[None]:
 
 
 def _time_ingest(*, tenant_id: int, name: str, url: str, schema: str | None) -> float:
-    from core.db import tenant_session
-    from core.entities.ingest import run_ingest
-    from core.entities.profiling import refresh_samples
-    from core.entities.schemas import DatasourceIn
-    from core.entities.service import create_datasource
-
     with tenant_session(tenant_id) as session:
         create_datasource(session, tenant_id=tenant_id, body=DatasourceIn(name=name, url=url, schema=schema))
     started = time.perf_counter()
@@ -123,15 +126,8 @@ def _time_ingest(*, tenant_id: int, name: str, url: str, schema: str | None) -> 
 
 
 def run_ingest_bench(*, rows: int, pg_url: str, figure: Callable[..., dict[str, Any]]) -> list[dict[str, Any]]:
-    import click
-
     figures = []
     with _engram_database():
-        import core.schema  # noqa: F401 - every table known to the ORM
-        from core.db import system_session
-        from core.migrate import upgrade
-        from core.tenancy.service import create_tenant, get_tenant_by_name
-
         upgrade()
         tenant_name = f"bench-ingest-{uuid.uuid4().hex[:8]}"
         with system_session() as session:

@@ -1,6 +1,6 @@
 """Running jobs: claim their rows, call the handler of their kind, record the outcome and the retry schedule.
 
-The runner sits above the domains: it reads the handler tables of core.jobs.handlers, which name each
+The runner sits above the domains: it reads the handler tables of workers.handlers, which name each
 kind's function explicitly. Domains only add job rows (core.jobs.service.enqueue) and never import the
 runner, so no import leads back from a job's handler to the code that runs it.
 
@@ -28,10 +28,10 @@ from sqlalchemy import literal, select, text, update
 from sqlalchemy.dialects.postgresql import JSONB
 
 from core.jobs.batches import HEAD_COLUMNS, JobHead, batch_key
-from core.jobs.handlers import BATCH_HANDLERS, HANDLERS
 from core.jobs.models import Job
 from core.jobs.service import PermanentJobError, now
 from core.webhooks.service import emit_job_failed
+from workers.handlers import BATCH_HANDLERS, HANDLERS
 
 log = logging.getLogger(__name__)
 _ATTEMPT_ERROR_CHARS = 2_000

@@ -1,6 +1,7 @@
-"""What each job kind does: the one table the runner (core.jobs.runner) reads.
+"""What each job kind does: the one table the runner (workers.runner) reads.
 
-Every kind is named here, explicitly; no handler registers itself by being imported.
+Every kind is named here, explicitly; no handler registers itself by being imported. The table sits in
+workers, above every domain it names, so no domain imports the code that runs its jobs.
 """
 
 from __future__ import annotations
@@ -10,11 +11,20 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
+from core.audit.service import purge_tenant_audit
 from core.config import get_settings
-from core.db import scope_to_tenant
+from core.db import scope_to_tenant, system_session
+
+# The module, not the function: the embed tests swap factory.embedder_for_settings for a refusing provider.
+from core.embeddings import factory
+from core.embeddings.refresh import embed_docs
 from core.entities import jobs as catalog_jobs
 from core.jobs.models import Job
 from core.jobs.service import PermanentJobError, enqueue
+from core.lifecycle.prune import run_prune_job
+from core.search.erasure import erase_tenant
+from core.tenancy.purge import purge_tenant
+from core.webhooks.delivery import run_webhook_job
 
 Handler = Callable[[Session, Job], dict[str, Any] | None]
 # Runs several jobs of a kind that share a batch key (core.jobs.batches) as one call.
@@ -27,9 +37,6 @@ def run_embed(session: Session, job: Job) -> dict[str, Any]:
 
 def run_embeds(session: Session, jobs: Sequence[Job]) -> dict[str, Any]:
     """Embed the docs of these jobs (one tenant, one model: core.jobs.batches) together."""
-    from core.embeddings.chaos import embedder_for_settings
-    from core.embeddings.refresh import embed_docs
-
     tenant_id = jobs[0].tenant_id
     if tenant_id is None:
         raise PermanentJobError("embed job without a tenant")
@@ -45,7 +52,7 @@ def run_embeds(session: Session, jobs: Sequence[Job]) -> dict[str, Any]:
         session,
         tenant_id=tenant_id,
         doc_ids=list(dict.fromkeys(doc_ids)),
-        embedder=embedder_for_settings(jobs[0].payload.get("model")),
+        embedder=factory.embedder_for_settings(jobs[0].payload.get("model")),
         batch_size=settings.embedding_batch_size,
         # Suggestions (similar_existing) are for a sync_embed save's response: a job's result never shows them.
         suggestions=False,
@@ -75,18 +82,12 @@ def _split_embed_job(session: Session, job: Job, doc_ids: list[str], *, size: in
 
 
 def run_prune(session: Session, job: Job) -> dict[str, Any]:
-    from core.lifecycle.prune import run_prune_job
-
     return run_prune_job(session, job)
 
 
 def run_purge_tenant(session: Session, job: Job) -> dict[str, Any]:
     """Offboarding (core.tenancy.purge): every row of the tenant, then its cached state and index here.
     The job keeps the tenant's name; its id is dropped from the payload once the tenant is gone."""
-    from core.db import system_session
-    from core.search.erasure import erase_tenant
-    from core.tenancy.purge import purge_tenant
-
     tenant_id = job.payload.get("tenant_id")
     if not isinstance(tenant_id, int):
         return {"rows_removed": 0, "already_purged": True}
@@ -100,16 +101,12 @@ def _remove_audit_entries(tenant_id: int) -> Callable[[Session], dict[str, int]]
     """The offboarded tenant's audit entries, through the owner's function (the service cannot delete them)."""
 
     def remove(session: Session) -> dict[str, int]:
-        from core.audit.service import purge_tenant_audit
-
         return {"audit_entries": purge_tenant_audit(session, tenant_id=tenant_id)}
 
     return remove
 
 
 def run_webhook(session: Session, job: Job) -> dict[str, Any]:
-    from core.webhooks.delivery import run_webhook_job
-
     return run_webhook_job(session, job)
 
 

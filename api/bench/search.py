@@ -19,9 +19,17 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from core.bench.corpus import Corpus, analyze, build_catalog, load_embeddings, load_memories
+from api.bench import figure, machine_speed_ms
+from api.bench.corpus import Corpus, analyze, build_catalog, load_embeddings, load_memories
+from api.bench.stack import bench_stack
 from core.config import reset_settings_cache
+from core.db import system_session, tenant_session
+from core.embeddings import catalog_docs
 from core.refs import memory_ref
+from core.search.schemas import SearchRequest
+from core.search.service import search
+from core.tenancy.context import Caller
+from core.tenancy.service import create_tenant, get_tenant_by_name
 
 MODES: dict[str, Callable[[Corpus, random.Random], dict[str, Any]]] = {
     "hybrid": lambda c, r: {"entities": c.entities(r), "question": c.question(r)},
@@ -40,9 +48,6 @@ def percentile(values: list[float], q: float) -> float:
 
 def build(*, memories: int, entities: int, log: Callable[[str], None]) -> Corpus:
     """Create a tenant and fill it; the full-text index is built by a first search (timed in the log)."""
-    from core.db import system_session, tenant_session
-    from core.embeddings import catalog_docs
-    from core.tenancy.service import create_tenant, get_tenant_by_name
 
     with system_session() as session:
         create_tenant(session, name="bench-search")
@@ -83,10 +88,6 @@ def measure_answers(
     corpus: Corpus, *, mode: str, queries: int, seed: int = 11
 ) -> tuple[list[float], list[float], list[Any]]:
     """As `measure_both`, with the responses, so a figure can show what the timed calls answered."""
-    from core.db import tenant_session
-    from core.search.schemas import SearchRequest
-    from core.search.service import search
-    from core.tenancy.context import Caller
 
     caller = Caller(
         tenant_id=corpus.tenant_id,
@@ -112,8 +113,6 @@ def measure_answers(
 def run(*, memories: int, entities: int, queries: int, log: Callable[[str], None]) -> list[dict[str, Any]]:
     """Figures p50_ms / p95_ms per mode, params memories, entities, mode; also cpu_p50_ms / cpu_p95_ms, the
     search process's own CPU per call (steady under machine load, unlike wall latency)."""
-    from core.bench import figure, machine_speed_ms
-    from core.bench.stack import bench_stack
 
     # The machine's speed is printed first: wall figures on shared cores move with it.
     figures = [figure("search", "python_loop_ms", machine_speed_ms(), "ms", loop="1e6 additions, best of 5")]

@@ -27,6 +27,7 @@ from sqlalchemy.exc import ArgumentError
 
 from core.config import get_settings
 from core.errors import Invalid
+from core.runtime import ServiceNotRunning, read_runtime, resolve_database_url, resolve_redis_url
 
 HOSTED, LOCAL = "hosted", "local"
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
@@ -50,7 +51,7 @@ _METADATA = {
 } | {ipaddress.ip_address("fd00:ec2::254")}
 _CGNAT = ipaddress.ip_network("100.64.0.0/10")
 _NAT64 = ipaddress.ip_network("64:ff9b::/96")
-SHARED_ROOT = Path("/var/lib/engram")  # where root's embedded clusters live (core.embedded)
+SHARED_ROOT = Path("/var/lib/engram")  # where root's embedded clusters live (api.serve.embedded)
 
 # The one answer a tenant gets for any failure to connect (refused, timeout, TLS, credentials, DNS).
 UNREACHABLE = "cannot reach the source (check the datasource URL's host, port, database and credentials)"
@@ -75,7 +76,6 @@ def policy() -> str:
     configured = get_settings().datasource_policy
     if configured:
         return configured
-    from core.runtime import read_runtime
 
     record = read_runtime()
     return LOCAL if record and record.get("datasource_policy") == LOCAL else HOSTED
@@ -229,7 +229,6 @@ class _Own:
 
 def _own_endpoints(resolve: Resolver) -> list[_Own]:
     """Engram's database and broker as this process reaches them (settings, else `engram serve`'s record)."""
-    from core.runtime import ServiceNotRunning, resolve_database_url, resolve_redis_url
 
     def app_database_url() -> str:  # the service's own role may reach the database another way (a pooler)
         return get_settings().app_database_url or resolve_database_url()
