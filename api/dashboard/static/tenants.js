@@ -4,7 +4,8 @@
 
 const POLL_MS = 5000;
 const QUOTAS = ["max_memories", "max_datasources", "requests_per_minute", "embedding_texts_per_day"];
-const view = { cursors: [null], page: 0, next: null };
+// `asked` numbers each load: an answer to an older one (a filter typed since, another page) is dropped.
+const view = { cursors: [null], page: 0, next: null, asked: 0 };
 
 function num(value) {
   return el("td", { class: value === 0 ? "num zero" : "num" }, value.toLocaleString());
@@ -101,8 +102,10 @@ function query() {
 
 async function load() {
   const status = document.getElementById("status");
+  const asked = ++view.asked;
   try {
     const body = await call(`/dashboard/api/tenants?${query()}`);
+    if (asked !== view.asked) return;
     document.querySelector("#tenants tbody").replaceChildren(...body.tenants.map(row));
     document.getElementById("no-tenants").hidden = body.tenants.length > 0;
     view.next = body.next_cursor;

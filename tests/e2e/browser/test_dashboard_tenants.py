@@ -60,6 +60,8 @@ def test_operator_finds_suspends_and_limits_a_tenant_in_the_browser(client, api_
             page.fill("input[name=q]", prefix)
             rows = page.locator("#tenants tbody tr")
             expect(rows).to_have_count(50, timeout=15_000)
+            expect(rows.first).to_contain_text(prefix)  # the filtered page, not the first one loaded
+            expect(rows.nth(49)).to_contain_text(prefix)
             page.click("#tenants-next")
             expect(rows).to_have_count(5)
             row = page.locator(f"#tenants tr[data-tenant='{target['tenant']}']")
