@@ -77,8 +77,20 @@ class MemoryPage(_Out):
     next_cursor: str | None = None
 
 
+def sometimes(*fields: str) -> ConfigDict:
+    """The config of an answer that carries ``fields`` only in some cases: not required in the document."""
+
+    def optional(schema: dict[str, Any]) -> None:
+        schema["required"] = [name for name in schema.get("required", []) if name not in fields]
+
+    return ConfigDict(json_schema_extra=optional)
+
+
 class ErrorBody(_Out):
     """The contract's error object; more keys may follow (e.g. `status` in MCP answers)."""
+
+    # `field` names the offending field on a 422; other errors leave it out.
+    model_config = sometimes("field")
 
     code: str = Field(description="machine-readable kind of error", examples=["validation_error"])
     message: str = Field(description="what went wrong, for a human", examples=["kind: Input should be 'fact', ..."])
@@ -143,15 +155,6 @@ class KeyList(_Out):
 class KeyRevoked(_Out):
     id: str
     revoked: bool
-
-
-def sometimes(*fields: str) -> ConfigDict:
-    """The config of an answer that carries ``fields`` only in some cases: not required in the document."""
-
-    def optional(schema: dict[str, Any]) -> None:
-        schema["required"] = [name for name in schema.get("required", []) if name not in fields]
-
-    return ConfigDict(json_schema_extra=optional)
 
 
 class Datasource(_Out):
