@@ -32,9 +32,10 @@ def install_wheel(base: Path) -> Path:
 
     The virtualenv finds the dependencies in the running one's site-packages (a path in a .pth file: that
     directory's own .pth files, among them the editable install's finder, are not run), so nothing is
-    downloaded, and `api`, `core` and `workers` come from the wheel alone."""
+    downloaded, and `api`, `core`, `workers` and `engram_client` come from the wheel alone."""
     source = base / "src"
-    for name in ("api", "core", "workers"):
+    # What the wheel is built from: the server's packages and the Python client it ships (clients/python).
+    for name in ("api", "core", "workers", "clients/python/engram_client"):
         shutil.copytree(REPO / name, source / name, ignore=shutil.ignore_patterns("__pycache__"))
     for name in ("pyproject.toml", "README.md"):
         shutil.copy2(REPO / name, source / name)
