@@ -29,6 +29,7 @@ from sqlalchemy.dialects.postgresql import JSONB
 
 from core.jobs.batches import HEAD_COLUMNS, JobHead, batch_key
 from core.jobs.models import Job
+from core.jobs.relay import claimable_tenants_condition
 from core.jobs.service import PermanentJobError, now
 from core.webhooks.service import emit_job_failed
 from workers.handlers import BATCH_HANDLERS, HANDLERS
@@ -41,12 +42,19 @@ _ATTEMPT_TRACEBACK_CHARS = 4_000
 # running past its lease (its worker died). A job running within its lease, finished, or waiting out a retry
 # is left alone, so a duplicate message never runs a job twice at once or inflates its attempts. Row locks
 # make a concurrent claim of the same row wait and then see the row this one wrote.
+# A job of a suspended (or offboarded) tenant is not started, however its message came (the relay's claim
+# skips them; a process publishing its own writes does not look): it is handed back to the relay instead.
 _CLAIM = text(
     "UPDATE jobs SET state = 'running', attempts = attempts + 1, started_at = :now, updated_at = :now"
     " WHERE id = ANY(:ids) AND ("
     "  (state = 'queued' AND (dispatched_at IS NULL OR dispatched_at <= :now))"
     "  OR (state = 'running' AND updated_at <= :lease_cutoff))"
+    f" AND {claimable_tenants_condition('jobs')}"
     f" RETURNING {HEAD_COLUMNS}, attempts"
+)
+_HAND_BACK = text(
+    "UPDATE jobs SET dispatched_at = NULL WHERE id = ANY(:ids) AND state = 'queued'"
+    f" AND NOT {claimable_tenants_condition('jobs')}"
 )
 # A finished attempt frees its lane's slot: the relays (core.jobs.relay) are told at commit, so they refill
 # the queue at once instead of at their next poll.
@@ -129,6 +137,7 @@ def run_jobs(
     with session_factory() as session:
         at = now()
         rows = session.execute(_CLAIM, {"ids": job_ids, "now": at, "lease_cutoff": at - running_lease}).all()
+        session.execute(_HAND_BACK, {"ids": job_ids})
     claimed = {row[0]: _Claimed(head=JobHead(*row[:5]), attempts=row[5]) for row in rows}
     policy = _Policy(session_factory, max_attempts, running_lease, retry_base_seconds, retry_max_seconds)
     return {

@@ -92,11 +92,13 @@ class RelayLimits:
         return self.interactive_inflight if lane == "interactive" else self.bulk_inflight
 
 
-def claimable_tenants_condition() -> str:
+def claimable_tenants_condition(alias: str = "j") -> str:
     """Which tenants' jobs may be claimed at all, as a condition on ``j`` (a ``jobs`` row): system jobs, and
     the jobs of active tenants. A suspended tenant's jobs wait, queued, until it is resumed; an offboarded
     tenant's wait for its purge, which removes them."""
-    return "(j.tenant_id IS NULL OR j.tenant_id IN (SELECT t.id FROM tenants AS t WHERE t.state = 'active'))"
+    return (
+        f"({alias}.tenant_id IS NULL OR {alias}.tenant_id IN (SELECT t.id FROM tenants AS t WHERE t.state = 'active'))"
+    )
 
 
 def claim_statement(caps: dict[str, int]) -> str:

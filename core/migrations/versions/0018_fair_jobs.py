@@ -143,8 +143,10 @@ def upgrade() -> None:
         " model varchar(200) NOT NULL, current bigint NOT NULL, PRIMARY KEY (tenant_id, doc_kind, model))"
     )
     op.execute(
-        "CREATE TABLE embedding_coverage_deltas (id bigserial PRIMARY KEY, tenant_id bigint NOT NULL,"
-        " doc_kind varchar(20) NOT NULL, model varchar(200) NOT NULL, delta bigint NOT NULL)"
+        # Keys lead with tenant_id, as every tenant table's (a distributed PostgreSQL shards by it).
+        "CREATE TABLE embedding_coverage_deltas (id bigserial, tenant_id bigint NOT NULL,"
+        " doc_kind varchar(20) NOT NULL, model varchar(200) NOT NULL, delta bigint NOT NULL,"
+        " PRIMARY KEY (tenant_id, id))"
     )
     op.execute("CREATE INDEX ix_embedding_coverage_deltas_tenant ON embedding_coverage_deltas (tenant_id, doc_kind)")
     _coverage_triggers()

@@ -7,9 +7,8 @@ import uuid
 
 import httpx
 import pytest
-from fastapi.testclient import TestClient
 
-from tests.helpers.api import OPERATOR, OPERATOR_KEY, provision
+from tests.helpers.api import OPERATOR, provision, signed_in_client
 from tests.helpers.browser import CHROMIUM, CHROMIUM_ARGS, signed_in_context
 
 CSRF = {"X-Engram-Dashboard": "1"}
@@ -36,12 +35,11 @@ def test_tenants_json_pages_filters_and_edits(client, app):
     assert client.get("/dashboard/api/tenants").status_code == 401
     tenant_key = {"Authorization": f"Bearer {made[0]['api_key']}"}
     assert client.get("/dashboard/api/tenants", headers=tenant_key).status_code == 401
-    # Signed in with the cookie (a browser of its own), a state change also needs the dashboard's header.
-    with TestClient(app) as browser:
-        signed = browser.post("/dashboard/login", data={"key": OPERATOR_KEY}, follow_redirects=False)
-        assert signed.status_code in (302, 303)
-        assert browser.patch(path, json={"state": "active"}).status_code == 403
-        assert browser.patch(path, json={"state": "active"}, headers=CSRF).json()["state"] == "active"
+    # Signed in with the cookie (a browser of its own), a state change also needs the dashboard's header. (Its
+    # own client, not its own app lifespan: starting and stopping the session's app again would stop its MCP.)
+    browser, _ = signed_in_client(app)
+    assert browser.patch(path, json={"state": "active"}).status_code == 403
+    assert browser.patch(path, json={"state": "active"}, headers=CSRF).json()["state"] == "active"
 
 
 @pytest.mark.skipif(not CHROMIUM.exists(), reason="Debian's chromium is not installed")

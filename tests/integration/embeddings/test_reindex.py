@@ -31,8 +31,9 @@ def _claim_bulk(budget: int | None = None) -> list[str]:
     """One round of the relay's bulk claim, the claimed rows released again (nothing publishes here)."""
     from core.jobs.relay import RelayLimits, claim_lane
 
-    limits = RelayLimits(bulk_inflight=10_000, reindex_budget=budget)
-    claimed = [head.id for head, _, _ in claim_lane("bulk", limits=limits)]
+    limits = RelayLimits(bulk_inflight=1_000_000, reindex_budget=budget)
+    # Every queued bulk job at once: in a full run, hundreds of other tenants' older jobs come first in turn.
+    claimed = [head.id for head, _, _ in claim_lane("bulk", limits=limits, most=1_000_000)]
     return claimed
 
 
