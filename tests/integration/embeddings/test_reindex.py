@@ -88,6 +88,9 @@ def test_a_model_change_reindexes_in_the_background_with_progress_pause_throttle
     saved = settings.embedding_model
     settings.embedding_model = HASHING_MODEL_NAME
     monkeypatch.setattr("core.embeddings.reconcile.GAP_JOB_SIZE", 10)  # three reindex jobs of this tenant
+    # Only the relay's claim dispatches here: a job queue an earlier test installed in this process would
+    # publish the reindex jobs of every tenant of the run at once, spending the throttle's window.
+    monkeypatch.setattr("core.jobs.service._queue", None)
     try:
         assert reconcile_embeddings(model=HASHING_MODEL_NAME)[tenant.tenant_id] == 30
         mine = _reindex_jobs(tenant.tenant_id)
