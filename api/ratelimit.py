@@ -18,6 +18,7 @@ a connect timeout to every request.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import math
 import threading
@@ -260,13 +261,20 @@ def key_budget() -> RateLimitItem | None:
     """The per-key budget as a sliding window: `burst` requests per `burst / rate` seconds keeps both the
     average rate and the largest burst of a token bucket with those settings."""
     settings = get_settings()
-    rate, burst = settings.rate_limit_per_second, max(settings.rate_limit_burst, 1.0)
+    return _key_budget(settings.rate_limit_per_second, settings.rate_limit_burst)
+
+
+# Built once per setting, not per request (the settings may change, as tests do: they are the cache's key).
+@functools.lru_cache(maxsize=16)
+def _key_budget(rate: float, burst: float) -> RateLimitItem | None:
+    burst = max(burst, 1.0)
     if rate <= 0:
         return None
     seconds = max(1, round(burst / rate))
     return RateLimitItemPerSecond(max(1, round(rate * seconds)), seconds, namespace="engram-key")
 
 
+@functools.lru_cache(maxsize=1024)
 def tenant_budget(requests_per_minute: int) -> RateLimitItem:
     """A tenant's requests_per_minute quota: every key of the tenant together, across replicas."""
     return RateLimitItemPerMinute(requests_per_minute, 1, namespace="engram-tenant")
