@@ -217,11 +217,21 @@ class RedisRateLimiter:
         """The verdict of a hit of `size` requests; the `size - 1` not spent by this one are kept as a lease."""
         besides = window[1] - window[3]  # what Redis has left once the whole hit is counted
         if allowed and size > 1:
+            now = time.monotonic()
             with self._lock:
-                if len(self._leases) >= _STATS_MAX_KEYS:
-                    self._leases.clear()
-                self._leases[key] = [time.monotonic() + _LEASE_SECONDS, size - 1, besides, window[2]]
-            return self._verdict(item, allowed=True, remaining=besides + size - 1, reset_time=window[2])
+                lease = self._leases.get(key)
+                if lease is not None and lease[0] > now:
+                    # Requests that found no lease at once (each awaiting its own hit) add to one another's
+                    # lease instead of replacing it: no leased request is lost to an overwrite.
+                    lease[1] += size - 1
+                    lease[0], lease[2], lease[3] = now + _LEASE_SECONDS, besides, window[2]
+                    left = lease[1]
+                else:
+                    if len(self._leases) >= _STATS_MAX_KEYS:
+                        self._leases.clear()
+                    self._leases[key] = [now + _LEASE_SECONDS, size - 1, besides, window[2]]
+                    left = size - 1
+            return self._verdict(item, allowed=True, remaining=besides + left, reset_time=window[2])
         return self._verdict(item, allowed=allowed, remaining=besides, reset_time=window[2])
 
     @staticmethod
