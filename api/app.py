@@ -79,6 +79,10 @@ def create_app(*, install_queue: bool = False) -> FastAPI:
         redoc_url="/redoc",
         static_url="/docs/assets",
         generate_unique_id_function=operation_id,
+        # FastAPI's own OpenTelemetry bridge: tracing follows the global provider (core.tracing installs one
+        # when tracing is on); engram exports no OpenTelemetry metrics or logs (Prometheus and core.logging
+        # do), and each bridge left on cost every request a look-up of its global provider.
+        telemetry={"metrics": False, "logs": False},
     )
     install_openapi(app, description=DESCRIPTION)
     install_error_handlers(app)

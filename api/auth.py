@@ -117,7 +117,7 @@ def _lookup(token: str, request: Request) -> Caller:
 
 def _writes(request: Request) -> bool:
     """Whether a /v1 call changes anything (MCP's tool calls are all POSTs: its client checks each write)."""
-    path = request.url.path
+    path = request.scope["path"]  # not request.url, which builds a URL object per request
     return path.startswith("/v1/") and request.method not in ("GET", "HEAD", "OPTIONS") and path not in _READING_POSTS
 
 

@@ -24,12 +24,14 @@ from core.config import get_settings
 # The request id lives with the trace context (core.tracing), which carries both into jobs.
 from core.tracing import REQUEST_ID, current_trace_ids
 
-_PATTERNS: tuple[tuple[re.Pattern[str], str], ...] = (
+# Each pattern with what a line must contain for it to match (case-folded for the case-insensitive ones):
+# a line without any is not searched by it (an access line, most lines, costs ~1 us instead of ~15 us).
+_PATTERNS: tuple[tuple[re.Pattern[str], str, tuple[str, ...], bool], ...] = (
     # engram API and operator keys.
-    (re.compile(r"\b(egk|egop)_[A-Za-z0-9_\-]+"), r"\1_***"),
-    (re.compile(r"(?i)\b(bearer)\s+[^\s\"',]+"), r"\1 ***"),
+    (re.compile(r"\b(egk|egop)_[A-Za-z0-9_\-]+"), r"\1_***", ("egk_", "egop_"), False),
+    (re.compile(r"(?i)\b(bearer)\s+[^\s\"',]+"), r"\1 ***", ("bearer",), True),
     # scheme://user:password@host
-    (re.compile(r"([A-Za-z][A-Za-z0-9+.\-]*://[^/\s:@\"']*):[^@\s/\"']*@"), r"\1:***@"),
+    (re.compile(r"([A-Za-z][A-Za-z0-9+.\-]*://[^/\s:@\"']*):[^@\s/\"']*@"), r"\1:***@", ("://",), False),
     # password=..., "secret_key": "...", token: ...
     (
         re.compile(
@@ -37,6 +39,8 @@ _PATTERNS: tuple[tuple[re.Pattern[str], str], ...] = (
             r"([\"']?\s*[:=]\s*[\"']?)[^\s\"'&,;}]+"
         ),
         r"\1\2***",
+        ("pass", "pwd", "secret", "key", "token"),
+        True,
     ),
 )
 _secrets: set[str] = set()
@@ -66,8 +70,12 @@ def redact(text: str) -> str:
     for secret in _secrets:
         if secret in text:
             text = text.replace(secret, "***")
-    for pattern, replacement in _PATTERNS:
-        text = pattern.sub(replacement, text)
+    folded = text.casefold()  # what the (?i) patterns match case-insensitively, ſ and K (Kelvin) included
+    for pattern, replacement, needs, ignore_case in _PATTERNS:
+        within = folded if ignore_case else text
+        if any(need in within for need in needs):
+            text = pattern.sub(replacement, text)
+            folded = text.casefold()
     return text
 
 

@@ -9,6 +9,13 @@ Run it for two trees in turns to compare them (each on its own throwaway embedde
 
 The CPU is the whole process's (`time.process_time`: the app, its threads and the test client, not
 PostgreSQL's, which runs apart); wall p50 is printed beside it.
+
+`--http` measures over real HTTP instead: `engram api` (uvicorn) in its own process on the throwaway stack,
+one keep-alive client sending a get by id and a save `--calls` times each, the API process's CPU read from
+/proc (as `engram bench load` does). Then each service call alone (core.memories' get and save, in a tenant
+transaction begun before timing, committed after) is timed in this process, and `outside_ms` is the
+difference: what a request costs besides its work (HTTP, routing, authentication, rate limit, the tenant
+transaction's begin and commit, metrics, the access log, serialisation).
 """
 
 from __future__ import annotations
@@ -39,11 +46,84 @@ def _timed(name: str, call: Callable[[], Any], calls: int) -> dict[str, Any]:
     return {"op": name, "cpu_ms": round(cpu_ms, 3), "p50_ms": round(statistics.median(walls), 3)}
 
 
+def _http(memories: int, calls: int) -> list[dict[str, Any]]:
+    import httpx
+
+    from api.auth import caller_for_key
+    from api.bench.load import cpu_seconds
+    from api.bench.stack import api_server, bench_stack
+    from api.serve.embedded import free_port
+    from core.db import system_session, tenant_session
+    from core.memories import service, trail
+    from core.memories.schemas import SaveMemoryIn
+    from core.tenancy.service import create_tenant
+
+    figures: list[dict[str, Any]] = []
+    with bench_stack() as stack:
+        with system_session() as session:
+            key = create_tenant(session, name="bench").api_key
+        with (
+            api_server(stack, port=free_port()) as (url, pid),
+            httpx.Client(base_url=url, headers={"Authorization": f"Bearer {key}"}, timeout=30) as http,
+        ):
+            for start in range(0, memories, 1000):
+                items = [
+                    {"content": f"note {i} about orders and invoices in region {i % 50}"}
+                    for i in range(start, min(start + 1000, memories))
+                ]
+                http.post("/v1/memories:batch", json={"items": items}).raise_for_status()
+            probe = http.get("/v1/memories", params={"limit": 1}).json()["memories"][0]["id"]
+            requests: dict[str, Callable[[], Any]] = {
+                "get": lambda: http.get(f"/v1/memories/{probe}"),
+                "save": lambda: http.post("/v1/memories", json={"content": f"note {uuid.uuid4().hex}"}),
+            }
+            for name, call in requests.items():
+                for _ in range(100):
+                    call().raise_for_status()
+                walls: list[float] = []
+                cpu_before = cpu_seconds([pid])
+                for _ in range(calls):
+                    started = time.perf_counter()
+                    call()
+                    walls.append((time.perf_counter() - started) * 1000)
+                api_cpu_ms = (cpu_seconds([pid]) - cpu_before) * 1000 / calls
+                figures.append({"op": name, "api_cpu_ms": api_cpu_ms, "p50_ms": statistics.median(walls)})
+        caller = caller_for_key(key)
+
+        def get(session: Any) -> None:
+            memory = service.get_memory(session, caller=caller, memory_id=probe)
+            service.memories_to_dicts(session, [memory])
+
+        def save(session: Any) -> None:
+            item = SaveMemoryIn(content=f"note {uuid.uuid4().hex}")
+            saved = service.save_memory(session, caller=caller, item=item)
+            trail.memories_saved(session, caller=caller, items=[item], results=[saved])
+            session.flush()
+
+        for figure, work in zip(figures, (get, save), strict=True):
+            spent = 0.0
+            for i in range(calls + 100):
+                with tenant_session(caller.tenant_id) as session:
+                    session.connection()  # the transaction (and its tenant) begun before timing
+                    started = time.thread_time()
+                    work(session)
+                    if i >= 100:
+                        spent += time.thread_time() - started
+            figure["service_cpu_ms"] = spent * 1000 / calls
+            figure["outside_ms"] = figure["api_cpu_ms"] - figure["service_cpu_ms"]
+    return [{k: round(v, 3) if isinstance(v, float) else v for k, v in f.items()} for f in figures]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--memories", type=int, default=10_000)
     parser.add_argument("--calls", type=int, default=300)
+    parser.add_argument("--http", action="store_true", help="over real HTTP against `engram api` (see above)")
     args = parser.parse_args()
+    if args.http:
+        for figure in _http(args.memories, args.calls):
+            print(json.dumps(figure))
+        return
     base = Path(tempfile.mkdtemp(prefix="engram-request-cpu-", dir="/tmp"))
     base.chmod(0o755)
     try:

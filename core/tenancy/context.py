@@ -42,6 +42,8 @@ class Caller:
     def acting_as(self, *, agent_id: str | None, persona: str | None) -> Caller:
         """The same key, naming the agent and persona it acts for on this call (its binding, if bound)."""
         agent_id, persona = self._bound(agent_id=agent_id, persona=persona)
+        if agent_id == self.agent_id and persona == self.persona:
+            return self  # frozen: the same identity needs no copy (most calls name none)
         return replace(self, agent_id=agent_id, persona=persona)
 
     def stamp(self, *, agent_id: str | None, persona: str | None) -> dict[str, str | None]:

@@ -143,6 +143,73 @@ def test_admitted_requests_read_the_window_once_a_second(stack, tenant, monkeypa
     assert len(reads) == 3  # the first admission and the two refusals
 
 
+def test_a_large_budget_is_spent_from_leases_and_replicas_never_exceed_it(stack, tenant, monkeypatch):
+    """A budget of 200+ is taken from Redis a share at a time (here 3 of 300) and spent in memory: one Redis
+    hit per share, RateLimit-Remaining still counting down one by one, and two replicas together admit the
+    budget exactly, the requests past it refused (a lease kept as long as the test runs: no clock in it)."""
+    from limits.strategies import SlidingWindowCounterRateLimiter
+
+    import api.ratelimit as ratelimit
+
+    monkeypatch.setattr(ratelimit, "_LEASE_SECONDS", 3600.0)
+    item = RateLimitItemPerSecond(300, 30, namespace="engram-test")
+    assert ratelimit.lease_size(item) == 3
+    hits: list[int] = []
+    real = SlidingWindowCounterRateLimiter.hit
+
+    def counted(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        hits.append(kwargs.get("cost", 1))
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(SlidingWindowCounterRateLimiter, "hit", counted)
+    replica_a, replica_b = RedisRateLimiter(), RedisRateLimiter()
+    identifier = f"leased-{tenant.name}"
+    first = [replica_a.hit(item, identifier) for _ in range(30)]
+    assert all(v is not None and v.allowed for v in first)
+    assert len(hits) == 10  # a share of 3 per Redis hit
+    remaining = [v.remaining for v in first if v is not None]
+    assert remaining == list(range(299, 269, -1))
+    rest = [(replica_b if i % 2 else replica_a).hit(item, identifier) for i in range(370)]
+    assert all(v is not None for v in rest)
+    admitted = len(first) + sum(1 for v in rest if v is not None and v.allowed)
+    assert admitted == 300
+    assert not any(v.allowed for v in rest[-20:] if v is not None)
+
+
+def test_concurrent_hits_that_each_took_a_share_lose_none_of_it(stack, tenant, monkeypatch):
+    """Requests awaiting their hits at once each take a share; the shares add up in one lease, so every
+    request Redis counted is admitted by someone (none lost to a lease replacing another)."""
+    import asyncio
+
+    from limits.strategies import SlidingWindowCounterRateLimiter
+
+    import api.ratelimit as ratelimit
+
+    monkeypatch.setattr(ratelimit, "_LEASE_SECONDS", 3600.0)
+    item = RateLimitItemPerSecond(300, 30, namespace="engram-test")
+    limiter = RedisRateLimiter()
+    identifier = f"together-{tenant.name}"
+
+    async def at_once() -> list:
+        return list(await asyncio.gather(*(limiter.ahit(item, identifier) for _ in range(10))))
+
+    together = asyncio.run(at_once())
+    assert all(v is not None and v.allowed for v in together)
+    hits: list[int] = []
+    real = SlidingWindowCounterRateLimiter.hit
+
+    def counted(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        hits.append(kwargs.get("cost", 1))
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(SlidingWindowCounterRateLimiter, "hit", counted)
+    leased = [limiter.hit(item, identifier) for _ in range(20)]  # the 10 shares' 20 left
+    assert all(v is not None and v.allowed for v in leased) and hits == []
+    rest = [limiter.hit(item, identifier) for _ in range(300)]
+    admitted = len(together) + len(leased) + sum(1 for v in rest if v is not None and v.allowed)
+    assert admitted == 300
+
+
 def test_429_is_per_key(client, tenant, member_key, tight_budget):
     other = member_key("other@example.com")  # spends one of the admin key's 3
     statuses = [client.get("/v1/memories", headers=tenant.headers()).status_code for _ in range(4)]
