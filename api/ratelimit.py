@@ -4,8 +4,9 @@ Three budgets: per API key (ENGRAM_RATE_LIMIT_PER_SECOND on average, bursts up t
 per tenant (its requests_per_minute quota, every key together), and per client address for keys that fail
 to authenticate (past it, a failed lookup is answered 429 rather than 401; a valid key is never refused).
 A process spends a large budget from a lease: one Redis hit takes a small share of it at once (see
-``lease_size``), and the requests that follow are admitted from that share in memory, so most requests
-cost no Redis round trip (it was the largest part of a request's CPU outside its work: the send to Redis
+``lease_size``; never more than the key's requests in this process over the last lease period, so a slow
+client hits Redis once a request), and the requests that follow are admitted from that share in memory, so
+most requests cost no Redis round trip (it was the largest part of a request's CPU outside its work: the send to Redis
 alone ~0.12 ms). The leased share is counted in Redis when taken, so every replica together still never
 admits more than the budget; a lease not used up within ``_LEASE_SECONDS`` is dropped, which can refuse
 others at most that share early. Budgets under ``_LEASE_FROM_LIMIT`` requests (a tight key budget, a small
@@ -112,6 +113,8 @@ class RedisRateLimiter:
         self._windows: dict[str, list[float]] = {}
         # identifier key -> [expires (monotonic), requests left, remaining besides them, reset time (epoch)]
         self._leases: dict[str, list[float]] = {}
+        # identifier key -> [period start (monotonic), requests in it, requests in the period before]
+        self._paces: dict[str, list[float]] = {}
 
     def _redis_url(self) -> str | None:
         if time.monotonic() < self._down_until:
@@ -161,7 +164,7 @@ class RedisRateLimiter:
         limiter = self._get()
         if limiter is None:
             return None
-        size = lease_size(item)
+        size = min(lease_size(item), self._pace(key))
         try:
             allowed = limiter.hit(item, identifier, cost=size)
             if not allowed and size > 1:  # near the budget's end: one request is still exact
@@ -185,7 +188,7 @@ class RedisRateLimiter:
         limiter = self._get_async()
         if limiter is None:
             return None
-        size = lease_size(item)
+        size = min(lease_size(item), self._pace(key))
         try:
             allowed = await limiter.hit(item, identifier, cost=size)
             if not allowed and size > 1:  # near the budget's end: one request is still exact
@@ -200,8 +203,35 @@ class RedisRateLimiter:
             return None
         return self._leased(item, key, allowed=allowed, size=size, window=window)
 
+    def _pace(self, key: str) -> int:
+        """How many requests of `key` this process saw in the current or the last lease period (the more): the
+        size of the next share (at least 1). A share is sized to what its caller has been using, so a client that slows down
+        leaves at most one recent period's worth unused, and a slow, steady one hits Redis once a request."""
+        now = time.monotonic()
+        with self._lock:
+            pace = self._paces.get(key)
+            if pace is None or now - pace[0] >= 2 * _LEASE_SECONDS:
+                return 1
+            return max(1, int(max(pace[1], pace[2]) if now - pace[0] < _LEASE_SECONDS else pace[1]))
+
+    def _count(self, key: str) -> None:
+        """One more request of `key` admitted (or asked for) in the current lease period."""
+        now = time.monotonic()
+        with self._lock:
+            pace = self._paces.get(key)
+            if pace is None or now - pace[0] >= 2 * _LEASE_SECONDS:
+                if len(self._paces) >= _STATS_MAX_KEYS:
+                    self._paces.clear()
+                self._paces[key] = [now, 1.0, 0.0]
+            elif now - pace[0] >= _LEASE_SECONDS:
+                pace[:] = [now, 1.0, pace[1]]
+            else:
+                pace[1] += 1
+
     def _from_lease(self, item: RateLimitItem, key: str) -> Verdict | None:
         """An admission from this process's lease of `key`'s budget, or None (no lease, spent or expired)."""
+        if lease_size(item) > 1:
+            self._count(key)
         with self._lock:
             lease = self._leases.get(key)
             if lease is None or lease[1] < 1:

@@ -166,7 +166,9 @@ def test_a_large_budget_is_spent_from_leases_and_replicas_never_exceed_it(stack,
     identifier = f"leased-{tenant.name}"
     first = [replica_a.hit(item, identifier) for _ in range(30)]
     assert all(v is not None and v.allowed for v in first)
-    assert len(hits) == 10  # a share of 3 per Redis hit
+    # Shares grow with the key's pace (1, 2, then 3 per Redis hit): every request counted, at most a share's
+    # rest leased ahead.
+    assert hits[:3] == [1, 2, 3] and len(hits) == 11 and sum(hits) == 30
     remaining = [v.remaining for v in first if v is not None]
     assert remaining == list(range(299, 269, -1))
     rest = [(replica_b if i % 2 else replica_a).hit(item, identifier) for i in range(370)]
@@ -203,11 +205,43 @@ def test_concurrent_hits_that_each_took_a_share_lose_none_of_it(stack, tenant, m
         return real(self, *args, **kwargs)
 
     monkeypatch.setattr(SlidingWindowCounterRateLimiter, "hit", counted)
-    leased = [limiter.hit(item, identifier) for _ in range(20)]  # the 10 shares' 20 left
+    # The shares the 10 took (sized by the pace: 1, 2, then 3 each) less the 10 they admitted.
+    leftover = 1 + 2 + 3 * 8 - 10
+    leased = [limiter.hit(item, identifier) for _ in range(leftover)]
     assert all(v is not None and v.allowed for v in leased) and hits == []
     rest = [limiter.hit(item, identifier) for _ in range(300)]
     admitted = len(together) + len(leased) + sum(1 for v in rest if v is not None and v.allowed)
     assert admitted == 300
+
+
+def test_a_slow_client_of_a_large_budget_hits_redis_once_a_request_and_wastes_none(stack, tenant, monkeypatch):
+    """Requests further apart than a lease lives take no share ahead (each is one request in Redis), so a
+    client well under its budget is never refused early by shares that expired unused."""
+    import time
+
+    from limits.strategies import SlidingWindowCounterRateLimiter
+
+    import api.ratelimit as ratelimit
+
+    monkeypatch.setattr(ratelimit, "_LEASE_SECONDS", 0.05)
+    item = RateLimitItemPerSecond(300, 30, namespace="engram-test")
+    hits: list[int] = []
+    real = SlidingWindowCounterRateLimiter.hit
+
+    def counted(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        hits.append(kwargs.get("cost", 1))
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(SlidingWindowCounterRateLimiter, "hit", counted)
+    limiter = RedisRateLimiter()
+    identifier = f"slow-{tenant.name}"
+    verdicts = []
+    for _ in range(12):
+        verdicts.append(limiter.hit(item, identifier))
+        time.sleep(0.12)  # over two lease periods apart
+    assert all(v is not None and v.allowed for v in verdicts)
+    assert hits == [1] * 12
+    assert [v.remaining for v in verdicts if v is not None] == list(range(299, 287, -1))
 
 
 def test_429_is_per_key(client, tenant, member_key, tight_budget):
