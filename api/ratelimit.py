@@ -205,8 +205,9 @@ class RedisRateLimiter:
 
     def _pace(self, key: str) -> int:
         """How many requests of `key` this process saw in the current or the last lease period (the more): the
-        size of the next share (at least 1). A share is sized to what its caller has been using, so a client that slows down
-        leaves at most one recent period's worth unused, and a slow, steady one hits Redis once a request."""
+        size of the next share (at least 1). A share is sized to what its caller has been using, so a client
+        that slows down leaves at most one recent period's worth unused, and a slow, steady one hits Redis once
+        a request."""
         now = time.monotonic()
         with self._lock:
             pace = self._paces.get(key)
