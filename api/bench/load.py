@@ -267,6 +267,21 @@ def cpu_by_role(root: int | None, api: list[int]) -> Counter[str]:
     return totals
 
 
+def serving_stack(url: str) -> int | None:
+    """The `engram serve` process that runs the API at ``url`` (the parent of its API process), so the run
+    can tell its PostgreSQL, Redis and workers apart; None for an API started some other way."""
+    for pid in api_processes(int(urlsplit(url).port or 0)):
+        fields = _stat(pid)
+        parent = int(fields[1]) if fields else 0
+        try:
+            command = Path(f"/proc/{parent}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"serve" in command and any(part.endswith(b"engram") or part == b"api.cli" for part in command):
+            return parent
+    return None
+
+
 def machine_cpu_seconds() -> float:
     """CPU seconds every core of the machine has spent busy so far (all processes, from /proc/stat)."""
     fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
@@ -336,7 +351,7 @@ def run(*, url: str | None, key: str | None, clients: int, seconds: float, log: 
         url = check_loopback(url)
         if not key:
             raise ValueError("give the tenant API key (--key or ENGRAM_API_KEY) with --url")
-        return _figures(url, key, clients=clients, seconds=seconds, log=log, root=None)
+        return _figures(url, key, clients=clients, seconds=seconds, log=log, root=serving_stack(url))
     with throwaway_serve(log=log) as (started_url, admin_key, serve_pid):
         return _figures(started_url, admin_key, clients=clients, seconds=seconds, log=log, root=serve_pid)
 
