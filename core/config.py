@@ -83,6 +83,8 @@ class Settings(BaseSettings):
     # While saves keep coming, the outbox relay publishes at most one round per this many seconds, so the
     # embed jobs of a stream travel and run together (core.jobs.batches); a lone save is published at once.
     outbox_linger_seconds: float = 0.2
+    # The outbox relay starts a round at most this often, however many commits notify it (core.jobs.relay).
+    outbox_relay_spacing_seconds: float = 0.05
     reconcile_interval_seconds: float = 15.0
     # A failed job attempt is retried after base * 2^(attempt-1) seconds, capped at the max, with jitter
     # (workers.runner.backoff_seconds); after max_attempts it fails. The defaults ride out an outage of

@@ -71,6 +71,7 @@ def start_outbox_relay(**_: object) -> None:
         dsn=dsn,
         publish=CeleryJobQueue(app, background=False).publish,
         linger=settings.outbox_linger_seconds,
+        spacing=settings.outbox_relay_spacing_seconds,
         max_docs=max(1, settings.embed_job_max_docs),
         limits=RelayLimits.from_settings(),
     ).start()

@@ -216,6 +216,79 @@ def api_processes(port: int) -> list[int]:
     return found
 
 
+def _stat(pid: int) -> list[str] | None:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+
+
+def descendants(root: int) -> list[int]:
+    """``root`` and every process below it (from each process's parent in /proc)."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and (fields := _stat(int(entry.name))) is not None:
+            children.setdefault(int(fields[1]), []).append(int(entry.name))
+    found, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        found.append(pid)
+        todo.extend(children.get(pid, ()))
+    return found
+
+
+# What a process of the stack is, by its command line (the first pattern that matches).
+_ROLES = (
+    ("postgresql", re.compile(r"(^|/)postgres\b|postgres:")),
+    ("redis", re.compile(r"valkey|redis-server")),
+    ("workers", re.compile(r"\bworker\b|celery")),
+    ("beat", re.compile(r"\bbeat\b")),
+)
+
+
+def role_of(pid: int, api: set[int]) -> str:
+    if pid in api:
+        return "api"
+    try:
+        command = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return "other"
+    return next((role for role, pattern in _ROLES if pattern.search(command)), "other")
+
+
+def cpu_by_role(root: int | None, api: list[int]) -> Counter[str]:
+    """CPU seconds used so far by the processes of the stack under ``root`` (its PostgreSQL, Redis, workers,
+    beat, API; the supervising process counts as ``other``), and by this process as ``client``."""
+    totals: Counter[str] = Counter()
+    pids = set(api) | (set(descendants(root)) if root is not None else set())
+    for pid in pids:
+        totals[role_of(pid, set(api))] += cpu_seconds([pid])
+    totals["client"] = time.process_time()
+    return totals
+
+
+def serving_stack(url: str) -> int | None:
+    """The `engram serve` process that runs the API at ``url`` (the parent of its API process), so the run
+    can tell its PostgreSQL, Redis and workers apart; None for an API started some other way."""
+    for pid in api_processes(int(urlsplit(url).port or 0)):
+        fields = _stat(pid)
+        parent = int(fields[1]) if fields else 0
+        try:
+            command = Path(f"/proc/{parent}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"serve" in command and any(part.endswith(b"engram") or part == b"api.cli" for part in command):
+            return parent
+    return None
+
+
+def machine_cpu_seconds() -> float:
+    """CPU seconds every core of the machine has spent busy so far (all processes, from /proc/stat)."""
+    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
+    return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
+
+
 def cpu_seconds(pids: list[int]) -> float:
     """User + system CPU the processes have used so far (those still running)."""
     ticks, total = os.sysconf("SC_CLK_TCK"), 0
@@ -228,24 +301,36 @@ def cpu_seconds(pids: list[int]) -> float:
     return total / ticks
 
 
-async def _run(url: str, key: str, *, clients: int, seconds: float) -> tuple[Tally, int, float, int]:
-    """The tally, the lost writes, and the API processes' CPU seconds during the clients' run and their count."""
+@dataclass
+class Usage:
+    """CPU seconds during the clients' run: the API processes', each role's of the stack, the machine's."""
+
+    api: float
+    api_processes: int
+    roles: Counter[str]
+    machine: float
+
+
+async def _run(url: str, key: str, *, clients: int, seconds: float, root: int | None) -> tuple[Tally, int, Usage]:
+    """The tally, the lost writes, and the CPU used during the clients' run."""
     headers = {"Authorization": f"Bearer {key}"}
     pids = api_processes(int(urlsplit(url).port or 0))
     async with httpx.AsyncClient(base_url=url, headers=headers, timeout=UNANSWERED_AFTER) as http:
         seeded = await _seed(http, SEED_MEMORIES)
         tls = ssl.create_default_context()
         tally = Tally()
-        cpu_before = cpu_seconds(pids)
+        cpu_before, roles_before, machine_before = cpu_seconds(pids), cpu_by_role(root, pids), machine_cpu_seconds()
         deadline = time.monotonic() + seconds
         await asyncio.gather(
             _health(url, deadline, tally),
             # (One TLS context for all: making one per client cost the first second ~10 ms of CPU each.)
             *(_client(url, key, n, deadline, tally, seeded, tls) for n in range(clients)),
         )
-        api_cpu = cpu_seconds(pids) - cpu_before
+        roles = cpu_by_role(root, pids)
+        roles.subtract(roles_before)
+        usage = Usage(cpu_seconds(pids) - cpu_before, len(pids), roles, machine_cpu_seconds() - machine_before)
         lost = await _verify(http, list(tally.saved))
-    return tally, lost, api_cpu, len(pids)
+    return tally, lost, usage
 
 
 def _p(values: list[float], q: float) -> float:
@@ -266,16 +351,18 @@ def run(*, url: str | None, key: str | None, clients: int, seconds: float, log: 
         url = check_loopback(url)
         if not key:
             raise ValueError("give the tenant API key (--key or ENGRAM_API_KEY) with --url")
-        return _figures(url, key, clients=clients, seconds=seconds, log=log)
-    with throwaway_serve(log=log) as (started_url, admin_key):
-        return _figures(started_url, admin_key, clients=clients, seconds=seconds, log=log)
+        return _figures(url, key, clients=clients, seconds=seconds, log=log, root=serving_stack(url))
+    with throwaway_serve(log=log) as (started_url, admin_key, serve_pid):
+        return _figures(started_url, admin_key, clients=clients, seconds=seconds, log=log, root=serve_pid)
 
 
-def _figures(url: str, key: str, *, clients: int, seconds: float, log: Callable[[str], None]) -> list[dict]:
+def _figures(
+    url: str, key: str, *, clients: int, seconds: float, log: Callable[[str], None], root: int | None
+) -> list[dict]:
     speed = machine_speed_ms()
     log(f"load: {clients} clients for {seconds:g} s against {url}")
     started = time.monotonic()
-    tally, lost, api_cpu, api_count = asyncio.run(_run(url, key, clients=clients, seconds=seconds))
+    tally, lost, usage = asyncio.run(_run(url, key, clients=clients, seconds=seconds, root=root))
     elapsed = time.monotonic() - started
     params: dict[str, Any] = {"clients": clients, "seconds": seconds}
     out = [
@@ -283,9 +370,16 @@ def _figures(url: str, key: str, *, clients: int, seconds: float, log: Callable[
         figure("load", "requests_per_s", tally.requests / max(seconds, 1e-9), "1/s", **params),
         # CPU of every process holding the API's socket (all N workers), per 1,000 answered requests:
         # the figure that must not grow with ENGRAM_API_WORKERS. 0 processes: none of this user's.
-        figure("load", "api_processes", api_count, "count", **params),
-        figure("load", "api_cpu_s_per_1000", api_cpu * 1000 / max(tally.requests, 1), "s", **params),
+        figure("load", "api_processes", usage.api_processes, "count", **params),
+        figure("load", "api_cpu_s_per_1000", usage.api * 1000 / max(tally.requests, 1), "s", **params),
     ]
+    # Where a request's CPU goes on this machine: each part of the stack (a throwaway serve's; with --url only
+    # the API and this client are known), this load generator, and every core's busy time (others' work too).
+    per_1000 = 1000 / max(tally.requests, 1)
+    for role in ("postgresql", "workers", "redis", "beat", "other", "client"):
+        if role in usage.roles:
+            out.append(figure("load", f"{role}_cpu_s_per_1000", max(usage.roles[role], 0.0) * per_1000, "s", **params))
+    out.append(figure("load", "machine_cpu_s_per_1000", usage.machine * per_1000, "s", **params))
     out += [figure("load", f"status_{code}", n, "count", **params) for code, n in sorted(tally.statuses.items())]
     for op, _ in MIX:
         values = tally.latency[op]
@@ -307,12 +401,15 @@ def _figures(url: str, key: str, *, clients: int, seconds: float, log: Callable[
 
 
 @contextmanager
-def throwaway_serve(*, log: Callable[[str], None]) -> Iterator[tuple[str, str]]:
-    """`engram serve` on a temporary home and a free port; yields (URL, the default tenant's admin key)."""
+def throwaway_serve(*, log: Callable[[str], None]) -> Iterator[tuple[str, str, int]]:
+    """`engram serve` on a temporary home and a free port; yields (URL, the default tenant's admin key, the
+    serve process's id)."""
     base = Path(tempfile.mkdtemp(prefix="engram-load-", dir="/tmp"))
     base.chmod(0o755)
     port = free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ENGRAM_")}
+    # Its own stack, not the services ENGRAM_* may name; the API process's own settings (ENGRAM_API_*: its
+    # processes, in-flight bound, keep-alive) pass through, so a run can compare them.
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ENGRAM_") or k.startswith("ENGRAM_API_")}
     out_path = base / "serve.out"
     with open(out_path, "w") as out:
         process = subprocess.Popen(
@@ -333,7 +430,7 @@ def throwaway_serve(*, log: Callable[[str], None]) -> Iterator[tuple[str, str]]:
             if found is None:
                 raise RuntimeError(f"engram serve did not start:\n{text[-2000:]}")
             log(f"started engram serve on port {port} (home {base / 'home'})")
-            yield f"http://127.0.0.1:{port}", found.group(1)
+            yield f"http://127.0.0.1:{port}", found.group(1), process.pid
         finally:
             if process.poll() is None:
                 process.send_signal(signal.SIGTERM)

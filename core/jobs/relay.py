@@ -211,7 +211,12 @@ def relay_once(
 
 
 class OutboxRelay:
-    """A daemon thread running relay_once whenever a job is committed or finished (and every `interval`)."""
+    """A daemon thread running relay_once whenever a job is committed or finished (and every `interval`).
+
+    Rounds start at most every ``spacing`` seconds: under a stream of saves every commit notifies, and a
+    round per notification (a claim transaction per lane, in each worker process's relay, in turns under the
+    claim lock) cost PostgreSQL and the workers more than the jobs it found; the notifications that arrive
+    in between are answered by the next round, which claims every row they announced."""
 
     def __init__(
         self,
@@ -220,6 +225,7 @@ class OutboxRelay:
         publish: Publish,
         interval: float = 1.0,
         linger: float = 0.0,
+        spacing: float = 0.0,
         max_docs: int = 100,
         limits: RelayLimits | None = None,
     ):
@@ -227,6 +233,7 @@ class OutboxRelay:
         self._publish = publish
         self._interval = interval
         self._linger = linger
+        self._spacing = spacing
         self._max_docs = max_docs
         self._limits = limits
         self._stop = threading.Event()
@@ -244,12 +251,18 @@ class OutboxRelay:
     def _run(self) -> None:
         listener: psycopg.Connection | None = None
         interactive_due = 0.0  # monotonic time before which interactive work is left to gather
+        next_round = 0.0  # monotonic time before which no round starts (notifications meanwhile are one)
         limits = self._limits or RelayLimits.from_settings()
         while not self._stop.is_set():
             try:
                 if listener is None or listener.closed:
                     listener = psycopg.connect(self._dsn, autocommit=True)
                     listener.execute(f"LISTEN {CHANNEL}")
+                if (early := next_round - time.monotonic()) > 0:
+                    self._stop.wait(early)
+                    for _ in listener.notifies(timeout=0):
+                        pass
+                next_round = time.monotonic() + self._spacing
                 lanes: list[Lane] = ["bulk"]
                 if time.monotonic() >= interactive_due:
                     lanes.insert(0, "interactive")
