@@ -256,13 +256,14 @@ def role_of(pid: int, api: set[int]) -> str:
     return next((role for role, pattern in _ROLES if pattern.search(command)), "other")
 
 
-def cpu_by_role(root: int | None, api: list[int]) -> Counter[str]:
+def cpu_by_role(root: int | None, api: list[int]) -> dict[str, float]:
     """CPU seconds used so far by the processes of the stack under ``root`` (its PostgreSQL, Redis, workers,
     beat, API; the supervising process counts as ``other``), and by this process as ``client``."""
-    totals: Counter[str] = Counter()
+    totals: dict[str, float] = {}
     pids = set(api) | (set(descendants(root)) if root is not None else set())
     for pid in pids:
-        totals[role_of(pid, set(api))] += cpu_seconds([pid])
+        role = role_of(pid, set(api))
+        totals[role] = totals.get(role, 0.0) + cpu_seconds([pid])
     totals["client"] = time.process_time()
     return totals
 
@@ -307,7 +308,7 @@ class Usage:
 
     api: float
     api_processes: int
-    roles: Counter[str]
+    roles: dict[str, float]
     machine: float
 
 
@@ -326,8 +327,7 @@ async def _run(url: str, key: str, *, clients: int, seconds: float, root: int | 
             # (One TLS context for all: making one per client cost the first second ~10 ms of CPU each.)
             *(_client(url, key, n, deadline, tally, seeded, tls) for n in range(clients)),
         )
-        roles = cpu_by_role(root, pids)
-        roles.subtract(roles_before)
+        roles = {role: spent - roles_before.get(role, 0.0) for role, spent in cpu_by_role(root, pids).items()}
         usage = Usage(cpu_seconds(pids) - cpu_before, len(pids), roles, machine_cpu_seconds() - machine_before)
         lost = await _verify(http, list(tally.saved))
     return tally, lost, usage
