@@ -22,6 +22,7 @@ from sqlalchemy.orm import Session
 from core.changes import bump_change_seq, lock_tenant_writes
 from core.errors import EngramError, Forbidden, Invalid, NotFound
 from core.jobs.service import enqueue, new_outbox_job_id
+from core.memories import trail
 from core.memories.history import VERSION_FIELDS, history_of, record_versions
 from core.memories.ids import integer_value, validate_memory_id
 from core.memories.links import LinkResolver, Links
@@ -99,9 +100,13 @@ def _hold_to_quota(planned: list[_Planned], *, limit: int, count: int) -> None:
 
 
 def save_memories(
-    session: Session, *, caller: Caller, items: Sequence[SaveMemoryIn | EngramError]
+    session: Session, *, caller: Caller, items: Sequence[SaveMemoryIn | EngramError], action: str | None = None
 ) -> list[SaveResult | EngramError]:
-    """Save many memories in the caller's transaction; invalid items come back as errors, in order."""
+    """Save many memories in the caller's transaction; invalid items come back as errors, in order.
+
+    With ``action`` (``memory.save``), the saved items' audit entries (that action) and webhook events
+    (core.memories.trail) are written by the save's own statement; without, the caller records its own.
+    """
     resolver = LinkResolver(session, tenant_id=caller.tenant_id)
     batch_ids = {item.id for item in items if isinstance(item, SaveMemoryIn) and item.id is not None}
     resolver.also_existing(batch_ids)
@@ -110,40 +115,63 @@ def save_memories(
         if isinstance(item, EngramError):
             continue
         p = _Planned(index=index, item=item, links=Links())
-        try:
-            p.links = resolver.resolve(item.linked_entities, query=item.query)
-        except EngramError as exc:
-            p.error = exc
+        if item.linked_entities is not None or item.query is not None:
+            try:
+                p.links = resolver.resolve(item.linked_entities, query=item.query)
+            except EngramError as exc:
+                p.error = exc
         planned.append(p)
-    # The tenant's row first (its quota and count, and the ids every save reserves there), then its memories.
-    limit, count = memory_quota(session, tenant_id=caller.tenant_id)
-    _precheck(session, caller, planned, batch_ids)
-    if limit is not None:
-        _hold_to_quota(planned, limit=limit, count=count)
     valid = [p for p in planned if p.error is None]
+    # New memories only (no id to check the ownership of, no association target to find): one statement
+    # takes the tenant's row, checks its state and quota under it and writes everything, or writes nothing
+    # when the quota would be passed (then the items are held to it one by one below).
+    written = bool(valid) and _write_new(session, caller, valid, action=action)
+    if not written:
+        # The tenant's row first (its quota and count, and the ids every save reserves there), then its memories.
+        limit, count = memory_quota(session, tenant_id=caller.tenant_id)
+        _precheck(session, caller, planned, batch_ids)
+        if limit is not None:
+            _hold_to_quota(planned, limit=limit, count=count)
+        valid = [p for p in planned if p.error is None]
+        if valid and not _write(session, caller, valid, action=action, quota_checked=True):
+            raise AssertionError("the tenant's row was locked above")
     # Which saves were upserts of existing memories (core.memories.trail tells memory.updated from .created).
     session.info["memories_upserted"] = {p.item.id for p in valid if p.existing is not None}
-    if valid:
-        _write(session, caller, valid)
     results: list[SaveResult | EngramError] = list(items)  # type: ignore[arg-type]
     for p in planned:
         if p.error is not None:
             results[p.index] = p.error
         else:
             assert p.memory_id is not None
-            results[p.index] = SaveResult(memory_id=p.memory_id, entities=p.links.entities, warnings=p.links.warnings)
+            # Built from values checked here: no validation to repeat.
+            results[p.index] = SaveResult.model_construct(
+                memory_id=p.memory_id, entities=p.links.entities, warnings=p.links.warnings, similar_existing=[]
+            )
     return results
 
 
-def _write(session: Session, caller: Caller, valid: list[_Planned]) -> None:
-    """Write the valid items, advance the tenant's sequences and queue their embed job in ONE statement.
+def _write_new(session: Session, caller: Caller, valid: list[_Planned], *, action: str | None) -> bool:
+    """The write of items that only add memories, with the tenant's state and quota checked in the same
+    statement; False (nothing written) when an item names an id or associations, or the quota needs a look."""
+    if any(p.item.id is not None or p.item.associations for p in valid):
+        return False
+    return _write(session, caller, valid, action=action, quota_checked=False)
+
+
+def _write(session: Session, caller: Caller, valid: list[_Planned], *, action: str | None, quota_checked: bool) -> bool:
+    """Write the valid items, advance the tenant's sequences and queue their embed job in ONE statement
+    (with ``action``, their audit entries and events too).
 
     The ids of items without one are reserved from the tenant's ``memory_seq`` inside the statement, so a
     save costs a single round trip (and one firing of the statistics triggers, whatever the batch size).
+    Unless ``quota_checked`` (the caller holds the tenant's row and held the items to its quota), the
+    statement takes the row itself and writes only if the tenant is not being offboarded and every item fits
+    its max_memories (each adds one: no item names an id); False when it wrote nothing.
     """
     supplied_ints = [integer_value(p.item.id) for p in valid if p.item.id is not None]
     supplied_max = max([v for v in supplied_ints if v is not None], default=0)
     rows: dict[str, dict[str, Any]] = {}
+    trail_rows: list[list[Any]] = []
     n_auto = 0
     for p in valid:
         if p.item.id is None:
@@ -153,26 +181,38 @@ def _write(session: Session, caller: Caller, valid: list[_Planned]) -> None:
             key = p.item.id
         rows.pop(key, None)  # later duplicates of an id in one batch win, as consecutive upserts would
         rows[key] = _row_values(caller, p, auto=n_auto if p.item.id is None else None)
+        if action is not None:
+            trail_rows.append([p.item.id, p.auto_ordinal or None, p.existing is not None, p.item.kind, p.item.category])
     ordered = list(rows.values())
     for ordinal, row in enumerate(ordered):
         row["ord"] = ordinal
     job_id = new_outbox_job_id(session)
-    memory_seq, change_seq = session.connection().execute(
-        _SAVE_STATEMENT,
-        {
-            "tenant_id": caller.tenant_id,
-            "supplied_max": supplied_max,
-            "n_auto": n_auto,
-            "rows": json.dumps(ordered, separators=(",", ":")),
-            "base_time": datetime.now(UTC),
-            "job_id": job_id,
-            "job_context": json.dumps({"context": context} if (context := job_context()) else {}),
-        },
-    ).one()
+    params: dict[str, Any] = {
+        "tenant_id": caller.tenant_id,
+        "supplied_max": supplied_max,
+        "n_auto": n_auto,
+        "rows": json.dumps(ordered, separators=(",", ":")),
+        "base_time": datetime.now(UTC),
+        "job_id": job_id,
+        "job_context": json.dumps({"context": context} if (context := job_context()) else {}),
+        "quota_checked": quota_checked,
+    }
+    statement = _SAVE_STATEMENT
+    if action is not None:
+        statement = _SAVE_WITH_TRAIL
+        params.update(trail.saved_params(caller, action=action), trail=json.dumps(trail_rows, separators=(",", ":")))
+    answer = session.connection().execute(statement, params).one_or_none()
+    if answer is None:
+        session.info["outbox"].remove(job_id)  # no job was written
+        return False
+    memory_seq = answer[0]
+    if action is not None and answer[2]:
+        session.info.setdefault("outbox", []).extend(answer[2])  # the webhook jobs the events queued
     first_auto = int(memory_seq) - n_auto + 1
     for p in valid:
         p.memory_id = p.item.id if p.item.id is not None else str(first_auto + p.auto_ordinal - 1)
     _replace_associations(session, caller=caller, valid=valid)
+    return True
 
 
 _WRITTEN = (
@@ -184,12 +224,21 @@ _WRITTEN = (
 # One statement: reserve ids and a change_seq under the tenant's row lock, upsert the rows (an upsert keeps
 # created_at, created_by and access counters), keep each as a revision, and add the embed job to the outbox.
 # The rows travel as one JSON document; ``auto`` is the 1-based rank of an item that gets a reserved id.
-_SAVE_STATEMENT = text(
-    f"""
-    WITH seq AS (
+# Unless :quota_checked, the tenant's row is taken here only if the tenant is not being offboarded and
+# :n_auto more memories fit its max_memories (a quota is a JSON number; none, or null, is unlimited);
+# otherwise nothing at all is written and no row comes back.
+_SAVE_CTES = f"""
+    seq AS (
         UPDATE tenants
         SET memory_seq = greatest(memory_seq, CAST(:supplied_max AS numeric)) + :n_auto, change_seq = change_seq + 1
-        WHERE id = :tenant_id
+        WHERE id = :tenant_id AND (
+            CAST(:quota_checked AS boolean) OR (
+                state <> 'deleting' AND (
+                    jsonb_typeof(quotas -> 'max_memories') IS DISTINCT FROM 'number'
+                    OR memory_count + :n_auto <= CAST(quotas ->> 'max_memories' AS numeric)
+                )
+            )
+        )
         RETURNING memory_seq, change_seq
     ), items AS (
         SELECT coalesce(r.id, (seq.memory_seq - :n_auto + r.auto)::text) AS memory_id, r.*,
@@ -228,9 +277,21 @@ _SAVE_STATEMENT = text(
                    || CAST(:job_context AS jsonb),
                0, now(), now()
         FROM items
+        HAVING count(*) > 0
         RETURNING 1
-    )
-    SELECT memory_seq, change_seq FROM seq
+    )"""
+_SAVE_STATEMENT = text(f"WITH {_SAVE_CTES} SELECT memory_seq, change_seq FROM seq")
+# With the saved items' audit entries and events (core.memories.trail): :trail holds one
+# [id, auto, updated, kind, category] per saved item in input order (an id repeated in a batch is saved
+# once, as its last item, and has an entry and event per item).
+_SAVE_WITH_TRAIL = text(
+    f"""
+    WITH {_SAVE_CTES}, trail AS (
+        SELECT t.n, coalesce(t.a ->> 0, (seq.memory_seq - :n_auto + CAST(t.a ->> 1 AS int))::text) AS memory_id,
+               CAST(t.a ->> 2 AS boolean) AS updated, t.a ->> 3 AS kind, t.a ->> 4 AS category
+        FROM json_array_elements(CAST(:trail AS json)) WITH ORDINALITY AS t(a, n) CROSS JOIN seq
+    ), {trail.SAVED_CTES}
+    SELECT memory_seq, change_seq, (SELECT array_agg(id) FROM webhook_jobs) FROM seq
     """
 )
 
@@ -289,8 +350,8 @@ def _replace_associations(session: Session, *, caller: Caller, valid: list[_Plan
         )
 
 
-def save_memory(session: Session, *, caller: Caller, item: SaveMemoryIn) -> SaveResult:
-    result = save_memories(session, caller=caller, items=[item])[0]
+def save_memory(session: Session, *, caller: Caller, item: SaveMemoryIn, action: str | None = None) -> SaveResult:
+    result = save_memories(session, caller=caller, items=[item], action=action)[0]
     if isinstance(result, EngramError):
         raise result
     return result
