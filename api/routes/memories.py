@@ -134,7 +134,9 @@ def save_batch(
     usage_buffer.add(caller.tenant_id, saves=sum(1 for r in results if not isinstance(r, EngramError)))
     quota_exceeded(caller.tenant_id, [r for r in results if isinstance(r, EngramError)])
     out = [
-        r.model_dump(exclude={"similar_existing"}) if not isinstance(r, EngramError) else _error_item(r)
+        {"memory_id": r.memory_id, "entities": r.entities, "warnings": r.warnings}  # no similar_existing in a batch
+        if not isinstance(r, EngramError)
+        else _error_item(r)
         for r in results
     ]
     return json_answer({"results": out})
