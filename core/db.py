@@ -324,36 +324,14 @@ def _tenant_mode(tenant_id: int) -> str:
 _LEAVE_SYSTEM_MODE = "set_config('role', 'none', true), set_config('engram.system', '', true)"
 
 
-# A session whose transactions reuse cached plans (reuse_plans); set with the tenant, at no round trip.
-_REUSE_PLANS = "reuse_plans"
-_REUSE_PLANS_SETTING = "set_config('plan_cache_mode', 'auto', true)"
-
-
 @event.listens_for(Session, "after_begin")
 def _set_transaction_tenant(session: Session, _transaction: Any, connection: Connection) -> None:
     """Name the transaction's tenant (or system mode) to PostgreSQL before any statement of it runs."""
     tenant_id = session.info.get("tenant_id")
-    plans = f", {_REUSE_PLANS_SETTING}" if session.info.get(_REUSE_PLANS) else ""
     if tenant_id is not None:
-        _set_mode(connection, _tenant_mode(tenant_id) + plans)
+        _set_mode(connection, _tenant_mode(tenant_id))
     elif session.info.get("all_tenants"):
-        _set_mode(connection, _SYSTEM_MODE + plans)
-
-
-def reuse_plans(session: Session) -> None:
-    """From here to the end of the session's transactions, let PostgreSQL reuse the plans it caches for a
-    connection (``plan_cache_mode = auto``) instead of planning every statement afresh (the process-wide
-    choice, see :func:`_plan_each_statement`): for a write whose statements have one good plan whatever the
-    tenant's size (a save: inserts, and lookups by primary key).
-
-    The foreign-key checks a write fires are statements too, one per row, run through the same plan cache:
-    planned afresh, a 1,000-item batch planned 3,000 of them (more than half of its time in PostgreSQL);
-    reused, each is a lookup. No round trip when the transaction has not begun (the setting goes with its
-    BEGIN); the setting ends with the transaction.
-    """
-    session.info[_REUSE_PLANS] = True
-    if session.in_transaction():
-        session.connection().exec_driver_sql(f"SELECT {_REUSE_PLANS_SETTING}")
+        _set_mode(connection, _SYSTEM_MODE)
 
 
 def _set_mode(connection: Connection, statement: str) -> None:

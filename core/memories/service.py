@@ -21,7 +21,6 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.orm import Session
 
 from core.changes import bump_change_seq, lock_tenant_writes
-from core.db import reuse_plans
 from core.errors import EngramError, Forbidden, Invalid, NotFound
 from core.jobs.service import enqueue, new_outbox_job_id
 from core.memories import trail
@@ -124,8 +123,6 @@ def save_memories(
                 p.error = exc
         planned.append(p)
     valid = [p for p in planned if p.error is None]
-    # The write's statements, and the foreign-key checks of its rows, have one good plan for every tenant.
-    reuse_plans(session)
     # New memories only (no id to check the ownership of, no association target to find): one statement
     # takes the tenant's row, checks its state and quota under it and writes everything, or writes nothing
     # when the quota would be passed (then the items are held to it one by one below).
