@@ -16,7 +16,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import orjson
-from sqlalchemy import ColumnElement, delete, func, literal, select, text, update
+from sqlalchemy import ColumnElement, TextClause, delete, func, literal, select, text, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.orm import Session
 
@@ -179,7 +179,7 @@ def _write(session: Session, caller: Caller, valid: list[_Planned], *, action: s
             key = p.item.id
         rows.pop(key, None)  # later duplicates of an id in one batch win, as consecutive upserts would
         rows[key] = _row_values(caller, p, auto=n_auto if p.item.id is None else None)
-        if action is not None:
+        if action is not None and quota_checked:
             trail_rows.append([p.item.id, p.auto_ordinal or None, p.existing is not None, p.item.kind, p.item.category])
     ordered = list(rows.values())
     for ordinal, row in enumerate(ordered):
@@ -193,18 +193,25 @@ def _write(session: Session, caller: Caller, valid: list[_Planned], *, action: s
         "base_time": datetime.now(UTC),
         "job_id": job_id,
         "job_context": json.dumps({"context": context} if (context := job_context()) else {}),
-        "quota_checked": quota_checked,
     }
-    statement = _SAVE_STATEMENT
+    new_only = not quota_checked  # the statement checks the quota itself only for new memories
+    events = not new_only or action is None or caller.tenant_id in _LISTENED_TO
     if action is not None:
-        statement = _SAVE_WITH_TRAIL
-        params.update(trail.saved_params(caller, action=action), trail=_json(trail_rows))
-    answer = session.connection().execute(statement, params).one_or_none()
-    if answer is None:
+        params.update(trail.saved_params(caller, action=action, count=len(valid)))
+        if not new_only:
+            params["trail"] = _json(trail_rows)
+    answer = session.connection().execute(_SAVE_STATEMENTS[(new_only, action is not None, events)], params).first()
+    if answer is not None and answer[0] is None and answer[3]:
+        # A webhook listens after all: nothing was written; again, with the events.
+        _LISTENED_TO.add(caller.tenant_id)
+        answer = session.connection().execute(_SAVE_STATEMENTS[(new_only, True, True)], params).first()
+    if answer is None or answer[0] is None:
         session.info["outbox"].remove(job_id)  # no job was written
         return False
+    if answer[3] is False:  # nobody listens (any more): the next saves leave the events out
+        _LISTENED_TO.discard(caller.tenant_id)
     memory_seq = answer[0]
-    if action is not None and answer[2]:
+    if answer[2]:
         session.info.setdefault("outbox", []).extend(answer[2])  # the webhook jobs the events queued
     first_auto = int(memory_seq) - n_auto + 1
     for p in valid:
@@ -231,32 +238,32 @@ _WRITTEN = (
 # One statement: reserve ids and a change_seq under the tenant's row lock, upsert the rows (an upsert keeps
 # created_at, created_by and access counters), keep each as a revision, and add the embed job to the outbox.
 # The rows travel as one JSON document; ``auto`` is the 1-based rank of an item that gets a reserved id.
-# Unless :quota_checked, the tenant's row is taken here only if the tenant is not being offboarded and
-# :n_auto more memories fit its max_memories (a quota is a JSON number; none, or null, is unlimited);
-# otherwise nothing at all is written and no row comes back.
-_SAVE_CTES = f"""
+# For new memories only, the tenant's row is taken here only if the tenant is not being offboarded and
+# :n_auto more memories fit its max_memories (a quota is a JSON number; none, or null, is unlimited), with
+# :data:`_HELD`; otherwise nothing at all is written and no row comes back.
+_SEQ_AND_ITEMS = """
     seq AS (
         UPDATE tenants
         SET memory_seq = greatest(memory_seq, CAST(:supplied_max AS numeric)) + :n_auto, change_seq = change_seq + 1
-        WHERE id = :tenant_id AND (
-            CAST(:quota_checked AS boolean) OR (
-                state <> 'deleting' AND (
-                    jsonb_typeof(quotas -> 'max_memories') IS DISTINCT FROM 'number'
-                    OR memory_count + :n_auto <= CAST(quotas ->> 'max_memories' AS numeric)
-                )
-            )
-        )
+        WHERE id = :tenant_id{held}
         RETURNING memory_seq, change_seq
     ), items AS (
         SELECT coalesce(r.id, (seq.memory_seq - :n_auto + r.auto)::text) AS memory_id, r.*,
                CAST(:base_time AS timestamptz) + r.ord * interval '1 microsecond' AS created_at,
                seq.change_seq
-        FROM jsonb_to_recordset(CAST(:rows AS jsonb)) AS r(
+        FROM json_to_recordset(CAST(:rows AS json)) AS r(
             ord int, id text, auto int, content text, kind text, category text, importance float8,
             occurred_at timestamptz, tags text[], source text, run_id text, persona text, agent_id text,
             entities text[], query jsonb, query_entities text[], created_by text
         ) CROSS JOIN seq
-    ), saved AS (
+    )"""
+_HELD = """ AND state <> 'deleting' AND (
+            jsonb_typeof(quotas -> 'max_memories') IS DISTINCT FROM 'number'
+            OR memory_count + :n_auto <= CAST(quotas ->> 'max_memories' AS numeric)
+        )"""
+_UPSERT = f"ON CONFLICT (tenant_id, id) DO UPDATE SET {', '.join(f'{c} = excluded.{c}' for c in _WRITTEN)}"
+_ROWS = f"""
+    saved AS (
         INSERT INTO memories (
             tenant_id, id, content, kind, category, importance, occurred_at, tags, source, run_id, persona,
             agent_id, entities, query, query_entities, status, created_by, created_at, updated_at, access_count,
@@ -266,15 +273,15 @@ _SAVE_CTES = f"""
                source, run_id, persona, agent_id, entities, query, query_entities, 'active', created_by, created_at,
                created_at, 0, change_seq
         FROM items ORDER BY ord
-        ON CONFLICT (tenant_id, id) DO UPDATE SET {", ".join(f"{c} = excluded.{c}" for c in _WRITTEN)}
+        {{upsert}}
         RETURNING 1
     ), version AS (
         INSERT INTO memory_versions (
             tenant_id, memory_id, change_seq, content, kind, category, tags, importance, entities,
             changed_by, changed_at
         )
-        SELECT :tenant_id, memory_id, change_seq, content, kind, category, coalesce(tags, '{{}}'), importance,
-               coalesce(entities, '{{}}'), created_by, created_at
+        SELECT :tenant_id, memory_id, change_seq, content, kind, category, coalesce(tags, '{{{{}}}}'), importance,
+               coalesce(entities, '{{{{}}}}'), created_by, created_at
         FROM items
         RETURNING 1
     ), job AS (
@@ -287,20 +294,55 @@ _SAVE_CTES = f"""
         HAVING count(*) > 0
         RETURNING 1
     )"""
-_SAVE_STATEMENT = text(f"WITH {_SAVE_CTES} SELECT memory_seq, change_seq FROM seq")
-# With the saved items' audit entries and events (core.memories.trail): :trail holds one
+# The saved items' audit entries and events (core.memories.trail) come from the CTE `trail`: for new memories
+# only, the items themselves (each is one item, in input order); otherwise :trail holds one
 # [id, auto, updated, kind, category] per saved item in input order (an id repeated in a batch is saved
 # once, as its last item, and has an entry and event per item).
-_SAVE_WITH_TRAIL = text(
-    f"""
-    WITH {_SAVE_CTES}, trail AS (
+_TRAIL_OF_NEW = "trail AS (SELECT auto AS n, memory_id, false AS updated, kind, category FROM items)"
+_TRAIL = """trail AS (
         SELECT t.n, coalesce(t.a ->> 0, (seq.memory_seq - :n_auto + CAST(t.a ->> 1 AS int))::text) AS memory_id,
                CAST(t.a ->> 2 AS boolean) AS updated, t.a ->> 3 AS kind, t.a ->> 4 AS category
         FROM json_array_elements(CAST(:trail AS json)) WITH ORDINALITY AS t(a, n) CROSS JOIN seq
-    ), {trail.SAVED_CTES}
-    SELECT memory_seq, change_seq, (SELECT array_agg(id) FROM webhook_jobs) FROM seq
-    """
-)
+    )"""
+
+
+def _save_statement(*, new_only: bool, with_trail: bool, with_events: bool = True) -> TextClause:
+    """The save's statement: for new memories only (auto ids, never taken: memory_seq stays past every
+    integer id a tenant names) a plain insert, which plans and runs cheaper than an upsert (no conflict
+    arbiter, no statement of the update triggers); with the trail, the entries and events too, or (new
+    memories only) the entries alone, writing nothing if a webhook turns out to listen. The answer: the
+    tenant's sequences (none: nothing written), the webhook jobs queued, whether a webhook listens."""
+    held = _HELD if new_only else ""
+    ctes = [_ROWS.format(upsert="" if new_only else _UPSERT)]
+    answer = "SELECT memory_seq, change_seq, NULL, NULL FROM seq"
+    if with_trail:
+        ctes += [_TRAIL_OF_NEW if new_only else _TRAIL, trail.SAVED_ENTRIES]
+        if with_events:
+            ctes.append(trail.SAVED_EVENTS)
+            listens = trail.NEW_ONLY_SUBSCRIBED if new_only else "NULL"
+            answer = f"SELECT memory_seq, change_seq, (SELECT array_agg(id) FROM webhook_jobs), {listens} FROM seq"
+        else:
+            assert new_only
+            ctes.insert(0, f"listening AS (SELECT {trail.NEW_ONLY_SUBSCRIBED} AS yes)")
+            held += " AND NOT (SELECT yes FROM listening)"
+            answer = "SELECT s.memory_seq, s.change_seq, NULL, l.yes FROM listening AS l LEFT JOIN seq AS s ON true"
+    ctes.insert(1 if ctes[0].startswith("listening") else 0, _SEQ_AND_ITEMS.format(held=held))
+    return text(f"WITH {', '.join(ctes)} {answer}")
+
+
+_SAVE_STATEMENTS = {
+    (new_only, with_trail, with_events): _save_statement(
+        new_only=new_only, with_trail=with_trail, with_events=with_events
+    )
+    for new_only in (False, True)
+    for with_trail in (False, True)
+    for with_events in (False, True)
+    if with_events or (new_only and with_trail)
+}
+# Tenants this process last saw with an enabled webhook listening to memory.created: their saves of new
+# memories write the events at once; the others' leave them out, and write nothing (then again, with them)
+# if one listens after all, which the statement tells.
+_LISTENED_TO: set[int] = set()
 
 
 def _row_values(caller: Caller, p: _Planned, *, auto: int | None) -> dict[str, Any]:

@@ -96,6 +96,18 @@ def events_ctes(source: str) -> str:
     return f"ev AS ({source}), {_DELIVERIES}, webhook_jobs AS ({_EMIT_JOBS})"
 
 
+def subscribed(event_type: str) -> str:
+    """An SQL condition: the tenant (`:tenant`) has an enabled webhook subscribed to ``event_type`` (one of
+    EVENT_TYPES), read in the statement's snapshot as :func:`events_ctes` reads them. A statement that writes
+    events only when this holds may leave the events out (they would reach no one)."""
+    if event_type not in EVENT_TYPES:
+        raise ValueError(f"unknown webhook event type {event_type!r}")
+    return (
+        "EXISTS (SELECT 1 FROM webhooks AS w WHERE w.tenant_id = :tenant AND w.state = 'enabled'"
+        f" AND '{event_type}' = ANY(w.events))"
+    )
+
+
 def event_params() -> dict[str, Any]:
     """The parameters of :func:`events_ctes` besides `:tenant`: the trace context the jobs carry."""
     context = job_context()

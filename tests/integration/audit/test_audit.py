@@ -102,6 +102,37 @@ def test_a_batch_leaves_an_entry_and_an_event_per_saved_item_in_its_own_statemen
     assert client.get("/v1/memories/twice", headers=headers).json()["content"] == "d"  # the later item won
 
 
+def test_saves_of_new_memories_write_an_event_exactly_while_a_webhook_listens(client, tenant):
+    """A save of new memories leaves the events out while no webhook listens (the process remembers which
+    tenants it saw with one): a webhook registered, disabled or enabled between saves still gets every event
+    of the saves made while it listens, and none of the others."""
+    headers = tenant.headers()
+
+    def save(content: str) -> None:
+        assert client.post("/v1/memories", json={"content": content}, headers=headers).status_code == 201
+
+    def delivered() -> list[str]:
+        with tenant_session(tenant.tenant_id) as session:
+            rows = session.execute(text("SELECT data FROM webhook_deliveries")).scalars().all()
+        return sorted(row["memory_id"] for row in rows)
+
+    save("before any webhook")
+    hook = {"url": "http://127.0.0.1:9/hook", "events": ["memory.created"]}
+    created = client.post("/v1/webhooks", json=hook, headers=headers)
+    assert created.status_code == 201
+    save("heard")
+    batch = client.post("/v1/memories:batch", json={"items": [{"content": "heard too"}]}, headers=headers)
+    assert batch.status_code == 200
+    path = f"/v1/webhooks/{created.json()['id']}"
+    assert client.patch(path, json={"enabled": False}, headers=headers).status_code == 200
+    save("while disabled")
+    save("still disabled")
+    assert client.patch(path, json={"enabled": True}, headers=headers).status_code == 200
+    save("heard again")
+    assert delivered() == ["2", "3", "6"]
+    assert len(_entries(client, tenant, action="memory.save")) == 6  # every save has its entry either way
+
+
 def test_filters_and_cursor_walk_the_log(client, tenant, member_key, tmp_path):
     member = member_key("bo@example.com")
     for i in range(5):
