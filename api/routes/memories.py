@@ -88,9 +88,7 @@ def save_memory(
     caller = acting_identity(caller, body, request)
 
     def save(session: Session) -> SaveResult:
-        saved = service.save_memory(session, caller=caller, item=item)
-        trail.memories_saved(session, caller=caller, items=[item], results=[saved])
-        return saved
+        return service.save_memory(session, caller=caller, item=item, action="memory.save")
 
     result = tenant_write(caller.tenant_id, save)
     usage_buffer.add(caller.tenant_id, saves=1)
@@ -130,15 +128,15 @@ def save_batch(
             items.append(exc)
 
     def save_all(session: Session) -> list[SaveResult | EngramError]:
-        saved = service.save_memories(session, caller=caller, items=items)
-        trail.memories_saved(session, caller=caller, items=items, results=saved)
-        return saved
+        return service.save_memories(session, caller=caller, items=items, action="memory.save")
 
     results = tenant_write(caller.tenant_id, save_all)
     usage_buffer.add(caller.tenant_id, saves=sum(1 for r in results if not isinstance(r, EngramError)))
     quota_exceeded(caller.tenant_id, [r for r in results if isinstance(r, EngramError)])
     out = [
-        r.model_dump(exclude={"similar_existing"}) if not isinstance(r, EngramError) else _error_item(r)
+        {"memory_id": r.memory_id, "entities": r.entities, "warnings": r.warnings}  # no similar_existing in a batch
+        if not isinstance(r, EngramError)
+        else _error_item(r)
         for r in results
     ]
     return json_answer({"results": out})

@@ -66,6 +66,35 @@ INSERT_CTES = f"{_COUNTER}, audit_made AS ({_ENTRIES})"
 _INSERT = text(INSERT_SQL)
 
 
+def entries_ctes(source: str, *, target: str, guard: str) -> str:
+    """CTEs recording one entry (`:action`) per row of ``source`` inside another statement of the same write,
+    when the targets are only known there (a save's ids, reserved by the statement itself). ``source`` is a
+    CTE of that statement with a column ``n`` (1 .. `:count`, the entries' order); ``target`` an expression
+    over it (as ``e``); ``guard`` a CTE with a row when the statement writes (none: no entry, and the counter
+    is left alone). Parameters: :func:`actor_params`, `:action` and `:count`."""
+    return (
+        "audit_counter AS (INSERT INTO audit_counters (tenant_id, n)"
+        f" SELECT :tenant, :count FROM {guard} WHERE :count > 0"
+        " ON CONFLICT (tenant_id) DO UPDATE SET n = audit_counters.n + EXCLUDED.n RETURNING n),"
+        " audit_made AS (INSERT INTO audit_entries"
+        " (tenant_id, id, action, target, actor_user, actor_key_id, actor_agent_id, request_id)"
+        f" SELECT :tenant, c.n - :count + e.n, CAST(:action AS text), left({target}, {_TARGET_CHARS}),"
+        f" :user, :key, :agent, :request FROM audit_counter c, {source} e)"
+    )
+
+
+def actor_params(caller_or_actor: Caller | Actor, *, request_id: str | None = None) -> dict[str, Any]:
+    """Who acted, as parameters of :func:`entries_ctes` (`:tenant`, `:user`, `:key`, `:agent`, `:request`)."""
+    actor = _actor(caller_or_actor)
+    return {
+        "tenant": actor.tenant_id,
+        "user": actor.user,
+        "key": actor.key_id,
+        "agent": actor.agent_id,
+        "request": request_id or current_request_id(),
+    }
+
+
 def record(
     session: Session, *, caller_or_actor: Caller | Actor, action: str, target: str | None, request_id: str | None = None
 ) -> None:
@@ -90,15 +119,10 @@ def insert_params(
     *, caller_or_actor: Caller | Actor, entries: Sequence[tuple[str, str | None]], request_id: str | None = None
 ) -> dict[str, Any]:
     """The parameters of :data:`INSERT_SQL` for these entries (also run inside a write's event statement)."""
-    actor = _actor(caller_or_actor)
     return {
-        "tenant": actor.tenant_id,
+        **actor_params(caller_or_actor, request_id=request_id),
         "count": len(entries),
         "entries": json.dumps([[action, target[:_TARGET_CHARS] if target else None] for action, target in entries]),
-        "user": actor.user,
-        "key": actor.key_id,
-        "agent": actor.agent_id,
-        "request": request_id or current_request_id(),
     }
 
 

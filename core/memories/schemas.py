@@ -273,6 +273,10 @@ def _unstorable(text: str) -> bool:
     return "\x00" in text
 
 
+def _at(path: str, key: Any) -> str:
+    return f"{path}.{key}" if path else str(key)
+
+
 def _check_body(value: Any, path: str = "", depth: int = 0) -> None:
     """Reject what a body may carry but the database or JSON cannot hold: NUL and unpaired surrogates in
     text (values and keys), non-finite numbers, non-JSON values (YAML dates, bytes, sets) and nesting past
@@ -288,12 +292,19 @@ def _check_body(value: Any, path: str = "", depth: int = 0) -> None:
     elif isinstance(value, dict | list):
         if depth >= MAX_BODY_DEPTH:
             raise Invalid(f"the body nests deeper than {MAX_BODY_DEPTH} levels", field=path or None)
+        is_dict = isinstance(value, dict)
         items = value.items() if isinstance(value, dict) else enumerate(value)
         for key, item in items:
-            inner = f"{path}.{key}" if path else str(key)
-            if isinstance(value, dict) and (not isinstance(key, str) or _unstorable(key)):
-                raise Invalid("object keys must be text without NUL characters or unpaired surrogates", field=inner)
-            _check_body(item, inner, depth + 1)
+            if is_dict and (not isinstance(key, str) or _unstorable(key)):
+                raise Invalid(
+                    "object keys must be text without NUL characters or unpaired surrogates", field=_at(path, key)
+                )
+            # Text, the most of any body, is checked here; the path is spelled only for an error or a container.
+            if type(item) is str:
+                if _unstorable(item):
+                    _check_body(item, _at(path, key), depth + 1)
+            elif not (item is None or type(item) is bool or type(item) is int):
+                _check_body(item, _at(path, key), depth + 1)
     else:
         raise Invalid(f"unsupported value of type {type(value).__name__}: use JSON types", field=path or None)
 

@@ -37,11 +37,14 @@ MAX_DESCRIPTION_CHARS = 1_000
 # Above this many events, emit_many first asks which types the tenant's enabled webhooks listen to.
 _PRECHECK_OVER = 20
 _SUBSCRIBED = text("SELECT DISTINCT unnest(events) FROM webhooks WHERE tenant_id = :tenant AND state = 'enabled'")
-_EMIT_CTES = """
+# The events of a statement: `ev` with columns type, data (jsonb) and n (their order); here from a parameter.
+_EVENTS_PARAM = """
     ev AS (
         SELECT e.pair ->> 0 AS type, CAST(e.pair -> 1 AS jsonb) AS data, e.n
         FROM json_array_elements(CAST(:events AS json)) WITH ORDINALITY AS e(pair, n)
-    ), hooks AS (
+    )"""
+_DELIVERIES = """
+    hooks AS (
         SELECT id, events FROM webhooks WHERE tenant_id = :tenant AND state = 'enabled'
     ), made AS (
         INSERT INTO webhook_deliveries (tenant_id, id, webhook_id, event_type, data)
@@ -54,6 +57,7 @@ _EMIT_CTES = """
         RETURNING webhook_id
     )
 """
+_EMIT_CTES = f"{_EVENTS_PARAM}, {_DELIVERIES}"
 _EMIT_JOBS = """
     INSERT INTO jobs (id, tenant_id, kind, state, payload, attempts, attempt_errors, created_at, updated_at)
     SELECT replace(gen_random_uuid()::text, '-', ''), :tenant, 'webhook', 'queued',
@@ -80,6 +84,34 @@ class Companion:
 @lru_cache(maxsize=16)
 def _emit_with(ctes: str) -> TextClause:
     return text(f"WITH {ctes}, {_EMIT_CTES} {_EMIT_JOBS}")
+
+
+def events_ctes(source: str) -> str:
+    """CTEs writing the events of ``source`` inside another statement of the same write, when the events are
+    only known there (a save's memory ids, reserved by the statement itself): ``source`` is a SELECT with
+    columns type, data (jsonb) and n (their order), of types from EVENT_TYPES. Nothing is built for a tenant
+    without an enabled webhook subscribed to them. The CTE ``webhook_jobs`` returns the ids of the jobs queued
+    (the caller adds them to the session's outbox, as :func:`emit_many` does). Parameters: `:tenant` and
+    `:extra` (:func:`event_params`)."""
+    return f"ev AS ({source}), {_DELIVERIES}, webhook_jobs AS ({_EMIT_JOBS})"
+
+
+def subscribed(event_type: str) -> str:
+    """An SQL condition: the tenant (`:tenant`) has an enabled webhook subscribed to ``event_type`` (one of
+    EVENT_TYPES), read in the statement's snapshot as :func:`events_ctes` reads them. A statement that writes
+    events only when this holds may leave the events out (they would reach no one)."""
+    if event_type not in EVENT_TYPES:
+        raise ValueError(f"unknown webhook event type {event_type!r}")
+    return (
+        "EXISTS (SELECT 1 FROM webhooks AS w WHERE w.tenant_id = :tenant AND w.state = 'enabled'"
+        f" AND '{event_type}' = ANY(w.events))"
+    )
+
+
+def event_params() -> dict[str, Any]:
+    """The parameters of :func:`events_ctes` besides `:tenant`: the trace context the jobs carry."""
+    context = job_context()
+    return {"extra": json.dumps({"context": context} if context else {})}
 
 
 def emit(session: Session, *, tenant_id: int, type: str, data: dict[str, Any]) -> None:  # noqa: A002 - the event's name

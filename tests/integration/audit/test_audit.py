@@ -67,6 +67,72 @@ def test_writes_and_admin_actions_are_recorded_with_actor_target_and_request_id(
     assert all("orders" not in json.dumps(e) for e in entries)  # no content in the log
 
 
+def test_a_batch_leaves_an_entry_and_an_event_per_saved_item_in_its_own_statement(client, tenant):
+    """New, upserted and repeated ids in one batch: an entry per saved item in input order, and its event
+    (memory.updated for a memory that existed before the batch), written with the save (no worker runs here:
+    the delivery rows are the events)."""
+    headers = tenant.headers()
+    assert client.post("/v1/memories", json={"content": "old", "id": "kept"}, headers=headers).status_code == 201
+    hook = {"url": "http://127.0.0.1:9/hook", "events": ["memory.created", "memory.updated"]}
+    assert client.post("/v1/webhooks", json=hook, headers=headers).status_code == 201
+    items = [
+        {"content": "a"},
+        {"content": "b", "id": "kept", "kind": "decision"},
+        {"content": ""},
+        {"content": "c", "id": "twice"},
+        {"content": "d", "id": "twice", "category": "daily"},
+        {"content": "e"},
+    ]
+    response = client.post("/v1/memories:batch", json={"items": items, "agent_id": "planner"}, headers=headers)
+    ids = [r.get("memory_id") for r in response.json()["results"]]
+    assert ids == ["1", "kept", None, "twice", "twice", "2"]
+    saves = [e for e in reversed(_entries(client, tenant, action="memory.save"))][1:]
+    assert [e["target"] for e in saves] == [f"memory:{i}" for i in ids if i is not None]
+    assert {e["actor"]["agent_id"] for e in saves} == {"planner"}
+    with tenant_session(tenant.tenant_id) as session:
+        rows = session.execute(text("SELECT event_type, data FROM webhook_deliveries")).all()
+    user = saves[0]["actor"]["user"]
+    assert sorted((t, d["memory_id"], d["kind"], d["category"], d["user"], d["agent_id"]) for t, d in rows) == [
+        ("memory.created", "1", "fact", "core", user, "planner"),
+        ("memory.created", "2", "fact", "core", user, "planner"),
+        ("memory.created", "twice", "fact", "core", user, "planner"),
+        ("memory.created", "twice", "fact", "daily", user, "planner"),
+        ("memory.updated", "kept", "decision", "core", user, "planner"),
+    ]
+    assert client.get("/v1/memories/twice", headers=headers).json()["content"] == "d"  # the later item won
+
+
+def test_saves_of_new_memories_write_an_event_exactly_while_a_webhook_listens(client, tenant):
+    """A save of new memories leaves the events out while no webhook listens (the process remembers which
+    tenants it saw with one): a webhook registered, disabled or enabled between saves still gets every event
+    of the saves made while it listens, and none of the others."""
+    headers = tenant.headers()
+
+    def save(content: str) -> None:
+        assert client.post("/v1/memories", json={"content": content}, headers=headers).status_code == 201
+
+    def delivered() -> list[str]:
+        with tenant_session(tenant.tenant_id) as session:
+            rows = session.execute(text("SELECT data FROM webhook_deliveries")).scalars().all()
+        return sorted(row["memory_id"] for row in rows)
+
+    save("before any webhook")
+    hook = {"url": "http://127.0.0.1:9/hook", "events": ["memory.created"]}
+    created = client.post("/v1/webhooks", json=hook, headers=headers)
+    assert created.status_code == 201
+    save("heard")
+    batch = client.post("/v1/memories:batch", json={"items": [{"content": "heard too"}]}, headers=headers)
+    assert batch.status_code == 200
+    path = f"/v1/webhooks/{created.json()['id']}"
+    assert client.patch(path, json={"enabled": False}, headers=headers).status_code == 200
+    save("while disabled")
+    save("still disabled")
+    assert client.patch(path, json={"enabled": True}, headers=headers).status_code == 200
+    save("heard again")
+    assert delivered() == ["2", "3", "6"]
+    assert len(_entries(client, tenant, action="memory.save")) == 6  # every save has its entry either way
+
+
 def test_filters_and_cursor_walk_the_log(client, tenant, member_key, tmp_path):
     member = member_key("bo@example.com")
     for i in range(5):
@@ -124,7 +190,6 @@ def test_a_tenant_reads_only_its_own_entries(client, make_tenant):
 
 
 def test_a_rolled_back_change_leaves_no_entry(client, tenant):
-    from core.memories import trail
     from core.memories.schemas import SaveMemoryIn
     from core.memories.service import save_memory
     from core.tenancy.service import authenticate
@@ -133,8 +198,7 @@ def test_a_rolled_back_change_leaves_no_entry(client, tenant):
         caller = authenticate(session, api_key=tenant.admin_key)
     with pytest.raises(RuntimeError), tenant_session(tenant.tenant_id) as session:
         item = SaveMemoryIn(content="never committed", id="ghost")
-        result = save_memory(session, caller=caller, item=item)
-        trail.memories_saved(session, caller=caller, items=[item], results=[result])
+        save_memory(session, caller=caller, item=item, action="memory.save")
         raise RuntimeError("the request failed after the save")
     assert _entries(client, tenant) == []
 

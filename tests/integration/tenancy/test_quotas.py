@@ -58,6 +58,38 @@ def test_a_batch_past_max_memories_saves_the_items_that_fit_and_refuses_the_rest
     assert _kept(made["tenant"]) == (3, 3)
 
 
+def test_a_batch_that_fills_max_memories_exactly_is_saved_whole(client):
+    made = provision(client, quotas={"max_memories": 4})
+    headers = key_headers(made)
+    assert client.post("/v1/memories", json={"content": "first"}, headers=headers).status_code == 201
+    items = [{"content": f"new {i}"} for i in range(3)]
+    results = client.post("/v1/memories:batch", json={"items": items}, headers=headers).json()["results"]
+    assert [r.get("memory_id") for r in results] == ["2", "3", "4"]
+    refused = client.post("/v1/memories:batch", json={"items": [{"content": "one more"}]}, headers=headers)
+    assert refused.json()["results"][0]["error"]["code"] == "quota_exceeded"
+    assert _kept(made["tenant"]) == (4, 4)
+
+
+def test_a_save_racing_the_offboarding_of_its_tenant_writes_nothing(client):
+    """The key was checked a moment before the tenant was marked for deletion: the save, under the tenant's
+    row, sees the state and refuses (as the key would now be refused), whatever the shape of the save."""
+    from core.db import system_session, tenant_session
+    from core.errors import Unauthorized
+    from core.memories.schemas import SaveMemoryIn
+    from core.memories.service import save_memories
+    from core.tenancy.service import authenticate
+    from tests.helpers.api import tenant_id_of
+
+    made = provision(client)
+    with system_session() as session:
+        caller = authenticate(session, api_key=made["api_key"])
+        session.execute(text("UPDATE tenants SET state = 'deleting' WHERE name = :n"), {"n": made["tenant"]})
+    for items in ([SaveMemoryIn(content="new")], [SaveMemoryIn(content="upsert", id="x")]):
+        with pytest.raises(Unauthorized), tenant_session(tenant_id_of(made["tenant"])) as session:
+            save_memories(session, caller=caller, items=items, action="memory.save")
+    assert _kept(made["tenant"]) == (0, 0)
+
+
 def test_an_import_past_max_memories_is_refused_whole(client):
     source = provision(client)
     for i in range(3):
