@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import BigInteger, DateTime, Float, Index, Integer, String, Text, func, text
+from sqlalchemy import BigInteger, DateTime, Float, ForeignKeyConstraint, Index, Integer, String, Text, func, text
 from sqlalchemy.dialects.postgresql import ARRAY, JSONB
 from sqlalchemy.orm import Mapped, mapped_column
 
@@ -87,11 +87,14 @@ class MemoryVersion(TenantScoped, Base):
 
     Keyed by the tenant's ``change_seq`` of the write that made it: each write takes a new one under the
     tenant's row lock, so two revisions of a memory never share it and its order is the order of writes.
-    Written only from a memory row of the same transaction, so no foreign key checks each one (a third of a
-    batch's time in PostgreSQL); a trigger on ``memories`` removes a deleted memory's versions (migration 0019).
     """
 
     __tablename__ = "memory_versions"
+    __table_args__ = (
+        ForeignKeyConstraint(
+            ["tenant_id", "memory_id"], ["memories.tenant_id", "memories.id"], ondelete="CASCADE"
+        ),
+    )
 
     memory_id: Mapped[str] = mapped_column(String(200), primary_key=True)
     change_seq: Mapped[int] = mapped_column(BigInteger, primary_key=True)

@@ -27,19 +27,11 @@ log = logging.getLogger("engram.tenancy")
 SessionFactory = Callable[[], AbstractContextManager[Session]]
 
 
-# Child -> parent pairs without a foreign key whose child rows a trigger on the parent deletes with it
-# (migration 0019): ordered as if keyed, so each table's rows are purged, and counted, as its own.
-_TRIGGER_CASCADES = {("memory_versions", "memories")}
-
-
 def purge_order(connection: Connection) -> list[str]:
     """Every tenant table, each before the tables its foreign keys reference: no row is deleted while a row of
     another tenant table still points at it."""
     tables = tenant_tables(connection)
     references: dict[str, set[str]] = {table: set() for table in tables}
-    for child, parent in _TRIGGER_CASCADES:
-        if child in references and parent in references:
-            references[child].add(parent)
     for child, parent in connection.execute(
         text(
             "SELECT c.conrelid::regclass::text, c.confrelid::regclass::text FROM pg_constraint c "

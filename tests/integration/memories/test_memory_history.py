@@ -154,31 +154,3 @@ def test_import_of_a_hand_written_history(client, tenant):
     assert [v["content"] for v in versions] == ["new words", "old words", "older words"]
     assert [v["changed_by"] for v in versions] == ["admin@localhost", "import", "import"]
     assert versions[2]["tags"] == ["x"] and all(v["changed_at"] for v in versions)
-
-
-def test_every_way_a_memory_is_deleted_takes_its_versions(client, tenant):
-    """A purge, the lifecycle's removals and any statement deleting memories remove their revisions too (a
-    trigger does what the foreign key's cascade did: no version outlives its memory)."""
-    from sqlalchemy import text
-
-    from core.db import tenant_session
-    from core.lifecycle.removal import remove_memories
-
-    ids = [save(client, tenant, {"content": f"kept a while {i}", "id": f"gone-{i}"}) for i in range(4)]
-    for memory_id in ids:
-        client.patch(f"/v1/memories/{memory_id}", json={"content": "revised"}, headers=tenant.headers())
-    kept = save(client, tenant, {"content": "stays", "id": "stays"})
-
-    def versions() -> dict[str, int]:
-        with tenant_session(tenant.tenant_id) as session:
-            rows = session.execute(text("SELECT memory_id, count(*) FROM memory_versions GROUP BY 1")).all()
-        return {memory_id: int(n) for memory_id, n in rows}
-
-    assert versions() == {**{i: 2 for i in ids}, kept: 1}
-    purged = client.delete(f"/v1/memories/{ids[0]}", params={"purge": "true"}, headers=tenant.headers())
-    assert purged.status_code == 200
-    with tenant_session(tenant.tenant_id) as session:
-        remove_memories(session, tenant_id=tenant.tenant_id, memory_ids=[ids[1]], reason="expired", purge=True)
-    with tenant_session(tenant.tenant_id) as session:
-        session.execute(text("DELETE FROM memories WHERE id = ANY(:ids)"), {"ids": ids[2:]})
-    assert versions() == {kept: 1}
