@@ -17,7 +17,6 @@ import os
 import statistics
 import subprocess
 import sys
-import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -36,19 +35,6 @@ def _start(tree: str, stack: Any, port: int, log: Path) -> subprocess.Popen[byte
     )
 
 
-def _wait(url: str, process: subprocess.Popen[bytes]) -> None:
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            if httpx.get(f"{url}/healthz", timeout=1).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        if process.poll() is not None or time.monotonic() > deadline:
-            raise RuntimeError(f"the API at {url} did not start")
-        time.sleep(0.1)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("trees", nargs=2)
@@ -57,7 +43,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=10)
     args = parser.parse_args()
     from api.bench.load import cpu_seconds
-    from api.bench.stack import bench_stack
+    from api.bench.stack import bench_stack, wait_healthy
     from api.serve.embedded import free_port
     from core.db import system_session
     from core.tenancy.service import create_tenant
@@ -74,7 +60,8 @@ def main() -> None:
                 process = _start(tree, stack, port, stack.home / f"api{n}.log")
                 processes.append(process)
                 url = f"http://127.0.0.1:{port}"
-                _wait(url, process)
+                if not wait_healthy(url, process):
+                    raise RuntimeError(f"the API at {url} did not start")
                 http = httpx.Client(base_url=url, headers={"Authorization": f"Bearer {key}"}, timeout=30)
                 clients.append(http)
                 for start in range(0, args.memories, 1000):

@@ -62,6 +62,20 @@ def bench_stack() -> Iterator[BenchStack]:
         shutil.rmtree(base, ignore_errors=True)
 
 
+def wait_healthy(url: str, process: subprocess.Popen[bytes], *, seconds: float = 60) -> bool:
+    """Whether the API at ``url`` answered ``/healthz`` within ``seconds`` (False as soon as it exited)."""
+    deadline = time.monotonic() + seconds
+    while True:
+        try:
+            if httpx.get(f"{url}/healthz", timeout=1).status_code == 200:
+                return True
+        except httpx.HTTPError:
+            pass
+        if process.poll() is not None or time.monotonic() > deadline:
+            return False
+        time.sleep(0.1)
+
+
 @contextmanager
 def api_process(stack: BenchStack, *, port: int) -> Iterator[str]:
     """The real API (uvicorn) in a subprocess on the bench stack; yields its base URL."""
@@ -81,16 +95,8 @@ def api_server(stack: BenchStack, *, port: int) -> Iterator[tuple[str, int]]:
     )
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                if httpx.get(f"{url}/healthz", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if process.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"API did not start: {(stack.home / 'api.log').read_text()[-2000:]}")
-            time.sleep(0.1)
+        if not wait_healthy(url, process):
+            raise RuntimeError(f"API did not start: {(stack.home / 'api.log').read_text()[-2000:]}")
         yield url, process.pid
     finally:
         process.terminate()

@@ -143,17 +143,11 @@ def test_admitted_requests_read_the_window_once_a_second(stack, tenant, monkeypa
     assert len(reads) == 3  # the first admission and the two refusals
 
 
-def test_a_large_budget_is_spent_from_leases_and_replicas_never_exceed_it(stack, tenant, monkeypatch):
-    """A budget of 200+ is taken from Redis a share at a time (here 3 of 300) and spent in memory: one Redis
-    hit per share, RateLimit-Remaining still counting down one by one, and two replicas together admit the
-    budget exactly, the requests past it refused (a lease kept as long as the test runs: no clock in it)."""
+@pytest.fixture
+def redis_hits(monkeypatch):
+    """The cost of every hit the limiters make on Redis, in order (the limits strategy's own, counted)."""
     from limits.strategies import SlidingWindowCounterRateLimiter
 
-    import api.ratelimit as ratelimit
-
-    monkeypatch.setattr(ratelimit, "_LEASE_SECONDS", 3600.0)
-    item = RateLimitItemPerSecond(300, 30, namespace="engram-test")
-    assert ratelimit.lease_size(item) == 3
     hits: list[int] = []
     real = SlidingWindowCounterRateLimiter.hit
 
@@ -162,13 +156,25 @@ def test_a_large_budget_is_spent_from_leases_and_replicas_never_exceed_it(stack,
         return real(self, *args, **kwargs)
 
     monkeypatch.setattr(SlidingWindowCounterRateLimiter, "hit", counted)
+    return hits
+
+
+def test_a_large_budget_is_spent_from_leases_and_replicas_never_exceed_it(stack, tenant, monkeypatch, redis_hits):
+    """A budget of 200+ is taken from Redis a share at a time (here 3 of 300) and spent in memory: one Redis
+    hit per share, RateLimit-Remaining still counting down one by one, and two replicas together admit the
+    budget exactly, the requests past it refused (a lease kept as long as the test runs: no clock in it)."""
+    import api.ratelimit as ratelimit
+
+    monkeypatch.setattr(ratelimit, "_LEASE_SECONDS", 3600.0)
+    item = RateLimitItemPerSecond(300, 30, namespace="engram-test")
+    assert ratelimit.lease_size(item) == 3
     replica_a, replica_b = RedisRateLimiter(), RedisRateLimiter()
     identifier = f"leased-{tenant.name}"
     first = [replica_a.hit(item, identifier) for _ in range(30)]
     assert all(v is not None and v.allowed for v in first)
     # Shares grow with the key's pace (1, 2, then 3 per Redis hit): every request counted, at most a share's
     # rest leased ahead.
-    assert hits[:3] == [1, 2, 3] and len(hits) == 11 and sum(hits) == 30
+    assert redis_hits[:3] == [1, 2, 3] and len(redis_hits) == 11 and sum(redis_hits) == 30
     remaining = [v.remaining for v in first if v is not None]
     assert remaining == list(range(299, 269, -1))
     rest = [(replica_b if i % 2 else replica_a).hit(item, identifier) for i in range(370)]
@@ -178,12 +184,10 @@ def test_a_large_budget_is_spent_from_leases_and_replicas_never_exceed_it(stack,
     assert not any(v.allowed for v in rest[-20:] if v is not None)
 
 
-def test_concurrent_hits_that_each_took_a_share_lose_none_of_it(stack, tenant, monkeypatch):
+def test_concurrent_hits_that_each_took_a_share_lose_none_of_it(stack, tenant, monkeypatch, redis_hits):
     """Requests awaiting their hits at once each take a share; the shares add up in one lease, so every
     request Redis counted is admitted by someone (none lost to a lease replacing another)."""
     import asyncio
-
-    from limits.strategies import SlidingWindowCounterRateLimiter
 
     import api.ratelimit as ratelimit
 
@@ -197,42 +201,27 @@ def test_concurrent_hits_that_each_took_a_share_lose_none_of_it(stack, tenant, m
 
     together = asyncio.run(at_once())
     assert all(v is not None and v.allowed for v in together)
-    hits: list[int] = []
-    real = SlidingWindowCounterRateLimiter.hit
-
-    def counted(self, *args, **kwargs):  # type: ignore[no-untyped-def]
-        hits.append(kwargs.get("cost", 1))
-        return real(self, *args, **kwargs)
-
-    monkeypatch.setattr(SlidingWindowCounterRateLimiter, "hit", counted)
+    redis_hits.clear()
     # The shares the 10 took (sized by the pace: 1, 2, then 3 each) less the 10 they admitted.
     leftover = 1 + 2 + 3 * 8 - 10
     leased = [limiter.hit(item, identifier) for _ in range(leftover)]
-    assert all(v is not None and v.allowed for v in leased) and hits == []
+    assert all(v is not None and v.allowed for v in leased) and redis_hits == []
     rest = [limiter.hit(item, identifier) for _ in range(300)]
     admitted = len(together) + len(leased) + sum(1 for v in rest if v is not None and v.allowed)
     assert admitted == 300
 
 
-def test_a_slow_client_of_a_large_budget_hits_redis_once_a_request_and_wastes_none(stack, tenant, monkeypatch):
+def test_a_slow_client_of_a_large_budget_hits_redis_once_a_request_and_wastes_none(
+    stack, tenant, monkeypatch, redis_hits
+):
     """Requests further apart than a lease lives take no share ahead (each is one request in Redis), so a
     client well under its budget is never refused early by shares that expired unused."""
     import time
-
-    from limits.strategies import SlidingWindowCounterRateLimiter
 
     import api.ratelimit as ratelimit
 
     monkeypatch.setattr(ratelimit, "_LEASE_SECONDS", 0.05)
     item = RateLimitItemPerSecond(300, 30, namespace="engram-test")
-    hits: list[int] = []
-    real = SlidingWindowCounterRateLimiter.hit
-
-    def counted(self, *args, **kwargs):  # type: ignore[no-untyped-def]
-        hits.append(kwargs.get("cost", 1))
-        return real(self, *args, **kwargs)
-
-    monkeypatch.setattr(SlidingWindowCounterRateLimiter, "hit", counted)
     limiter = RedisRateLimiter()
     identifier = f"slow-{tenant.name}"
     verdicts = []
@@ -240,7 +229,7 @@ def test_a_slow_client_of_a_large_budget_hits_redis_once_a_request_and_wastes_no
         verdicts.append(limiter.hit(item, identifier))
         time.sleep(0.12)  # over two lease periods apart
     assert all(v is not None and v.allowed for v in verdicts)
-    assert hits == [1] * 12
+    assert redis_hits == [1] * 12
     assert [v.remaining for v in verdicts if v is not None] == list(range(299, 287, -1))
 
 
