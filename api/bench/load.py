@@ -260,9 +260,9 @@ def cpu_by_role(root: int | None, api: list[int]) -> dict[str, float]:
     """CPU seconds used so far by the processes of the stack under ``root`` (its PostgreSQL, Redis, workers,
     beat, API; the supervising process counts as ``other``), and by this process as ``client``."""
     totals: dict[str, float] = {}
-    pids = set(api) | (set(descendants(root)) if root is not None else set())
-    for pid in pids:
-        role = role_of(pid, set(api))
+    api_pids = set(api)
+    for pid in api_pids | (set(descendants(root)) if root is not None else set()):
+        role = role_of(pid, api_pids)
         totals[role] = totals.get(role, 0.0) + cpu_seconds([pid])
     totals["client"] = time.process_time()
     return totals

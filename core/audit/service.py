@@ -48,17 +48,33 @@ def _actor(caller_or_actor: Caller | Actor) -> Actor:
 
 # Entry ids count per tenant (like memory ids): a global sequence in ids and cursors would let a tenant
 # watch the others' activity. The tenant's counter row is taken with the entries, in one statement.
-_COUNTER = (
-    "audit_counter AS (INSERT INTO audit_counters (tenant_id, n) VALUES (:tenant, :count)"
-    " ON CONFLICT (tenant_id) DO UPDATE SET n = audit_counters.n + EXCLUDED.n RETURNING n)"
-)
+def _counter(rows: str) -> str:
+    """The CTE adding `:count` to the tenant's counter, from ``rows`` (its one row, or none: left alone)."""
+    return (
+        f"audit_counter AS (INSERT INTO audit_counters (tenant_id, n) {rows}"
+        " ON CONFLICT (tenant_id) DO UPDATE SET n = audit_counters.n + EXCLUDED.n RETURNING n)"
+    )
+
+
+def _entries(*, action: str, target: str, source: str) -> str:
+    """The INSERT of the entries of ``source`` (as ``e``, ordered by its column ``n``), numbered after the
+    counter's previous value."""
+    return (
+        "INSERT INTO audit_entries"
+        " (tenant_id, id, action, target, actor_user, actor_key_id, actor_agent_id, request_id)"
+        f" SELECT :tenant, c.n - :count + e.n, {action}, {target}, :user, :key, :agent, :request"
+        f" FROM audit_counter c, {source}"
+    )
+
+
+_COUNTER = _counter("VALUES (:tenant, :count)")
 # The entries travel as one JSON text of [action, target] pairs: psycopg dumps a Python list into an array
 # parameter element by element (measured ~15 ms per 1,000 strings), while json.dumps and PostgreSQL's JSON
 # parser take well under a millisecond for the same.
-_ENTRIES = (
-    "INSERT INTO audit_entries (tenant_id, id, action, target, actor_user, actor_key_id, actor_agent_id, request_id)"
-    " SELECT :tenant, c.n - :count + e.n, e.pair ->> 0, e.pair ->> 1, :user, :key, :agent, :request"
-    " FROM audit_counter c, json_array_elements(CAST(:entries AS json)) WITH ORDINALITY AS e(pair, n)"
+_ENTRIES = _entries(
+    action="e.pair ->> 0",
+    target="e.pair ->> 1",
+    source="json_array_elements(CAST(:entries AS json)) WITH ORDINALITY AS e(pair, n)",
 )
 # As a statement of its own, and as CTEs to put first in another statement of the same write (one round trip).
 INSERT_SQL = f"WITH {_COUNTER} {_ENTRIES}"
@@ -72,15 +88,8 @@ def entries_ctes(source: str, *, target: str, guard: str) -> str:
     CTE of that statement with a column ``n`` (1 .. `:count`, the entries' order); ``target`` an expression
     over it (as ``e``); ``guard`` a CTE with a row when the statement writes (none: no entry, and the counter
     is left alone). Parameters: :func:`actor_params`, `:action` and `:count`."""
-    return (
-        "audit_counter AS (INSERT INTO audit_counters (tenant_id, n)"
-        f" SELECT :tenant, :count FROM {guard} WHERE :count > 0"
-        " ON CONFLICT (tenant_id) DO UPDATE SET n = audit_counters.n + EXCLUDED.n RETURNING n),"
-        " audit_made AS (INSERT INTO audit_entries"
-        " (tenant_id, id, action, target, actor_user, actor_key_id, actor_agent_id, request_id)"
-        f" SELECT :tenant, c.n - :count + e.n, CAST(:action AS text), left({target}, {_TARGET_CHARS}),"
-        f" :user, :key, :agent, :request FROM audit_counter c, {source} e)"
-    )
+    entries = _entries(action="CAST(:action AS text)", target=f"left({target}, {_TARGET_CHARS})", source=f"{source} e")
+    return f"{_counter(f'SELECT :tenant, :count FROM {guard} WHERE :count > 0')}, audit_made AS ({entries})"
 
 
 def actor_params(caller_or_actor: Caller | Actor, *, request_id: str | None = None) -> dict[str, Any]:
