@@ -201,19 +201,28 @@ def _listening_inodes(port: int) -> set[str]:
 
 
 def api_processes(port: int) -> list[int]:
-    """The processes holding the API's listening socket: with ``ENGRAM_API_WORKERS=N``, the N workers and the
-    process that started them (they share one socket). Only this user's processes can be seen."""
+    """The processes holding the API's listening socket and those they started: with ``ENGRAM_API_WORKERS=N``,
+    the router and its N processes (api.serve.routed). Only this user's processes can be seen."""
     wanted = {f"socket:[{inode}]" for inode in _listening_inodes(port)}
-    found = []
+    holders = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
         try:
             if any(os.readlink(fd) in wanted for fd in (entry / "fd").iterdir()):
-                found.append(int(entry.name))
+                holders.append(int(entry.name))
         except OSError:  # gone, or another user's
             continue
-    return found
+    routed = {pid for holder in holders for pid in descendants(holder) if _routed(pid)}
+    return sorted({*holders, *routed})
+
+
+def _routed(pid: int) -> bool:
+    """An API process its router passes connections to (it holds no listening socket of its own)."""
+    try:
+        return b"--handoff-fd" in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return False
 
 
 def _stat(pid: int) -> list[str] | None:

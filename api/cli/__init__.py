@@ -50,11 +50,14 @@ def serve(host: str, port: int, home: str | None) -> None:
 @click.option("--port", default=None, type=int)
 @click.option("--workers", default=None, type=int, help="API worker processes")
 @click.option("--migrate/--no-migrate", default=True, help="apply migrations first")
+# A routed API process (api.serve.routed): it serves the connections its router passes over this descriptor.
+@click.option("--handoff-fd", default=None, type=int, hidden=True)
 @home_option
-def api(host: str | None, port: int | None, workers: int | None, migrate: bool, home: str | None) -> None:
+def api(
+    host: str | None, port: int | None, workers: int | None, migrate: bool, handoff_fd: int | None, home: str | None
+) -> None:
     """Run the HTTP API alone."""
     _set_home(home)
-    import uvicorn
 
     from core.config import get_settings
     from core.logging import configure_logging
@@ -84,12 +87,20 @@ def api(host: str | None, port: int | None, workers: int | None, migrate: bool, 
         timeout_graceful_shutdown=settings.api_shutdown_timeout_seconds,
     )
     processes = workers or settings.api_workers
-    if processes == 1:
+    if handoff_fd is not None:
+        from api.serve.routed import run_handoff
+
+        run_handoff("api.main:app", handoff_fd=handoff_fd, drain_seconds=settings.api_drain_seconds, **options)
+    elif processes == 1:
         from api.serve.graceful import run_api
 
         run_api("api.main:app", drain_seconds=settings.api_drain_seconds, **options)
-    else:  # uvicorn's own process manager (its shutdown closes idle connections at once)
-        uvicorn.run("api.main:app", workers=processes, **options)
+    else:  # a router holding the port, passing each key's connections to one of the processes
+        from api.serve.routed import run_routed
+        from core.runtime import engram_command
+
+        argv = [*engram_command(), "api", "--no-migrate", "--workers", "1", *(["--home", home] if home else [])]
+        sys.exit(run_routed(argv, host=options["host"], port=options["port"], processes=processes))
 
 
 @main.command()

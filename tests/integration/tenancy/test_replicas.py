@@ -195,15 +195,23 @@ def test_killing_a_replica_under_load_loses_no_acknowledged_write(deployment, ma
 
 
 def test_two_api_processes_on_one_home_share_its_index_directory(stack, make_tenant, tmp_path):
-    """`engram api --workers 2`: both processes use one index directory; concurrent saves and searches
-    all succeed and each save is found by the next search, whichever process answers it."""
+    """`engram api --workers 2`, one tenant with keys owned by both processes: both use one index directory;
+    concurrent saves and searches all succeed and each save is found by the next search."""
+    from api.serve.routed import owner
+
     base = Path(tempfile.mkdtemp(prefix="engram-api2-", dir="/tmp"))
     base.chmod(0o755)
     replica = Replica(stack, base, "home", workers=2)
-    headers = _headers(make_tenant)
+    admin = _headers(make_tenant)
+    by_owner: dict[int, list[str]] = {0: [], 1: []}
+    while min(len(keys) for keys in by_owner.values()) < 2:  # two keys served by each process
+        (key,) = _keys(replica.url, admin, 1)
+        by_owner[owner(f"Bearer {key}".encode(), 2)].append(key)
+    keys = [*by_owner[0][:2], *by_owner[1][:2]]
     failures: list[str] = []
 
     def client(n: int) -> None:
+        headers = {"Authorization": f"Bearer {keys[n]}"}
         with httpx.Client(base_url=replica.url, timeout=30) as http:
             for i in range(15):
                 token = f"zz{n}x{i}y{uuid.uuid4().hex[:6]}"
@@ -225,5 +233,135 @@ def test_two_api_processes_on_one_home_share_its_index_directory(stack, make_ten
             thread.join(timeout=120)
         assert failures == []
     finally:
+        replica.stop()
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def _serving_pid(router: int, port: int) -> int | None:
+    """The process of `router`'s tree that holds the server side of the client connection from ``port``."""
+    import psutil
+
+    for process in psutil.Process(router).children():
+        for connection in process.net_connections(kind="tcp"):
+            if connection.raddr and connection.raddr.port == port:
+                return process.pid
+    return None
+
+
+def _fresh_connection_pid(url: str, router: int, headers: dict[str, str], path: str = "/v1/memories?limit=1") -> int:
+    """Send one request on a new connection and say which API process answered it."""
+    import socket
+
+    with socket.create_connection(("127.0.0.1", int(url.rsplit(":", 1)[1]))) as conn:
+        lines = [f"GET {path} HTTP/1.1", "Host: engram", *(f"{k}: {v}" for k, v in headers.items()), "", ""]
+        conn.sendall("\r\n".join(lines).encode())
+        status = conn.recv(65536).split(b"\r\n", 1)[0]
+        assert status.split()[1] in (b"200", b"401"), status
+        pid = _serving_pid(router, conn.getsockname()[1])
+    assert pid is not None
+    return pid
+
+
+def _keys(url: str, admin: dict[str, str], count: int) -> list[str]:
+    keys = []
+    for n in range(count):
+        issued = httpx.post(f"{url}/v1/keys", json={"user": f"agent{n}@example.com", "role": "member"}, headers=admin)
+        assert issued.status_code == 201, issued.text
+        keys.append(issued.json()["api_key"])
+    return keys
+
+
+def test_routed_processes_serve_each_key_from_one_process(stack, make_tenant):
+    """`engram api --workers 3`: every connection of a key goes to the process its hash names, so one
+    process does a tenant's per-change work; connections without a key go to each process in turn."""
+    from api.serve.routed import owner
+
+    base = Path(tempfile.mkdtemp(prefix="engram-routed-", dir="/tmp"))
+    base.chmod(0o755)
+    replica = Replica(stack, base, "home", workers=3)
+    try:
+        keys = _keys(replica.url, _headers(make_tenant), 6)
+        served: dict[str, set[int]] = {}
+        for _ in range(4):
+            for key in keys:
+                pid = _fresh_connection_pid(replica.url, replica.process.pid, {"Authorization": f"Bearer {key}"})
+                served.setdefault(key, set()).add(pid)
+        assert all(len(pids) == 1 for pids in served.values()), served
+        by_owner: dict[int, set[int]] = {}
+        for key, pids in served.items():
+            by_owner.setdefault(owner(f"Bearer {key}".encode(), 3), set()).update(pids)
+        assert all(len(pids) == 1 for pids in by_owner.values()), by_owner  # one process an owner...
+        assert len({pid for pids in by_owner.values() for pid in pids}) == len(by_owner)  # ...and its own
+        anonymous = {_fresh_connection_pid(replica.url, replica.process.pid, {}, "/healthz") for _ in range(6)}
+        assert len(anonymous) == 3
+    finally:
+        replica.stop()
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def test_a_routed_process_killed_is_replaced_and_its_keys_answered_meanwhile(stack, make_tenant):
+    import psutil
+
+    base = Path(tempfile.mkdtemp(prefix="engram-routed-", dir="/tmp"))
+    base.chmod(0o755)
+    replica = Replica(stack, base, "home", workers=2)
+    try:
+        headers = _headers(make_tenant)
+        before = _fresh_connection_pid(replica.url, replica.process.pid, headers)
+        other = ({p.pid for p in psutil.Process(replica.process.pid).children()} - {before}).pop()
+        os.kill(before, signal.SIGKILL)
+        # Until it is back, the key's connections are served by the other process: no request fails.
+        answered = [httpx.get(f"{replica.url}/v1/memories?limit=1", headers=headers, timeout=10).status_code]
+        wait_for(lambda: len(psutil.Process(replica.process.pid).children()) == 2 and answers_health(replica.url))
+        answered += [httpx.get(f"{replica.url}/v1/memories?limit=1", headers=headers, timeout=10).status_code]
+        assert answered == [200, 200]
+        # The key's owner again, in a new process.
+        replaced = _fresh_connection_pid(replica.url, replica.process.pid, headers)
+        assert replaced not in (before, other)
+    finally:
+        replica.stop()
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def test_a_routed_api_stops_on_sigterm_answering_what_it_was_sent(stack, make_tenant):
+    """SIGTERM: the router stops listening and its processes drain (api.serve.graceful): a client sending
+    requests throughout gets answers, then refusals, never a connection reset mid-request."""
+    import psutil
+
+    base = Path(tempfile.mkdtemp(prefix="engram-routed-", dir="/tmp"))
+    base.chmod(0o755)
+    replica = Replica(stack, base, "home", workers=2)
+    headers = _headers(make_tenant)
+    children = psutil.Process(replica.process.pid).children()
+    outcomes: list[str] = []
+    stop = threading.Event()
+
+    def client() -> None:
+        with httpx.Client(base_url=replica.url, headers=headers, timeout=30) as http:
+            while not stop.is_set():
+                try:
+                    outcomes.append(str(http.get("/v1/memories?limit=1").status_code))
+                except httpx.ConnectError:
+                    outcomes.append("refused")
+                    time.sleep(0.05)
+                except httpx.HTTPError as error:  # a reset or a cut answer: what must not happen
+                    outcomes.append(type(error).__name__)
+
+    threads = [threading.Thread(target=client) for _ in range(4)]
+    try:
+        for thread in threads:
+            thread.start()
+        time.sleep(1.0)
+        replica.process.send_signal(signal.SIGTERM)
+        assert replica.process.wait(timeout=60) == 0
+        time.sleep(0.3)
+        stop.set()
+        for thread in threads:
+            thread.join(timeout=30)
+        assert not any(child.is_running() and child.status() != psutil.STATUS_ZOMBIE for child in children)
+        assert set(outcomes) <= {"200", "refused"}, sorted(set(outcomes))
+        assert outcomes.count("200") > 10 and outcomes[-1] == "refused"
+    finally:
+        stop.set()
         replica.stop()
         shutil.rmtree(base, ignore_errors=True)

@@ -1,0 +1,345 @@
+"""Several API processes on one port, each API key's connections served by one of them.
+
+Every API process answers every tenant correctly: before a search it catches its caches up from PostgreSQL
+(core.search.index). But a process's caches of a tenant (the full-text reader and the changes on top of it,
+the vector matrix, the eligibility facts) cost work per change of that tenant, so when the kernel hands
+connections to any process, every process repeats that work for every tenant: measured on one tenant,
+CPU per request 1.11-1.25x at 2 processes and 1.31-1.45x at 4 (docs/benchmarks.md, Processes).
+
+So with ``ENGRAM_API_WORKERS=N`` (N > 1) the ``engram api`` process does not serve: it holds the listening
+socket and, for each new connection, reads the head of its first request without taking it off the socket
+(``MSG_PEEK``), picks the process that owns the request's ``Authorization`` header (a hash of it modulo N)
+and passes the connection's file descriptor to that process (``SCM_RIGHTS`` over a Unix socket pair). The
+process serves the connection from its first byte as if it had accepted it: nothing is copied or proxied,
+and the router spends a few syscalls per connection, none per request. A load balancer in front of replicas
+does the same by hashing the same header (deploy/SCALING.md); this is that, inside one machine.
+
+A connection without the header in its first request (``/healthz``, the dashboard's page) goes to the
+processes in turn. Later requests on a keep-alive connection stay with the process that has it: a client
+using several keys on one connection is served correctly, by one process. A process that dies is started
+again; meanwhile its connections go to the next live one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import selectors
+import signal
+import socket
+import subprocess
+import time
+import zlib
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from types import FrameType
+from typing import Any
+
+import click
+import uvicorn
+
+from api.serve.graceful import DrainingServer
+from api.serve.supervise import RESTARTS_PER_MINUTE, die_with_parent
+
+# The head of a first request is routed once its Authorization line has arrived, or the whole head, or this
+# many bytes (a head that big has no such line within them), or after PEEK_SECONDS (a client that connects
+# and waits is served by whichever process is next; it is answered as usual).
+PEEK_BYTES = 16384
+PEEK_SECONDS = 0.5
+# How often a head that is not complete yet is looked at again (its socket stays readable while unread).
+_REPEEK_SECONDS = 0.002
+
+
+def authorization(head: bytes) -> bytes | None:
+    """The value of the ``Authorization`` header in a request head, once its line is complete, else None."""
+    start = 0
+    while (end := head.find(b"\r\n", start)) != -1:
+        line = head[start:end]
+        if start and not line:  # the blank line: the head ended without one
+            return None
+        name, colon, value = line.partition(b":")
+        if start and colon and name.strip().lower() == b"authorization":
+            return value.strip()
+        start = end + 2
+    return None
+
+
+def head_complete(head: bytes) -> bool:
+    return b"\r\n\r\n" in head or len(head) >= PEEK_BYTES
+
+
+def owner(credential: bytes, processes: int) -> int:
+    """The process that serves requests carrying ``credential`` (the same one for as long as N holds)."""
+    return zlib.crc32(credential) % processes
+
+
+@dataclass
+class _Process:
+    index: int
+    argv: Sequence[str]
+    popen: subprocess.Popen[bytes] | None = None
+    channel: socket.socket | None = None  # the router's end of the pair; the process has the other
+    restarts: list[float] = field(default_factory=list)
+    start_at: float = 0.0  # when a dead process is started again
+
+    @property
+    def live(self) -> bool:
+        return self.popen is not None and self.popen.poll() is None and self.channel is not None
+
+
+@dataclass
+class _Waiting:
+    connection: socket.socket
+    deadline: float
+
+
+class Router:
+    """The listening process: routes each new connection to its key's process, keeps the processes running."""
+
+    def __init__(self, listener: socket.socket, argv: Sequence[str], processes: int) -> None:
+        self.listener = listener
+        self.processes = [_Process(index, [*argv, "--handoff-fd"]) for index in range(processes)]
+        self.selector = selectors.DefaultSelector()
+        self.waiting: dict[int, _Waiting] = {}  # by fd: connections not routed yet
+        self.rechecking: set[int] = set()  # those of them whose head came in part (no longer selected)
+        self.unsent: list[tuple[socket.socket, int]] = []  # no process could take them yet
+        self.next_index = 0
+        self.stopping = False
+        self.code = 0
+
+    # The processes.
+    def _start(self, process: _Process) -> None:
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        ours.setblocking(False)
+        try:
+            process.popen = subprocess.Popen(
+                [*process.argv, str(theirs.fileno())],
+                pass_fds=(theirs.fileno(),),
+                preexec_fn=die_with_parent(signal.SIGKILL),
+            )
+        finally:
+            theirs.close()
+        process.channel = ours
+
+    def _tend(self) -> None:
+        """Start again a process that died on its own (at most RESTARTS_PER_MINUTE a minute, then give up)."""
+        now = time.monotonic()
+        for process in self.processes:
+            if process.popen is None or process.popen.poll() is None:
+                continue
+            if process.channel is not None:
+                process.channel.close()
+                process.channel = None
+                code = process.popen.returncode
+                process.restarts = [t for t in process.restarts if now - t < 60] + [now]
+                if len(process.restarts) > RESTARTS_PER_MINUTE:
+                    click.echo(f"api process {process.index} exited with {code} too often; giving up", err=True)
+                    self.code = code or 1
+                    self.stop()
+                    return
+                delay = min(2.0 ** (len(process.restarts) - 1), 10.0) if len(process.restarts) > 1 else 0.0
+                click.echo(f"api process {process.index} exited with {code}; restarting in {delay:.0f} s", err=True)
+                process.start_at = now + delay
+            if not self.stopping and now >= process.start_at:
+                self._start(process)
+
+    # The connections.
+    def _accept(self) -> None:
+        while True:
+            try:
+                connection, _ = self.listener.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError:  # e.g. out of file descriptors: the rest stay in the backlog for the next round
+                return
+            connection.setblocking(False)
+            self.waiting[connection.fileno()] = _Waiting(connection, time.monotonic() + PEEK_SECONDS)
+            self.selector.register(connection, selectors.EVENT_READ)
+
+    def _look(self, waiting: _Waiting, *, now: float) -> bool:
+        """Route the connection if its head says enough (or its time is up); False to look again later."""
+        connection = waiting.connection
+        try:
+            head = connection.recv(PEEK_BYTES, socket.MSG_PEEK)
+        except (BlockingIOError, InterruptedError):
+            head = None
+        except OSError:
+            head = b""
+        if head == b"":  # closed (or reset) before a request: nothing to serve
+            connection.close()
+            return True
+        credential = authorization(head) if head else None
+        if credential is None and head is not None and not head_complete(head) and now < waiting.deadline:
+            return False
+        self._send(connection, owner(credential, len(self.processes)) if credential else self._turn())
+        return True
+
+    def _turn(self) -> int:
+        self.next_index = (self.next_index + 1) % len(self.processes)
+        return self.next_index
+
+    def _send(self, connection: socket.socket, index: int) -> None:
+        """Pass the connection to process ``index``, or the next live one; it is ours to close after."""
+        count = len(self.processes)
+        for step in range(count):
+            process = self.processes[(index + step) % count]
+            if not process.live:
+                continue
+            assert process.channel is not None
+            try:
+                socket.send_fds(process.channel, [b"c"], [connection.fileno()])
+            except (BlockingIOError, InterruptedError):  # its queue is full: it is not taking any
+                continue
+            except OSError:  # it died just now; _tend starts it again
+                continue
+            connection.close()
+            return
+        self.unsent.append((connection, index))
+
+    def _resend(self) -> None:
+        unsent, self.unsent = self.unsent, []
+        for connection, index in unsent:
+            self._send(connection, index)
+
+    def _waited(self, now: float) -> None:
+        """Look again at heads that were not complete, and route connections whose time to speak is up."""
+        for fd in list(self.rechecking):
+            if self._look(self.waiting[fd], now=now):
+                self.rechecking.discard(fd)
+                del self.waiting[fd]
+        for fd, waiting in list(self.waiting.items()):
+            if fd not in self.rechecking and now >= waiting.deadline:  # connected, said nothing yet
+                self.selector.unregister(waiting.connection)
+                del self.waiting[fd]
+                self._send(waiting.connection, self._turn())
+
+    def _timeout(self, now: float) -> float:
+        if self.rechecking or self.unsent:
+            return _REPEEK_SECONDS
+        deadlines = [waiting.deadline for waiting in self.waiting.values()]
+        return max(0.0, min([0.5, *(deadline - now for deadline in deadlines)]))
+
+    def stop(self, signum: int | None = None, frame: FrameType | None = None) -> None:
+        self.stopping = True
+
+    def run(self) -> int:
+        for process in self.processes:
+            self._start(process)
+        self.listener.setblocking(False)
+        self.selector.register(self.listener, selectors.EVENT_READ)
+        try:
+            while not self.stopping:
+                self._tend()
+                for key, _ in self.selector.select(self._timeout(time.monotonic())):
+                    if key.fileobj is self.listener:
+                        self._accept()
+                        continue
+                    # A head not complete yet is looked at again shortly (_waited), not at every event of
+                    # its socket, which stays readable while its bytes are unread.
+                    self.selector.unregister(key.fileobj)
+                    if self._look(self.waiting[key.fd], now=time.monotonic()):
+                        del self.waiting[key.fd]
+                    else:
+                        self.rechecking.add(key.fd)
+                self._waited(time.monotonic())
+                self._resend()
+            self._drain()
+        finally:
+            self.selector.close()
+        return self.code
+
+    def _drain(self) -> None:
+        """Stop: take what the kernel already accepted, hand every connection on, then stop the processes
+        (each drains its own connections, api.serve.graceful) and wait for them."""
+        with contextlib.suppress(OSError):
+            self.selector.unregister(self.listener)
+        self._accept()
+        self.listener.close()
+        for fd, waiting in list(self.waiting.items()):
+            if fd not in self.rechecking:
+                self.selector.unregister(waiting.connection)
+            self._look(waiting, now=waiting.deadline)  # routed now, whatever its head says
+            del self.waiting[fd]
+        self.rechecking.clear()
+        self._resend()
+        for connection, _ in self.unsent:  # no process to serve them
+            connection.close()
+        for process in self.processes:
+            if process.popen is not None and process.popen.poll() is None:
+                process.popen.send_signal(signal.SIGTERM)
+        for process in self.processes:
+            if process.popen is not None:
+                process.popen.wait()
+            if process.channel is not None:
+                process.channel.close()
+
+
+def run_routed(argv: Sequence[str], *, host: str, port: int, processes: int, backlog: int = 2048) -> int:
+    """Listen on ``host:port`` and run ``processes`` API processes (each ``argv`` + ``--handoff-fd FD``)."""
+    listener = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        listener.bind((host, port))
+    except OSError as error:
+        click.echo(f"cannot listen on {host}:{port}: {error}", err=True)
+        return 3  # uvicorn's STARTUP_FAILURE
+    listener.listen(backlog)
+    router = Router(listener, argv, processes)
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, router.stop)
+    return router.run()
+
+
+class HandoffServer(DrainingServer):
+    """An API process that serves the connections its router passes it instead of listening itself."""
+
+    def __init__(self, config: uvicorn.Config, *, drain_seconds: float, handoff: socket.socket) -> None:
+        super().__init__(config, drain_seconds=drain_seconds)
+        self.handoff = handoff
+        self._connecting: set[asyncio.Future[Any]] = set()
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets=[])  # no listening socket of its own
+        if self.started:
+            self.handoff.setblocking(False)
+            asyncio.get_running_loop().add_reader(self.handoff.fileno(), self._take)
+
+    def _take(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            try:
+                data, fds, _flags, _address = socket.recv_fds(self.handoff, 64, 64)
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError:
+                data, fds = b"", []
+            if not data and not fds:  # the router is gone: stop as on SIGTERM
+                loop.remove_reader(self.handoff.fileno())
+                self.should_exit = True
+                return
+            for fd in fds:
+                connection = socket.socket(fileno=fd)
+                connection.setblocking(False)
+                future = asyncio.ensure_future(loop.connect_accepted_socket(self._new_protocol, connection))
+                self._connecting.add(future)
+                future.add_done_callback(self._connecting.discard)
+
+    async def _accept_backlog(self) -> None:
+        """Serve what the router passed before it asked this process to stop, then take no more."""
+        self._take()
+        with contextlib.suppress(ValueError, OSError):
+            asyncio.get_running_loop().remove_reader(self.handoff.fileno())
+        if self._connecting:
+            await asyncio.gather(*self._connecting, return_exceptions=True)
+        self.handoff.close()
+
+
+def run_handoff(app: str, *, handoff_fd: int, drain_seconds: float, **options: Any) -> None:
+    """One routed API process: ``app`` served on the connections passed over ``handoff_fd``."""
+    config = uvicorn.Config(app, **options)
+    handoff = socket.socket(fileno=handoff_fd)
+    server = HandoffServer(config, drain_seconds=drain_seconds, handoff=handoff)
+    with contextlib.suppress(KeyboardInterrupt):
+        server.run(sockets=[])
+    if not server.started:
+        raise SystemExit(3)

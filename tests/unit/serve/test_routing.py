@@ -1,0 +1,37 @@
+"""How the router of `ENGRAM_API_WORKERS=N` reads a first request's head and picks its process."""
+
+from __future__ import annotations
+
+from api.serve.routed import PEEK_BYTES, authorization, head_complete, owner
+
+
+def test_the_authorization_header_is_found_in_any_case_and_position():
+    head = b"GET /v1/memories HTTP/1.1\r\nHost: x\r\nauthorization:  Bearer egk_a \r\nAccept: */*\r\n\r\n"
+    assert authorization(head) == b"Bearer egk_a"
+    assert authorization(head.replace(b"authorization", b"AUTHORIZATION")) == b"Bearer egk_a"
+    first = b"POST /v1/search HTTP/1.1\r\nAuthorization: Bearer k\r\nHost: x\r\n\r\n"
+    assert authorization(first) == b"Bearer k"
+
+
+def test_a_head_routes_once_its_authorization_line_is_complete_not_before():
+    whole = b"GET / HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer egk_b\r\n\r\n"
+    cut = whole.index(b"egk_b") + 3
+    assert authorization(whole[:cut]) is None  # the value may go on
+    assert not head_complete(whole[:cut])
+    assert authorization(whole[: whole.index(b"\r\n\r\n") + 2]) == b"Bearer egk_b"
+
+
+def test_no_header_before_the_blank_line_means_none_and_the_body_is_not_read():
+    head = b"POST /v1/memories HTTP/1.1\r\nHost: x\r\n\r\nAuthorization: Bearer in-the-body\r\n"
+    assert authorization(head) is None
+    assert head_complete(head)
+    # The request line is never taken for a header, even one that looks like it.
+    assert authorization(b"Authorization: x HTTP/1.1\r\nHost: y\r\n\r\n") is None
+    assert head_complete(b"GET / HTTP/1.1\r\nX: " + b"a" * PEEK_BYTES)
+
+
+def test_a_credential_has_one_owner_and_credentials_spread_over_the_processes():
+    assert owner(b"Bearer egk_one", 4) == owner(b"Bearer egk_one", 4)
+    owners = [owner(f"Bearer egk_{n}".encode(), 4) for n in range(400)]
+    assert set(owners) == {0, 1, 2, 3}
+    assert min(owners.count(index) for index in range(4)) > 50  # none starved: 100 each on average
