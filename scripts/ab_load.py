@@ -27,14 +27,18 @@ def main() -> None:
     parser.add_argument("trees", nargs="+", help="source trees, in the order to run them")
     parser.add_argument("--clients", type=int, default=50)
     parser.add_argument("--seconds", type=float, default=60.0)
+    parser.add_argument("--tenants", type=int, default=1, help="clients spread over this many tenants")
     parser.add_argument("--all", action="store_true", help="print every figure of each run")
     args = parser.parse_args()
-    from api.bench.load import run, throwaway_serve
+    from api.bench.load import figures_of, throwaway_serve
 
     for tree in args.trees:
         os.environ["PYTHONPATH"] = str(Path(tree).resolve())  # the serve's tree (its children inherit it)
-        with throwaway_serve(log=lambda message: print(message, file=sys.stderr)) as (url, key, _pid):
-            figures = run(url=url, key=key, clients=args.clients, seconds=args.seconds, log=lambda _: None)
+        with throwaway_serve(log=lambda message: print(message, file=sys.stderr)) as served:
+            keys = served.tenant_keys(args.tenants)
+            figures = figures_of(
+                served.url, keys, clients=args.clients, seconds=args.seconds, log=lambda _: None, root=served.pid
+            )
         shown = [f for f in figures if args.all or f["metric"] in SHOWN]
         print(Path(tree).name, " ".join(f"{f['metric']}={f['value']:g}" for f in shown), flush=True)
 

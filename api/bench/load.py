@@ -6,6 +6,9 @@ is answered as a well-behaved client would: it waits the ``Retry-After`` it was 
 are counted as unanswered. A separate sampler reads ``/healthz`` every half second during the run.
 Afterwards every save that was acknowledged (201) is read back: one that is missing is a lost write.
 
+With ``tenants`` > 1 (a throwaway serve only) the clients are spread over that many tenants, each with its own
+admin key and seed: how a hosted engram is loaded, and what ``ENGRAM_API_WORKERS`` routes by (api.serve.routed).
+
 Only loopback is ever contacted: the target must be ``http://127.0.0.1:<port>``, so a mistyped URL cannot
 turn this into a load test of someone else's server. Counts and time are bounded.
 """
@@ -28,7 +31,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 from urllib.parse import urlsplit
 
 import httpx
@@ -38,6 +41,7 @@ from api.serve.embedded import free_port
 from core.runtime import engram_command
 
 MAX_CLIENTS = 1000
+MAX_TENANTS = 100
 MAX_SECONDS = 600
 UNANSWERED_AFTER = 30.0
 MAX_BACKOFF = 5.0
@@ -94,7 +98,7 @@ def _pick(rng: random.Random) -> str:
     return MIX[-1][0]
 
 
-async def _one(http: httpx.AsyncClient, op: str, rng: random.Random, tally: Tally, seeded: list[str]) -> float:
+async def _one(http: httpx.AsyncClient, op: str, rng: random.Random, tally: Tally, mine: _Tenant) -> float:
     """One request; returns how long to back off before the next."""
     started = time.perf_counter()
     try:
@@ -104,8 +108,7 @@ async def _one(http: httpx.AsyncClient, op: str, rng: random.Random, tally: Tall
         elif op == "save":
             response = await http.post("/v1/memories", json={"content": _note(rng)})
         else:
-            pool = tally.saved or seeded
-            response = await http.get(f"/v1/memories/{rng.choice(pool)}")
+            response = await http.get(f"/v1/memories/{rng.choice(mine.saved or mine.seeded)}")
     except httpx.TimeoutException:
         tally.unanswered += 1
         return 0.0
@@ -117,6 +120,7 @@ async def _one(http: httpx.AsyncClient, op: str, rng: random.Random, tally: Tall
     tally.statuses[str(response.status_code)] += 1
     if op == "save" and response.status_code == 201:
         tally.saved.append(response.json()["memory_id"])
+        mine.saved.append(tally.saved[-1])
     if response.status_code in (429, 503):
         try:
             return min(float(response.headers.get("retry-after", "1")), MAX_BACKOFF)
@@ -125,20 +129,25 @@ async def _one(http: httpx.AsyncClient, op: str, rng: random.Random, tally: Tall
     return 0.0
 
 
-async def _client(
-    url: str, key: str, seed: int, deadline: float, tally: Tally, seeded: list[str], tls: ssl.SSLContext
-) -> None:
+@dataclass
+class _Tenant:
+    key: str
+    seeded: list[str] = field(default_factory=list)
+    saved: list[str] = field(default_factory=list)  # acknowledged saves, read back with this key after the run
+
+
+async def _client(url: str, mine: _Tenant, seed: int, deadline: float, tally: Tally, tls: ssl.SSLContext) -> None:
     # Its own HTTP client and connection, as each agent has: one pool shared by every client made each
     # request scan all the pool's connections (httpcore), which cost the load generator more CPU than the
     # requests it timed and, every so often, stalled it for seconds.
     rng = random.Random(seed)
     limits = httpx.Limits(max_connections=1, max_keepalive_connections=1)
-    headers = {"Authorization": f"Bearer {key}"}
+    headers = {"Authorization": f"Bearer {mine.key}"}
     async with httpx.AsyncClient(
         base_url=url, headers=headers, timeout=UNANSWERED_AFTER, limits=limits, verify=tls
     ) as http:
         while time.monotonic() < deadline:
-            backoff = await _one(http, _pick(rng), rng, tally, seeded)
+            backoff = await _one(http, _pick(rng), rng, tally, mine)
             if backoff:
                 await asyncio.sleep(min(backoff * (0.5 + rng.random()), max(0.0, deadline - time.monotonic())))
 
@@ -157,15 +166,16 @@ async def _health(url: str, deadline: float, tally: Tally) -> None:
             await asyncio.sleep(HEALTH_EVERY)
 
 
-async def _verify(http: httpx.AsyncClient, ids: list[str]) -> int:
+async def _verify(http: httpx.AsyncClient, key: str, ids: list[str]) -> int:
     """How many acknowledged saves cannot be read back (each is retried on 503 until it answers)."""
     gate = asyncio.Semaphore(8)
+    headers = {"Authorization": f"Bearer {key}"}
 
     async def missing(memory_id: str) -> bool:
         async with gate:
             for _ in range(20):
                 try:
-                    response = await http.get(f"/v1/memories/{memory_id}")
+                    response = await http.get(f"/v1/memories/{memory_id}", headers=headers)
                 except httpx.HTTPError:
                     await asyncio.sleep(1)
                     continue
@@ -177,10 +187,10 @@ async def _verify(http: httpx.AsyncClient, ids: list[str]) -> int:
     return sum(await asyncio.gather(*(missing(i) for i in ids)))
 
 
-async def _seed(http: httpx.AsyncClient, count: int) -> list[str]:
+async def _seed(http: httpx.AsyncClient, key: str, count: int) -> list[str]:
     rng = random.Random(0)
     items = [{"content": _note(rng)} for _ in range(count)]
-    response = await http.post("/v1/memories:batch", json={"items": items})
+    response = await http.post("/v1/memories:batch", json={"items": items}, headers={"Authorization": f"Bearer {key}"})
     response.raise_for_status()
     return [r["memory_id"] for r in response.json()["results"] if "memory_id" in r]
 
@@ -321,12 +331,15 @@ class Usage:
     machine: float
 
 
-async def _run(url: str, key: str, *, clients: int, seconds: float, root: int | None) -> tuple[Tally, int, Usage]:
-    """The tally, the lost writes, and the CPU used during the clients' run."""
-    headers = {"Authorization": f"Bearer {key}"}
+async def _run(
+    url: str, keys: list[str], *, clients: int, seconds: float, root: int | None
+) -> tuple[Tally, int, Usage]:
+    """The tally, the lost writes, and the CPU used during the clients' run (client n uses key n mod K)."""
     pids = api_processes(int(urlsplit(url).port or 0))
-    async with httpx.AsyncClient(base_url=url, headers=headers, timeout=UNANSWERED_AFTER) as http:
-        seeded = await _seed(http, SEED_MEMORIES)
+    tenants = [_Tenant(key) for key in keys]
+    async with httpx.AsyncClient(base_url=url, timeout=UNANSWERED_AFTER) as http:
+        for tenant in tenants:
+            tenant.seeded = await _seed(http, tenant.key, SEED_MEMORIES)
         tls = ssl.create_default_context()
         tally = Tally()
         cpu_before, roles_before, machine_before = cpu_seconds(pids), cpu_by_role(root, pids), machine_cpu_seconds()
@@ -334,11 +347,13 @@ async def _run(url: str, key: str, *, clients: int, seconds: float, root: int | 
         await asyncio.gather(
             _health(url, deadline, tally),
             # (One TLS context for all: making one per client cost the first second ~10 ms of CPU each.)
-            *(_client(url, key, n, deadline, tally, seeded, tls) for n in range(clients)),
+            *(_client(url, tenants[n % len(tenants)], n, deadline, tally, tls) for n in range(clients)),
         )
         roles = {role: spent - roles_before.get(role, 0.0) for role, spent in cpu_by_role(root, pids).items()}
         usage = Usage(cpu_seconds(pids) - cpu_before, len(pids), roles, machine_cpu_seconds() - machine_before)
-        lost = await _verify(http, list(tally.saved))
+        lost = 0
+        for tenant in tenants:
+            lost += await _verify(http, tenant.key, tenant.saved)
     return tally, lost, usage
 
 
@@ -350,30 +365,56 @@ def _p(values: list[float], q: float) -> float:
     return statistics.quantiles(values, n=100, method="inclusive")[int(q * 100) - 1]
 
 
-def run(*, url: str | None, key: str | None, clients: int, seconds: float, log: Callable[[str], None]) -> list[dict]:
+def run(
+    *, url: str | None, key: str | None, clients: int, seconds: float, log: Callable[[str], None], tenants: int = 1
+) -> list[dict]:
     """Figures of one load run against ``url`` (or a throwaway `engram serve` started for it)."""
     if not 1 <= clients <= MAX_CLIENTS:
         raise ValueError(f"clients must be 1..{MAX_CLIENTS}")
+    if not 1 <= tenants <= min(MAX_TENANTS, clients):
+        raise ValueError(f"tenants must be 1..{MAX_TENANTS} and at most the clients")
+    if tenants > 1 and url is not None:
+        raise ValueError("--tenants needs the throwaway serve (without --url): it creates the tenants")
     if not 0 < seconds <= MAX_SECONDS:
         raise ValueError(f"seconds must be in (0, {MAX_SECONDS}]")
     if url is not None:
         url = check_loopback(url)
         if not key:
             raise ValueError("give the tenant API key (--key or ENGRAM_API_KEY) with --url")
-        return _figures(url, key, clients=clients, seconds=seconds, log=log, root=serving_stack(url))
-    with throwaway_serve(log=log) as (started_url, admin_key, serve_pid):
-        return _figures(started_url, admin_key, clients=clients, seconds=seconds, log=log, root=serve_pid)
+        return figures_of(url, [key], clients=clients, seconds=seconds, log=log, root=serving_stack(url))
+    with throwaway_serve(log=log) as served:
+        keys = served.tenant_keys(tenants)
+        return figures_of(served.url, keys, clients=clients, seconds=seconds, log=log, root=served.pid)
 
 
-def _figures(
-    url: str, key: str, *, clients: int, seconds: float, log: Callable[[str], None], root: int | None
+class Served(NamedTuple):
+    """A throwaway `engram serve`: its URL, the default tenant's admin key, its process id, the operator key."""
+
+    url: str
+    admin_key: str
+    pid: int
+    operator_key: str
+
+    def tenant_keys(self, tenants: int) -> list[str]:
+        """Admin keys of ``tenants`` tenants: the default one, and new ones made with the operator key."""
+        operator = {"Authorization": f"Bearer {self.operator_key}"}
+        keys = [self.admin_key]
+        for n in range(2, tenants + 1):
+            made = httpx.post(f"{self.url}/v1/tenants", json={"name": f"load-{n}"}, headers=operator, timeout=60)
+            made.raise_for_status()
+            keys.append(made.json()["api_key"])
+        return keys
+
+
+def figures_of(
+    url: str, keys: list[str], *, clients: int, seconds: float, log: Callable[[str], None], root: int | None
 ) -> list[dict]:
     speed = machine_speed_ms()
-    log(f"load: {clients} clients for {seconds:g} s against {url}")
+    log(f"load: {clients} clients of {len(keys)} tenant(s) for {seconds:g} s against {url}")
     started = time.monotonic()
-    tally, lost, usage = asyncio.run(_run(url, key, clients=clients, seconds=seconds, root=root))
+    tally, lost, usage = asyncio.run(_run(url, keys, clients=clients, seconds=seconds, root=root))
     elapsed = time.monotonic() - started
-    params: dict[str, Any] = {"clients": clients, "seconds": seconds}
+    params: dict[str, Any] = {"clients": clients, "seconds": seconds, "tenants": len(keys)}
     out = [
         figure("load", "requests", tally.requests, "count", **params),
         figure("load", "requests_per_s", tally.requests / max(seconds, 1e-9), "1/s", **params),
@@ -410,9 +451,8 @@ def _figures(
 
 
 @contextmanager
-def throwaway_serve(*, log: Callable[[str], None]) -> Iterator[tuple[str, str, int]]:
-    """`engram serve` on a temporary home and a free port; yields (URL, the default tenant's admin key, the
-    serve process's id)."""
+def throwaway_serve(*, log: Callable[[str], None]) -> Iterator[Served]:
+    """`engram serve` on a temporary home and a free port, until the block ends."""
     base = Path(tempfile.mkdtemp(prefix="engram-load-", dir="/tmp"))
     base.chmod(0o755)
     port = free_port()
@@ -439,7 +479,8 @@ def throwaway_serve(*, log: Callable[[str], None]) -> Iterator[tuple[str, str, i
             if found is None:
                 raise RuntimeError(f"engram serve did not start:\n{text[-2000:]}")
             log(f"started engram serve on port {port} (home {base / 'home'})")
-            yield f"http://127.0.0.1:{port}", found.group(1), process.pid
+            operator_key = (base / "home" / "operator_key").read_text().strip()
+            yield Served(f"http://127.0.0.1:{port}", found.group(1), process.pid, operator_key)
         finally:
             if process.poll() is None:
                 process.send_signal(signal.SIGTERM)

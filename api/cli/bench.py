@@ -77,13 +77,18 @@ def bench_search(memories: int, entities: int, queries: int, as_json: bool) -> N
     "--url", default=None, help="a running API, http://127.0.0.1:<port> only (default: start a throwaway serve)"
 )
 @click.option("--key", envvar="ENGRAM_API_KEY", default=None, help="tenant API key for --url (or ENGRAM_API_KEY)")
+@click.option(
+    "--tenants", default=1, show_default=True, help="spread the clients over this many tenants (throwaway serve only)"
+)
 @json_option
-def bench_load(clients: int, seconds: float, url: str | None, key: str | None, as_json: bool) -> None:
+def bench_load(clients: int, seconds: float, url: str | None, key: str | None, tenants: int, as_json: bool) -> None:
     """Mixed load (60% search, 30% save, 10% get): statuses, latencies, lost writes, /healthz latency."""
     from api.bench.load import run
 
     try:
-        figures = run(url=url, key=key, clients=clients, seconds=seconds, log=lambda m: click.echo(m, err=True))
+        figures = run(
+            url=url, key=key, clients=clients, seconds=seconds, tenants=tenants, log=lambda m: click.echo(m, err=True)
+        )
     except ValueError as exc:
         raise click.UsageError(str(exc)) from exc
     emit_figures(figures, as_json=as_json)
