@@ -182,7 +182,7 @@ def test_bench_load_short_run_loses_nothing_and_answers_only_2xx_or_503(stack, t
     with api_process(BenchStack(home=stack.home, env=stack.env), port=free_port()) as url:
         figures = run(url=url, key=tenant.admin_key, clients=4, seconds=3, log=lambda m: None)
     values = {f["metric"]: f["value"] for f in figures}
-    assert all(f["bench"] == "load" and f["params"] == {"clients": 4, "seconds": 3} for f in figures)
+    assert all(f["bench"] == "load" and f["params"] == {"clients": 4, "seconds": 3, "tenants": 1} for f in figures)
     assert values["requests"] > 0 and values["saves_acknowledged"] > 0
     assert values["lost_writes"] == 0
     assert values["unanswered_30s"] == 0 and values["connection_errors"] == 0
@@ -217,3 +217,22 @@ def test_bench_load_finds_every_process_holding_the_listening_socket():
             child.communicate(b"")
         assert api_processes(port) == [os.getpid()]
     assert api_processes(port) == []
+
+
+def test_bench_load_spreads_clients_over_tenants_and_counts_every_routed_process(stack, make_tenant):
+    """Two tenants' clients against `ENGRAM_API_WORKERS=2`: each tenant's saves are read back with its own
+    key (none lost), and the router and both of its processes are counted as the API."""
+    from api.bench.load import figures_of
+    from api.bench.stack import BenchStack, api_process
+    from api.serve.embedded import free_port
+
+    keys = [make_tenant("load").admin_key, make_tenant("load").admin_key]
+    routed = BenchStack(home=stack.home, env={**stack.env, "ENGRAM_API_WORKERS": "2"})
+    with api_process(routed, port=free_port()) as url:
+        figures = figures_of(url, keys, clients=4, seconds=3, log=lambda m: None, root=None)
+    values = {f["metric"]: f["value"] for f in figures}
+    assert all(f["params"] == {"clients": 4, "seconds": 3, "tenants": 2} for f in figures)
+    assert values["saves_acknowledged"] > 0 and values["lost_writes"] == 0
+    assert values["unanswered_30s"] == 0 and values["connection_errors"] == 0
+    assert all(m[len("status_") :] in ("200", "201", "503") for m in values if m.startswith("status_"))
+    assert values["api_processes"] == 3 and values["api_cpu_s_per_1000"] > 0
