@@ -15,6 +15,7 @@ from starlette.concurrency import run_in_threadpool
 
 from api.quota_events import TENANT_SCOPE_KEY
 from api.ratelimit import INVALID_KEY_BUDGET, Verdict, key_budget, limiter, remember_verdict, tenant_budget
+from api.serve import routed
 from core.config import get_settings
 from core.db import system_session
 from core.errors import Forbidden, RateLimited, TenantSuspended, Unauthorized
@@ -84,6 +85,7 @@ def caller_for_key(api_key: str) -> Caller:
         raise
     with _cache_lock:
         _cache[digest] = (now + _CACHE_TTL_SECONDS, caller)
+    routed.learned(api_key, caller.tenant_id)  # with ENGRAM_API_WORKERS > 1: route its tenant to one process
     return caller
 
 

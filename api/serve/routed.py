@@ -8,25 +8,32 @@ CPU per request 1.11-1.25x at 2 processes and 1.31-1.45x at 4 (docs/benchmarks.m
 
 So with ``ENGRAM_API_WORKERS=N`` (N > 1) the ``engram api`` process does not serve: it holds the listening
 socket and, for each new connection, reads the head of its first request without taking it off the socket
-(``MSG_PEEK``), picks the process that owns the request's ``Authorization`` header (a hash of it modulo N)
-and passes the connection's file descriptor to that process (``SCM_RIGHTS`` over a Unix socket pair). The
-process serves the connection from its first byte as if it had accepted it: nothing is copied or proxied,
-and the router spends a few syscalls per connection, none per request. A load balancer in front of replicas
-does the same by hashing the same header (deploy/SCALING.md); this is that, inside one machine.
+(``MSG_PEEK``), picks the process that owns the request's API key and passes the connection's file
+descriptor to that process (``SCM_RIGHTS`` over a Unix socket pair). The process serves the connection from
+its first byte as if it had accepted it: nothing is copied or proxied, and the router spends a few syscalls
+per connection, none per request.
 
-A connection without the header in its first request (``/healthz``, the dashboard's page) goes to the
-processes in turn. Later requests on a keep-alive connection stay with the process that has it: a client
-using several keys on one connection is served correctly, by one process. A process that dies is started
-again; meanwhile its connections go to the next live one.
+The owner of a key is its tenant's process (tenant id modulo N) once the router knows the key's tenant,
+and until then the process its hash names. A process that authenticates a key it had not cached tells the
+router the key's tenant (the key's CRC-32 and the tenant id, over the same socket pair), so a tenant whose
+agents use many keys is still served by one process. A load balancer in front of replicas cannot know the
+tenant and hashes the header instead (deploy/SCALING.md).
+
+A connection without a key in its first request (``/healthz``, the dashboard's page) goes to the processes
+in turn. Later requests on a keep-alive connection stay with the process that has it: a client using
+several keys on one connection is served correctly, by one process. A process that dies is started again;
+meanwhile its connections go to the next live one.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import selectors
 import signal
 import socket
+import struct
 import subprocess
 import time
 import zlib
@@ -50,6 +57,12 @@ PEEK_SECONDS = 0.5
 _REPEEK_SECONDS = 0.002
 
 
+# What a process tells its router: a key's CRC-32 belongs to a tenant.
+_LEARNED = struct.Struct("!cIq")
+# Keys whose tenant the router remembers (then it forgets them all and learns again).
+MAX_KNOWN_KEYS = 200_000
+
+
 def authorization(head: bytes) -> bytes | None:
     """The value of the ``Authorization`` header in a request head, once its line is complete, else None."""
     start = 0
@@ -68,9 +81,23 @@ def head_complete(head: bytes) -> bool:
     return b"\r\n\r\n" in head or len(head) >= PEEK_BYTES
 
 
-def owner(credential: bytes, processes: int) -> int:
-    """The process that serves requests carrying ``credential`` (the same one for as long as N holds)."""
-    return zlib.crc32(credential) % processes
+def bearer(credential: bytes) -> bytes | None:
+    """The API key of an ``Authorization`` value (``Bearer <key>``, as api.auth reads it), else None."""
+    scheme, _, token = credential.partition(b" ")
+    token = token.strip()
+    return token if scheme.lower() == b"bearer" and token else None
+
+
+def key_digest(token: bytes) -> int:
+    return zlib.crc32(token)
+
+
+def owner(token: bytes, processes: int, tenants: dict[int, int] | None = None) -> int:
+    """The process that serves requests with the API key ``token``: its tenant's, when ``tenants`` (key
+    digest -> tenant id) knows it, else the one the key's hash names."""
+    digest = key_digest(token)
+    tenant = tenants.get(digest) if tenants else None
+    return (tenant if tenant is not None else digest) % processes
 
 
 @dataclass
@@ -103,6 +130,7 @@ class Router:
         self.waiting: dict[int, _Waiting] = {}  # by fd: connections not routed yet
         self.rechecking: set[int] = set()  # those of them whose head came in part (no longer selected)
         self.unsent: list[tuple[socket.socket, int]] = []  # no process could take them yet
+        self.tenants: dict[int, int] = {}  # key digest -> tenant id, as the processes report them
         self.next_index = 0
         self.stopping = False
         self.code = 0
@@ -116,10 +144,32 @@ class Router:
                 [*process.argv, str(theirs.fileno())],
                 pass_fds=(theirs.fileno(),),
                 preexec_fn=die_with_parent(signal.SIGKILL),
+                env={**os.environ, "ENGRAM_API_PROCESS": str(process.index)},  # which one it is (logs, tests)
             )
         finally:
             theirs.close()
         process.channel = ours
+        self.selector.register(ours, selectors.EVENT_READ, process)
+
+    def _hear(self, process: _Process) -> None:
+        """Take what a process reported: the tenants of keys it authenticated."""
+        assert process.channel is not None
+        while True:
+            try:
+                message = process.channel.recv(_LEARNED.size)
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError:
+                message = b""
+            if not message:  # it exited: _tend starts it again
+                self.selector.unregister(process.channel)
+                return
+            if len(message) == _LEARNED.size:
+                kind, digest, tenant = _LEARNED.unpack(message)
+                if kind == b"t":
+                    if len(self.tenants) >= MAX_KNOWN_KEYS:
+                        self.tenants.clear()
+                    self.tenants[digest] = tenant
 
     def _tend(self) -> None:
         """Start again a process that died on its own (at most RESTARTS_PER_MINUTE a minute, then give up)."""
@@ -128,6 +178,8 @@ class Router:
             if process.popen is None or process.popen.poll() is None:
                 continue
             if process.channel is not None:
+                with contextlib.suppress(KeyError, ValueError):
+                    self.selector.unregister(process.channel)
                 process.channel.close()
                 process.channel = None
                 code = process.popen.returncode
@@ -154,7 +206,7 @@ class Router:
                 return
             connection.setblocking(False)
             self.waiting[connection.fileno()] = _Waiting(connection, time.monotonic() + PEEK_SECONDS)
-            self.selector.register(connection, selectors.EVENT_READ)
+            self.selector.register(connection, selectors.EVENT_READ, None)
 
     def _look(self, waiting: _Waiting, *, now: float) -> bool:
         """Route the connection if its head says enough (or its time is up); False to look again later."""
@@ -171,7 +223,8 @@ class Router:
         credential = authorization(head) if head else None
         if credential is None and head is not None and not head_complete(head) and now < waiting.deadline:
             return False
-        self._send(connection, owner(credential, len(self.processes)) if credential else self._turn())
+        token = bearer(credential) if credential else None
+        self._send(connection, owner(token, len(self.processes), self.tenants) if token else self._turn())
         return True
 
     def _turn(self) -> int:
@@ -226,13 +279,16 @@ class Router:
         for process in self.processes:
             self._start(process)
         self.listener.setblocking(False)
-        self.selector.register(self.listener, selectors.EVENT_READ)
+        self.selector.register(self.listener, selectors.EVENT_READ, None)
         try:
             while not self.stopping:
                 self._tend()
                 for key, _ in self.selector.select(self._timeout(time.monotonic())):
                     if key.fileobj is self.listener:
                         self._accept()
+                        continue
+                    if key.data is not None:  # a process's end of its socket pair
+                        self._hear(key.data)
                         continue
                     # A head not complete yet is looked at again shortly (_waited), not at every event of
                     # its socket, which stays readable while its bytes are unread.
@@ -290,6 +346,17 @@ def run_routed(argv: Sequence[str], *, host: str, port: int, processes: int, bac
     return router.run()
 
 
+_router: socket.socket | None = None  # in a routed API process: its end of the socket pair
+
+
+def learned(token: str, tenant_id: int) -> None:
+    """Tell this process's router (if it has one) the tenant of an API key it just authenticated."""
+    if _router is None:
+        return
+    with contextlib.suppress(OSError):  # a hint: if the router cannot take it now, the key is routed by hash
+        _router.send(_LEARNED.pack(b"t", key_digest(token.encode()), tenant_id))
+
+
 class HandoffServer(DrainingServer):
     """An API process that serves the connections its router passes it instead of listening itself."""
 
@@ -299,9 +366,11 @@ class HandoffServer(DrainingServer):
         self._connecting: set[asyncio.Future[Any]] = set()
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        global _router
         await super().startup(sockets=[])  # no listening socket of its own
         if self.started:
             self.handoff.setblocking(False)
+            _router = self.handoff
             asyncio.get_running_loop().add_reader(self.handoff.fileno(), self._take)
 
     def _take(self) -> None:
@@ -331,6 +400,8 @@ class HandoffServer(DrainingServer):
             asyncio.get_running_loop().remove_reader(self.handoff.fileno())
         if self._connecting:
             await asyncio.gather(*self._connecting, return_exceptions=True)
+        global _router
+        _router = None
         self.handoff.close()
 
 

@@ -205,8 +205,8 @@ def test_two_api_processes_on_one_home_share_its_index_directory(stack, make_ten
     admin = _headers(make_tenant)
     by_owner: dict[int, list[str]] = {0: [], 1: []}
     while min(len(keys) for keys in by_owner.values()) < 2:  # two keys served by each process
-        (key,) = _keys(replica.url, admin, 1)
-        by_owner[owner(f"Bearer {key}".encode(), 2)].append(key)
+        (key,) = _keys(replica.url, admin, 1)  # not used yet: routed by its hash, not its tenant
+        by_owner[owner(key.encode(), 2)].append(key)
     keys = [*by_owner[0][:2], *by_owner[1][:2]]
     failures: list[str] = []
 
@@ -271,29 +271,40 @@ def _keys(url: str, admin: dict[str, str], count: int) -> list[str]:
     return keys
 
 
-def test_routed_processes_serve_each_key_from_one_process(stack, make_tenant):
-    """`engram api --workers 3`: every connection of a key goes to the process its hash names, so one
-    process does a tenant's per-change work; connections without a key go to each process in turn."""
+def _process_index(pid: int) -> int:
+    import psutil
+
+    return int(psutil.Process(pid).environ()["ENGRAM_API_PROCESS"])
+
+
+def test_routed_processes_serve_each_tenant_from_one_process(stack, make_tenant):
+    """`engram api --workers 3`: a key's first connection goes to the process its hash names, which tells the
+    router the key's tenant; from then on every connection of every key of that tenant goes to the tenant's
+    process, so one process does a tenant's per-change work. Connections without a key go to each in turn."""
     from api.serve.routed import owner
 
     base = Path(tempfile.mkdtemp(prefix="engram-routed-", dir="/tmp"))
     base.chmod(0o755)
     replica = Replica(stack, base, "home", workers=3)
+    router = replica.process.pid
     try:
-        keys = _keys(replica.url, _headers(make_tenant), 6)
-        served: dict[str, set[int]] = {}
-        for _ in range(4):
-            for key in keys:
-                pid = _fresh_connection_pid(replica.url, replica.process.pid, {"Authorization": f"Bearer {key}"})
-                served.setdefault(key, set()).add(pid)
-        assert all(len(pids) == 1 for pids in served.values()), served
-        by_owner: dict[int, set[int]] = {}
-        for key, pids in served.items():
-            by_owner.setdefault(owner(f"Bearer {key}".encode(), 3), set()).update(pids)
-        assert all(len(pids) == 1 for pids in by_owner.values()), by_owner  # one process an owner...
-        assert len({pid for pids in by_owner.values() for pid in pids}) == len(by_owner)  # ...and its own
-        anonymous = {_fresh_connection_pid(replica.url, replica.process.pid, {}, "/healthz") for _ in range(6)}
-        assert len(anonymous) == 3
+        tenants = [make_tenant("routed") for _ in range(3)]
+        keys = {t.tenant_id: [t.admin_key, *_keys(replica.url, t.headers(), 3)] for t in tenants}
+        for tenant_keys in keys.values():
+            for key in tenant_keys[1:]:  # not used yet (issued with the admin key)
+                first = _fresh_connection_pid(replica.url, router, {"Authorization": f"Bearer {key}"})
+                assert _process_index(first) == owner(key.encode(), 3)
+        for tenant_id, tenant_keys in keys.items():
+            for key in tenant_keys * 2:
+                pid = _fresh_connection_pid(replica.url, router, {"Authorization": f"Bearer {key}"})
+                assert _process_index(pid) == tenant_id % 3
+        anonymous = {_fresh_connection_pid(replica.url, router, {}, "/healthz") for _ in range(6)}
+        assert sorted(_process_index(pid) for pid in anonymous) == [0, 1, 2]
+        # A key no process knows is answered (401) where its hash says, and teaches the router nothing.
+        stranger = "egk_nobody"
+        for _ in range(2):
+            pid = _fresh_connection_pid(replica.url, router, {"Authorization": f"Bearer {stranger}"})
+            assert _process_index(pid) == owner(stranger.encode(), 3)
     finally:
         replica.stop()
         shutil.rmtree(base, ignore_errors=True)
@@ -307,6 +318,7 @@ def test_a_routed_process_killed_is_replaced_and_its_keys_answered_meanwhile(sta
     replica = Replica(stack, base, "home", workers=2)
     try:
         headers = _headers(make_tenant)
+        _fresh_connection_pid(replica.url, replica.process.pid, headers)  # the router learns the key's tenant
         before = _fresh_connection_pid(replica.url, replica.process.pid, headers)
         other = ({p.pid for p in psutil.Process(replica.process.pid).children()} - {before}).pop()
         os.kill(before, signal.SIGKILL)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from api.serve.routed import PEEK_BYTES, authorization, head_complete, owner
+from api.serve.routed import PEEK_BYTES, authorization, bearer, head_complete, key_digest, owner
 
 
 def test_the_authorization_header_is_found_in_any_case_and_position():
@@ -30,8 +30,22 @@ def test_no_header_before_the_blank_line_means_none_and_the_body_is_not_read():
     assert head_complete(b"GET / HTTP/1.1\r\nX: " + b"a" * PEEK_BYTES)
 
 
-def test_a_credential_has_one_owner_and_credentials_spread_over_the_processes():
-    assert owner(b"Bearer egk_one", 4) == owner(b"Bearer egk_one", 4)
-    owners = [owner(f"Bearer egk_{n}".encode(), 4) for n in range(400)]
+def test_the_key_is_read_from_the_header_as_the_api_reads_it():
+    assert bearer(b"Bearer egk_a") == b"egk_a"
+    assert bearer(b"bearer   egk_a ") == b"egk_a"
+    assert bearer(b"Basic dXNlcg==") is None
+    assert bearer(b"Bearer ") is None
+
+
+def test_a_key_has_one_owner_and_keys_spread_over_the_processes():
+    assert owner(b"egk_one", 4) == owner(b"egk_one", 4)
+    owners = [owner(f"egk_{n}".encode(), 4) for n in range(400)]
     assert set(owners) == {0, 1, 2, 3}
     assert min(owners.count(index) for index in range(4)) > 50  # none starved: 100 each on average
+
+
+def test_a_key_whose_tenant_is_known_goes_to_its_tenants_process():
+    keys = [f"egk_{n}".encode() for n in range(40)]
+    tenants = {key_digest(key): 7 for key in keys}  # forty keys of tenant 7
+    assert {owner(key, 4, tenants) for key in keys} == {7 % 4}
+    assert {owner(key, 4, {key_digest(key): tenant}) for tenant in range(8) for key in keys[:1]} == {0, 1, 2, 3}
