@@ -29,7 +29,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import psycopg
-from sqlalchemy import text
+from sqlalchemy import Connection, text
 
 from core.config import get_settings
 from core.db import system_connection
@@ -159,9 +159,27 @@ _IN_FLIGHT_COUNT = f"SELECT count(*) FROM jobs WHERE {IN_FLIGHT} AND {lane_sql()
 _RELEASE = text("UPDATE jobs SET dispatched_at = NULL WHERE id = ANY(:ids) AND state = 'queued'")
 
 
+# The claim and the in-flight count are the same for every tenant (no tenant id among their parameters), so
+# they run on the generic plan of their prepared statement (psycopg prepares a statement on its fifth run on a
+# connection) instead of being planned afresh at every round as tenant statements are (core.db): planning
+# the claim cost ~0.9 ms of PostgreSQL's CPU a round, ~0.3 ms per request under the load mix
+# (pg_stat_statements, `engram bench load`), against ~0.06 ms to run it. Transaction-local, with the lock.
+_LOCK_CLAIM = text(
+    "SELECT set_config('plan_cache_mode', 'force_generic_plan', true), pg_advisory_xact_lock(:space, :key)"
+)
+
+
 def claim_lane(lane: Lane, *, limits: RelayLimits, most: int = _BATCH) -> list[tuple[JobHead, dict | None, int]]:
     """Claim (commit ``dispatched_at``) up to the lane's free slots, at most ``most``; returns each claimed
     job's head, stored request context and turn, in the order their messages should go out."""
+    with system_connection() as connection:
+        return claim_in(connection, lane, limits=limits, most=most)
+
+
+def claim_in(
+    connection: Connection, lane: Lane, *, limits: RelayLimits, most: int = _BATCH
+) -> list[tuple[JobHead, dict | None, int]]:
+    """:func:`claim_lane` in the system transaction of ``connection`` (committed by the caller)."""
     claim = text(claim_statement(limits.tenant_kind_caps))
     params = {
         "lane": lane,
@@ -170,15 +188,12 @@ def claim_lane(lane: Lane, *, limits: RelayLimits, most: int = _BATCH) -> list[t
         "stale_s": limits.stale_after_s,
         "lease_s": limits.lease_s,
     }
-    with system_connection() as connection:
-        connection.execute(
-            text("SELECT pg_advisory_xact_lock(:space, :key)"), {"space": _CLAIM_LOCK_SPACE, "key": _CLAIM_LOCK[lane]}
-        )
-        busy = int(connection.execute(text(_IN_FLIGHT_COUNT), params).scalar_one())
-        free = min(limits.inflight(lane) - busy, most)
-        if free <= 0:
-            return []
-        rows = connection.execute(claim, {**params, "n": free}).all()
+    connection.execute(_LOCK_CLAIM, {"space": _CLAIM_LOCK_SPACE, "key": _CLAIM_LOCK[lane]})
+    busy = int(connection.execute(text(_IN_FLIGHT_COUNT), params).scalar_one())
+    free = min(limits.inflight(lane) - busy, most)
+    if free <= 0:
+        return []
+    rows = connection.execute(claim, {**params, "n": free}).all()
     rows = sorted(rows, key=lambda row: (row[6], row[7]))
     return [(JobHead(*row[:5]), row[5] if isinstance(row[5], dict) else None, int(row[6])) for row in rows]
 

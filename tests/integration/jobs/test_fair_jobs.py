@@ -199,3 +199,32 @@ def test_a_fresh_save_gets_its_vector_while_another_tenants_backlog_drains(stack
         wait_for(lambda: _unfinished_embed_jobs(a.tenant_id) == 0, timeout=180, interval=0.2)
     finally:
         worker.stop()
+
+
+def test_the_claim_runs_on_a_generic_plan_not_planned_each_round(stack, make_tenant):
+    """The claim has no tenant among its parameters: after psycopg prepares it (its fifth run on a
+    connection) PostgreSQL runs it on the statement's generic plan, and it still claims right."""
+    from core.db import _SYSTEM_MODE, _set_mode, get_engine
+    from core.jobs.relay import RelayLimits, claim_in
+
+    tenant = make_tenant("generic")
+    ids = _add_jobs(tenant.tenant_id, "embed", [{"doc_ids": ["memory:x", "memory:y"]}] * 8)
+    claimed: list[str] = []
+    try:
+        with get_engine().connect() as connection:  # one connection: its prepared statements are its own
+            for _ in range(8):
+                with connection.begin():
+                    _set_mode(connection, _SYSTEM_MODE)
+                    limits = RelayLimits(bulk_inflight=_in_flight("bulk") + 1)
+                    claimed += [head.id for head, _, _ in claim_in(connection, "bulk", limits=limits, most=1)]
+            plans = connection.execute(
+                text(
+                    "SELECT generic_plans, custom_plans FROM pg_prepared_statements"
+                    " WHERE statement LIKE '%WITH ranked AS%'"
+                )
+            ).all()
+        ours = [j for j in claimed if j in ids]
+        assert len(claimed) == 8 and ours and ours == ids[: len(ours)]  # one a round, oldest first
+        assert len(plans) == 1 and plans[0].generic_plans >= 3 and plans[0].custom_plans == 0
+    finally:
+        _forget_jobs(ids, claimed)
