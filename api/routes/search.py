@@ -7,7 +7,7 @@ from typing import Any
 from fastapi import APIRouter, Body, Depends, Request, Response
 
 from api.auth import require_caller
-from api.openapi import BEARER, IDENTITY, operation
+from api.openapi import IDENTITY, operation
 from api.routes.memories import acting_identity
 from api.threads import Route
 from core.db import tenant_session
@@ -17,7 +17,7 @@ from core.search.schemas import SearchRequest, SearchResponse
 from core.tenancy.context import Caller
 from core.tenancy.usage import buffer as usage_buffer
 
-router = APIRouter(prefix="/v1", tags=["search"], dependencies=[Depends(BEARER)], route_class=Route)
+router = APIRouter(prefix="/v1", tags=["search"], route_class=Route)
 
 
 @router.post(

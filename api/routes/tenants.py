@@ -11,7 +11,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from api.auth import bearer_token, forget_cached_keys, is_operator_key, require_admin
-from api.openapi import BEARER, operation
+from api.openapi import operation
 from api.threads import Route
 from core.db import system_session, tenant_session
 from core.errors import Forbidden, Invalid, Unauthorized
@@ -21,7 +21,7 @@ from core.tenancy import operations, usage
 from core.tenancy.context import Caller
 from core.tenancy.quotas import full_quotas
 
-router = APIRouter(prefix="/v1", tags=["tenants"], dependencies=[Depends(BEARER)], route_class=Route)
+router = APIRouter(prefix="/v1", tags=["tenants"], route_class=Route)
 
 TenantPath = Annotated[str, Path(description="the tenant's name")]
 MAX_USAGE_DAYS = 366

@@ -11,7 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy.orm import Session
 
 from api.auth import require_caller
-from api.openapi import BEARER, IDENTITY, operation
+from api.openapi import IDENTITY, operation
 from api.routes.memories import acting_identity
 from api.schemas import ImportResult
 from api.threads import Route, in_thread
@@ -23,7 +23,7 @@ from core.memories.schemas import unknown_fields
 from core.tenancy.context import Caller
 from core.tenancy.usage import buffer as usage_buffer
 
-router = APIRouter(prefix="/v1", tags=["memories"], dependencies=[Depends(BEARER)], route_class=Route)
+router = APIRouter(prefix="/v1", tags=["memories"], route_class=Route)
 
 EXPORT_FORMATS = ("markdown",)
 _MARKDOWN_MEDIA = ("text/markdown", "text/x-markdown", "text/plain")
