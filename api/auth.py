@@ -11,11 +11,11 @@ import threading
 import time
 
 from fastapi import Request
-from starlette.concurrency import run_in_threadpool
 
 from api.quota_events import TENANT_SCOPE_KEY
 from api.ratelimit import INVALID_KEY_BUDGET, Verdict, key_budget, limiter, remember_verdict, tenant_budget
 from api.serve import routed
+from api.threads import in_thread
 from core.config import get_settings
 from core.db import system_session
 from core.errors import Forbidden, RateLimited, TenantSuspended, Unauthorized
@@ -209,7 +209,7 @@ def caller_from_request(request: Request, *, meter: bool = True) -> Caller:
 
 async def require_caller(request: Request) -> Caller:
     """FastAPI dependency. A cached key is answered on the event loop, its budgets spent with awaited Redis
-    calls; only a miss goes to the threadpool (a sync dependency would cost a thread hop on every request).
+    calls; only a miss goes to a request thread (a sync dependency would cost a thread hop on every request).
     The budget's RateLimit header fields are added to whatever response the request ends with by
     api.observe.RequestContext."""
     token = bearer_token(request)
@@ -219,7 +219,7 @@ async def require_caller(request: Request) -> Caller:
         raise Forbidden("the operator key has no tenant; use a tenant API key for /v1 data calls")
     caller = _cached(token)
     if caller is None:
-        caller = await run_in_threadpool(_lookup, token, request)
+        caller = await in_thread(_lookup, token, request)
     await _admit_on_loop(caller, request)
     return caller
 

@@ -11,11 +11,11 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from sqlalchemy.exc import DBAPIError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
-from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 
 from api.quota_events import from_scope
+from api.threads import in_thread
 from core.dbwaits import AnswerTimeout
 from core.errors import EngramError, QuotaExceeded
 
@@ -105,7 +105,7 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(EngramError)
     async def _engram(request: Request, exc: EngramError) -> JSONResponse:
         if isinstance(exc, QuotaExceeded):
-            await run_in_threadpool(from_scope, request.scope, exc)
+            await in_thread(from_scope, request.scope, exc)
         headers = {"Retry-After": "5" if exc.status == 503 else "1"} if exc.status in (429, 503) else None
         headers = {**(headers or {}), **getattr(exc, "headers", {})} or None
         return error_response(

@@ -14,15 +14,18 @@ from typing import Annotated, Any
 from fastapi import FastAPI, Path
 from fastapi.openapi.utils import get_openapi
 from fastapi.routing import APIRoute
-from fastapi.security import HTTPBearer
 from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 
 from api.schemas import ErrorResponse
 
-# A dependency of every keyed router: the spec gets the bearer `securitySchemes` (the Authorize button of
-# /docs). It never refuses a request itself (auto_error=False); api.auth checks the key.
-BEARER = HTTPBearer(auto_error=False, description="an engram API key: `Authorization: Bearer egk_...`")
+# Every /v1 operation takes a tenant's (or the operator's) key as a bearer token, which api.auth checks: the
+# description says so with one security scheme (the Authorize button of /docs), added to each /v1 operation
+# by install_openapi rather than declared as a dependency of each router, which FastAPI would call on every
+# request (to parse the header again into a model no route reads).
+BEARER_SCHEME = "HTTPBearer"
+_BEARER = {"type": "http", "description": "an engram API key: `Authorization: Bearer egk_...`", "scheme": "bearer"}
+KEYED_PREFIX = "/v1/"
 
 TAGS: list[dict[str, str]] = [
     {"name": "memories", "description": "Save, recall, revise, forget, list, hydrate, export and import memories."},
@@ -159,8 +162,11 @@ def install_openapi(app: FastAPI, *, description: str) -> None:
             if name in schemas and schemas[name] != schema:
                 raise RuntimeError(f"two different schemas are both named {name} in the OpenAPI description")
             schemas[name] = schema
-        for item in spec.get("paths", {}).values():
+        spec["components"]["securitySchemes"] = {BEARER_SCHEME: _BEARER}
+        for path, item in spec.get("paths", {}).items():
             for op in item.values():
+                if path.startswith(KEYED_PREFIX):
+                    op["security"] = [{BEARER_SCHEME: []}]
                 for media in op.get("requestBody", {}).get("content", {}).values():
                     ref = media.get("schema", {}).get("$ref")
                     if ref:  # FastAPI's own entry for the untyped body ({"title": "Body"}) gives way to the model

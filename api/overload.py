@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 
-import anyio
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from api.errors import busy_response
@@ -41,11 +40,8 @@ class LoadShedder:
             await self.app(scope, receive, send)
             return
         if self._slots is None:  # made on the server's event loop, on first use
+            # Sync work runs on api.threads' request threads, one for each admitted request and spares.
             self._slots = asyncio.Semaphore(self.max_inflight)
-            # Sync routes run in anyio's thread pool (40 threads by default): it must hold every admitted
-            # request, with room for probes and the server's own calls, or admitted requests queue again.
-            threads = anyio.to_thread.current_default_thread_limiter()
-            threads.total_tokens = max(threads.total_tokens, self.max_inflight + 8)
         if not await self._admit(self._slots):
             self.shed += 1
             await busy_response("the server is at capacity; retry shortly")(scope, receive, send)

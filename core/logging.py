@@ -17,7 +17,7 @@ from contextlib import contextmanager
 from typing import TextIO
 
 from pythonjsonlogger.core import RESERVED_ATTRS
-from pythonjsonlogger.json import JsonFormatter
+from pythonjsonlogger.orjson import OrjsonFormatter
 
 from core.config import get_settings
 
@@ -92,7 +92,9 @@ class ContextFilter(logging.Filter):
         return True
 
 
-class JsonLines(JsonFormatter):
+class JsonLines(OrjsonFormatter):
+    """One JSON object a line, encoded by orjson (UTF-8 as it is, where json.dumps escaped non-ASCII)."""
+
     def format(self, record: logging.LogRecord) -> str:
         return redact(super().format(record))
 
@@ -135,6 +137,7 @@ def configure_logging(
     """
 
     settings = get_settings()
+    _record_only_what_is_logged()
     for secret in (settings.operator_key, settings.secret_key):
         add_secret(secret)
     for url in (settings.database_url, settings.redis_url):
@@ -158,6 +161,17 @@ def configure_logging(
         logging.getLogger(name).handlers.clear()
         logging.getLogger(name).propagate = True
     logging.getLogger("uvicorn.access").disabled = True
+
+
+def _record_only_what_is_logged() -> None:
+    """Stop building the parts of each log record no line of ours shows: the caller's file, line and function
+    (a walk up the stack per record), the thread's and the process's names. Neither formatter writes them (the
+    JSON one leaves out every standard record attribute it is not told to show), and this is the logging
+    HOWTO's own recipe ("Optimization"); it cost the access line of every request ~15% of its logging."""
+    logging._srcfile = None  # type: ignore[attr-defined]
+    logging.logThreads = False
+    logging.logProcesses = False
+    logging.logMultiprocessing = False
 
 
 def _url_password(url: str) -> str | None:

@@ -54,7 +54,7 @@ def _http(memories: int, calls: int) -> list[dict[str, Any]]:
     from api.bench.stack import api_server, bench_stack
     from api.serve.embedded import free_port
     from core.db import system_session, tenant_session
-    from core.memories import service, trail
+    from core.memories import service
     from core.memories.schemas import SaveMemoryIn
     from core.tenancy.service import create_tenant
 
@@ -96,8 +96,7 @@ def _http(memories: int, calls: int) -> list[dict[str, Any]]:
 
         def save(session: Any) -> None:
             item = SaveMemoryIn(content=f"note {uuid.uuid4().hex}")
-            saved = service.save_memory(session, caller=caller, item=item)
-            trail.memories_saved(session, caller=caller, items=[item], results=[saved])
+            service.save_memory(session, caller=caller, item=item, action="memory.save")  # as the route does
             session.flush()
 
         for figure, work in zip(figures, (get, save), strict=True):

@@ -27,6 +27,7 @@ from api.auth import bearer_token, is_operator_key
 from api.dashboard import workers as dashboard_workers
 from api.routes.jobs import abandon_as, discard_failed_as, retry_as, retry_failed_as
 from api.routes.ops import coverage_rows, reindex_progress, set_reindex_paused
+from api.threads import Route
 from core.config import get_settings
 from core.db import system_session
 from core.errors import BadRequest, Forbidden, Invalid, NotFound, Unauthorized
@@ -34,7 +35,7 @@ from core.jobs import queries
 from core.jobs.models import JOB_KINDS, JOB_STATES
 from core.parsing import plain_int
 
-router = APIRouter(prefix="/dashboard")
+router = APIRouter(prefix="/dashboard", route_class=Route)
 
 STATIC_DIR = Path(__file__).resolve().parent / "static"
 COOKIE_NAME = "engram_dashboard"

@@ -13,13 +13,14 @@ from sqlalchemy import text
 from api.auth import forget_cached_keys
 from api.dashboard.routes import STATIC_DIR, is_operator_request, login_page, require_operator
 from api.routes.tenants import page_limit
+from api.threads import Route
 from core.config import get_settings
 from core.db import system_session
 from core.embeddings.providers import get_embedder
 from core.errors import Invalid
 from core.tenancy import operations
 
-router = APIRouter(prefix="/dashboard")
+router = APIRouter(prefix="/dashboard", route_class=Route)
 
 
 @router.get("/tenants", include_in_schema=False)

@@ -20,7 +20,6 @@ from engram_client import AsyncEngramClient
 from fastapi import FastAPI
 from mcp.server.fastmcp import Context
 from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
-from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
@@ -29,6 +28,7 @@ from api.auth import bearer_token, caller_from_request
 from api.errors import error_response
 from api.mcp import build_server
 from api.sdk import app_client
+from api.threads import in_thread
 from core.errors import EngramError
 
 MCP_PATH = "/mcp"
@@ -78,7 +78,7 @@ class McpEndpoint:
         request = Request(scope, receive)
         try:
             # Not metered: its tools' REST calls are, each as one request.
-            await run_in_threadpool(lambda: caller_from_request(request, meter=False))
+            await in_thread(caller_from_request, request, meter=False)
         except EngramError as exc:
             headers = {"WWW-Authenticate": "Bearer"} if exc.status == 401 else dict(getattr(exc, "headers", {}))
             await error_response(exc.status, exc.message, code=exc.code, headers=headers)(scope, receive, send)

@@ -8,14 +8,15 @@ from fastapi import APIRouter, Depends, Request
 from pydantic import BaseModel, ConfigDict, Field
 
 from api.auth import require_admin
-from api.openapi import BEARER, operation, query_from
+from api.openapi import operation, query_from
 from api.schemas import AuditPage
+from api.threads import Route
 from core.audit.service import list_entries
 from core.db import tenant_session
 from core.memories.schemas import Time, parse_model
 from core.tenancy.context import Caller
 
-router = APIRouter(prefix="/v1", tags=["audit"], dependencies=[Depends(BEARER)])
+router = APIRouter(prefix="/v1", tags=["audit"], route_class=Route)
 
 
 class AuditFilters(BaseModel):

@@ -12,9 +12,10 @@ from fastapi import APIRouter, Body, Depends, Request
 from fastapi.responses import JSONResponse
 
 from api.auth import require_admin, require_caller
-from api.openapi import BEARER, IDENTITY, DatasourcePath, ModelPath, operation
+from api.openapi import IDENTITY, DatasourcePath, ModelPath, operation
 from api.routes.memories import acting_identity
 from api.schemas import Datasource, DatasourceList, Deleted, JobAccepted, ModelInspection
+from api.threads import Route
 from core.audit.service import record
 from core.db import tenant_session
 from core.entities import editing, service
@@ -23,7 +24,7 @@ from core.jobs.service import enqueue
 from core.memories.schemas import parse_model
 from core.tenancy.context import Caller
 
-router = APIRouter(prefix="/v1", tags=["catalog"], dependencies=[Depends(BEARER)])
+router = APIRouter(prefix="/v1", tags=["catalog"], route_class=Route)
 
 _ADMIN = (403, 404, 415)
 _MODEL_EXAMPLE = {

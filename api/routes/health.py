@@ -19,9 +19,10 @@ from sqlalchemy.pool import NullPool
 
 from api.openapi import operation
 from api.schemas import Health, Readiness
+from api.threads import Route
 from core.db import get_engine
 
-router = APIRouter(tags=["health"])
+router = APIRouter(tags=["health"], route_class=Route)
 
 PROBE_TIMEOUT_SECONDS = 2
 # Probe checks run in their own threads: the default thread limiter may be full of request work.

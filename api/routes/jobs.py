@@ -6,12 +6,13 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Any
 
-from fastapi import APIRouter, Body, Depends, Request
+from fastapi import APIRouter, Body, Request
 from fastapi.responses import JSONResponse
 
 from api.auth import bearer_token, caller_from_request, is_operator_key
-from api.openapi import BEARER, JobIdPath, Query, operation
+from api.openapi import JobIdPath, Query, operation
 from api.schemas import Job, JobBulkResult, JobPage
+from api.threads import Route
 from core.audit.service import Actor, record
 from core.config import get_settings
 from core.db import system_session
@@ -23,7 +24,7 @@ from core.jobs.service import get_job
 from core.memories.schemas import parse_model
 from core.tenancy.context import Caller
 
-router = APIRouter(prefix="/v1", tags=["jobs"], dependencies=[Depends(BEARER)])
+router = APIRouter(prefix="/v1", tags=["jobs"], route_class=Route)
 
 _JOB_QUERY: Query = {
     "kind": ({"type": "string", "enum": list(JOB_KINDS)}, "only jobs of this kind"),

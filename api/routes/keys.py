@@ -8,8 +8,9 @@ from fastapi import APIRouter, Body, Depends
 from pydantic import BaseModel, ConfigDict, Field
 
 from api.auth import forget_cached_keys, require_admin
-from api.openapi import BEARER, KeyIdPath, operation
+from api.openapi import KeyIdPath, operation
 from api.schemas import IssuedKeyOut, KeyList, KeyRevoked
+from api.threads import Route
 from core.audit.service import record
 from core.db import tenant_session
 from core.errors import Invalid
@@ -19,7 +20,7 @@ from core.tenancy.models import ApiKey, Tenant
 from core.tenancy.operations import announce
 from core.tenancy.service import KeyBinding, issue_key, list_keys, revoke_key
 
-router = APIRouter(prefix="/v1", tags=["keys"], dependencies=[Depends(BEARER)])
+router = APIRouter(prefix="/v1", tags=["keys"], route_class=Route)
 
 
 class CreateKeyIn(BaseModel):

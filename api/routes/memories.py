@@ -11,10 +11,11 @@ from sqlalchemy.orm import Session
 
 from api.auth import require_caller
 from api.embedding_hooks import after_save, embed_now
-from api.openapi import BEARER, IDENTITY, MemoryIdPath, operation, query_from
+from api.openapi import IDENTITY, MemoryIdPath, operation, query_from
 from api.quota_events import quota_exceeded
 from api.responses import json_answer
 from api.schemas import BatchResult, ForgetResult, HydrateResult, Memory, MemoryHistory, MemoryPage
+from api.threads import Route
 from core.db import tenant_session, tenant_write
 from core.embeddings.providers import EmbeddingProviderError
 from core.errors import EngramError, Invalid
@@ -33,7 +34,7 @@ from core.memories.schemas import (
 from core.tenancy.context import Caller
 from core.tenancy.usage import buffer as usage_buffer
 
-router = APIRouter(prefix="/v1", tags=["memories"], dependencies=[Depends(BEARER)])
+router = APIRouter(prefix="/v1", tags=["memories"], route_class=Route)
 
 _SAVE_EXAMPLE = {
     "content": "orders.amount is in cents",

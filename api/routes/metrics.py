@@ -23,11 +23,12 @@ from prometheus_client.utils import floatToGoString
 
 from api.dashboard.routes import cached_coverage, require_operator
 from api.routes.ops import reindex_progress
+from api.threads import Route
 from core.db import system_session
 from core.jobs import queries
 from core.jobs.models import JOB_KINDS, JOB_STATES
 
-router = APIRouter()
+router = APIRouter(route_class=Route)
 
 # The database collector owns these names; the process registry's same-named metrics are left out.
 _DB_OWNED = {"engram_job_duration_seconds"}

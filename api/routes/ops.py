@@ -4,13 +4,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from fastapi import APIRouter, Body, Depends, Request
+from fastapi import APIRouter, Body, Request
 from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy import select
 
-from api.openapi import BEARER, operation
+from api.openapi import operation
 from api.routes.jobs import tenant_scope
 from api.schemas import CoverageReport
+from api.threads import Route
 from core.config import get_settings
 from core.db import scope_to_tenant, system_session
 from core.embeddings.coverage import memory_counts
@@ -23,7 +24,7 @@ from core.memories.schemas import parse_model
 from core.tenancy.models import Tenant
 from core.tenancy.usage import embedding_quota_spent, next_day_start
 
-router = APIRouter(prefix="/v1/ops", tags=["operations"], dependencies=[Depends(BEARER)])
+router = APIRouter(prefix="/v1/ops", tags=["operations"], route_class=Route)
 
 
 def coverage_rows(tenant_id: int | None) -> list[dict[str, Any]]:

@@ -8,16 +8,17 @@ from fastapi import APIRouter, Depends, Request
 from sqlalchemy.orm import Session
 
 from api.auth import require_caller
-from api.openapi import BEARER, RunIdPath, operation
+from api.openapi import RunIdPath, operation
 from api.routes.memories import acting_identity
 from api.schemas import RunEnded
+from api.threads import Route
 from core.audit.service import record
 from core.db import tenant_write
 from core.errors import Invalid
 from core.lifecycle.expiry import end_run
 from core.tenancy.context import Caller
 
-router = APIRouter(prefix="/v1", tags=["runs"], dependencies=[Depends(BEARER)])
+router = APIRouter(prefix="/v1", tags=["runs"], route_class=Route)
 
 
 def _flag(request: Request, name: str) -> bool:

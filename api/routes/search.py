@@ -7,8 +7,9 @@ from typing import Any
 from fastapi import APIRouter, Body, Depends, Request, Response
 
 from api.auth import require_caller
-from api.openapi import BEARER, IDENTITY, operation
+from api.openapi import IDENTITY, operation
 from api.routes.memories import acting_identity
+from api.threads import Route
 from core.db import tenant_session
 from core.memories.schemas import parse_model
 from core.search import service
@@ -16,7 +17,7 @@ from core.search.schemas import SearchRequest, SearchResponse
 from core.tenancy.context import Caller
 from core.tenancy.usage import buffer as usage_buffer
 
-router = APIRouter(prefix="/v1", tags=["search"], dependencies=[Depends(BEARER)])
+router = APIRouter(prefix="/v1", tags=["search"], route_class=Route)
 
 
 @router.post(

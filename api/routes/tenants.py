@@ -11,7 +11,8 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from api.auth import bearer_token, forget_cached_keys, is_operator_key, require_admin
-from api.openapi import BEARER, operation
+from api.openapi import operation
+from api.threads import Route
 from core.db import system_session, tenant_session
 from core.errors import Forbidden, Invalid, Unauthorized
 from core.memories.schemas import unknown_fields
@@ -20,7 +21,7 @@ from core.tenancy import operations, usage
 from core.tenancy.context import Caller
 from core.tenancy.quotas import full_quotas
 
-router = APIRouter(prefix="/v1", tags=["tenants"], dependencies=[Depends(BEARER)])
+router = APIRouter(prefix="/v1", tags=["tenants"], route_class=Route)
 
 TenantPath = Annotated[str, Path(description="the tenant's name")]
 MAX_USAGE_DAYS = 366
@@ -114,7 +115,7 @@ class UsageReport(BaseModel):
     days: list[UsageDay] | None = None
 
 
-def require_operator_key(request: Request) -> None:
+async def require_operator_key(request: Request) -> None:
     """The operator key as Bearer: 401 without a key, 403 with a tenant's key."""
     token = bearer_token(request)
     if token is None:

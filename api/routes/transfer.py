@@ -9,12 +9,12 @@ from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import Response
 from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy.orm import Session
-from starlette.concurrency import run_in_threadpool
 
 from api.auth import require_caller
-from api.openapi import BEARER, IDENTITY, operation
+from api.openapi import IDENTITY, operation
 from api.routes.memories import acting_identity
 from api.schemas import ImportResult
+from api.threads import Route, in_thread
 from core.config import get_settings
 from core.db import allow_longer, tenant_session, tenant_write
 from core.errors import BadRequest, EngramError, Invalid
@@ -23,7 +23,7 @@ from core.memories.schemas import unknown_fields
 from core.tenancy.context import Caller
 from core.tenancy.usage import buffer as usage_buffer
 
-router = APIRouter(prefix="/v1", tags=["memories"], dependencies=[Depends(BEARER)])
+router = APIRouter(prefix="/v1", tags=["memories"], route_class=Route)
 
 EXPORT_FORMATS = ("markdown",)
 _MARKDOWN_MEDIA = ("text/markdown", "text/x-markdown", "text/plain")
@@ -110,7 +110,7 @@ async def import_memories(request: Request, caller: Caller = Depends(require_cal
     if not text.strip():
         raise Invalid("the markdown holds no memory blocks", field="markdown")
     caller = acting_identity(caller, None, request)
-    return await run_in_threadpool(_import, caller, text)
+    return await in_thread(_import, caller, text)
 
 
 def _import(caller: Caller, text: str) -> dict[str, Any]:

@@ -9,8 +9,9 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, StrictBool
 
 from api.auth import require_admin
-from api.openapi import BEARER, WebhookIdPath, operation
+from api.openapi import WebhookIdPath, operation
 from api.schemas import WebhookCreated, WebhookDeleted, WebhookDeliveryPage, WebhookList, WebhookOut, WebhookUpdated
+from api.threads import Route
 from core.audit.service import record, record_many
 from core.db import tenant_session
 from core.memories.schemas import parse_model
@@ -18,7 +19,7 @@ from core.tenancy.context import Caller
 from core.webhooks import service
 from core.webhooks.models import EVENT_TYPES
 
-router = APIRouter(prefix="/v1", tags=["webhooks"], dependencies=[Depends(BEARER)])
+router = APIRouter(prefix="/v1", tags=["webhooks"], route_class=Route)
 
 _EXAMPLE = {"url": "https://hooks.example.com/engram", "events": ["memory.created", "ingest.failed"]}
 
