@@ -451,7 +451,7 @@ def _entity_bm25(
         _head_read(state, head)
         if state.guessed_version is not None and head.catalog_version != state.guessed_version:
             return [], head
-    ranking, _ = entity_channel.from_rows(results[0] if results else [], query_entities=tokens, eligibility=eligibility)
+    ranking = entity_channel.from_rows(results[0] if results else [], query_entities=tokens, eligibility=eligibility)
     return ranking, None
 
 
