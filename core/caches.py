@@ -48,6 +48,9 @@ class BoundedCache(Generic[V]):
         self._items: OrderedDict[Hashable, tuple[V, int]] = OrderedDict()
         self._bytes = 0
         self._lock = threading.Lock()
+        # The cache's counters, labelled once (a search looks up a handful of caches; labels() per lookup
+        # cost more than the lookup).
+        self._hits, self._misses = CACHE_HITS.labels(name), CACHE_MISSES.labels(name)
         with _registry_lock:
             _registry[name] = self  # type: ignore[assignment]
 
@@ -56,7 +59,7 @@ class BoundedCache(Generic[V]):
             hit = self._items.get(key)
             if hit is not None:
                 self._items.move_to_end(key)
-        (CACHE_HITS if hit is not None else CACHE_MISSES).labels(self.name).inc()
+        (self._hits if hit is not None else self._misses).inc()
         return None if hit is None else hit[0]
 
     def put(self, key: Hashable, value: V) -> None:
@@ -79,9 +82,9 @@ class BoundedCache(Generic[V]):
             if hit is not None:
                 self._items.move_to_end(key)
         if hit is not None:
-            CACHE_HITS.labels(self.name).inc()
+            self._hits.inc()
             return hit[0]
-        CACHE_MISSES.labels(self.name).inc()
+        self._misses.inc()
         with self._lock:
             hit = self._items.get(key)
             if hit is not None:

@@ -36,7 +36,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
-from sqlalchemy import or_, select, text
+from sqlalchemy import Executable, or_, select, text
 from sqlalchemy.orm import Session
 
 from core.caches import BoundedCache
@@ -47,6 +47,7 @@ from core.embeddings.providers import Embedder, EmbeddingProviderError, get_embe
 from core.memories.models import Memory
 from core.native import single_threaded_blas
 from core.refs import MEMORY_PREFIX
+from core.search import sql
 from core.search.filters import EXAMPLE_QUERIES, HAS_QUERY_SQL, MEMORIES, has_query
 from core.search.index import CONTEXT_TURNS, episode_of
 
@@ -256,6 +257,24 @@ def with_context(scores: np.ndarray, neighbours: np.ndarray, rows: np.ndarray | 
     return ((own + CONTEXT_WEIGHT * context) / (1.0 + CONTEXT_WEIGHT)).astype(np.float32)
 
 
+def _seen_sql() -> Executable:
+    """Which of the ids (``ids``) have a vector of the model (``m``, ``d``) stored for the tenant (``t``)."""
+    return text(
+        "SELECT canonical_id FROM embeddings WHERE tenant_id = :t AND model = :m AND dims = :d "
+        "AND canonical_id = ANY(:ids)"
+    ).bindparams(sql.text_array("ids"))
+
+
+def _sees_not(row: Callable[[str], int | None], n: int, prefix: str) -> Callable[[str], bool]:
+    """Whether a doc has no row below ``n`` of a matrix side (``row``: its row by doc id, ``prefix``: of its id)."""
+
+    def sees_not(doc_id: str) -> bool:
+        found = row(prefix + doc_id)
+        return found is None or found >= n
+
+    return sees_not
+
+
 def similarity_floor(embedder: Embedder) -> float:
     """The cosine below which dense does not rank a doc: the deployment's override, else the model's own."""
     override = get_settings().dense_similarity_floor
@@ -343,31 +362,33 @@ class DenseSearch:
         Exact path: the doc has no row in the matrix. Approximate path: one query tells which of the
         ``candidates`` outside the pool have a vector (entities are embedded by their ingest: all seen).
         """
+        return self.blinds({bucket: candidates})[bucket]
+
+    def blinds(self, candidates: dict[str, Sequence[str]]) -> dict[str, Callable[[str], bool]]:
+        """:meth:`blind` for several buckets, each with its candidates: on the approximate path one query
+        for all of them."""
         if self._exact:
-            side = self._matrix.entities if bucket == ENTITIES else self._matrix.memories
-            prefix = "" if bucket == ENTITIES else MEMORY_PREFIX
-            row, n = side.rows.get, side.n
-
-            def sees_not(doc_id: str) -> bool:
-                found = row(prefix + doc_id)
-                return found is None or found >= n
-
-            return sees_not
-        if bucket == ENTITIES:
-            return lambda doc_id: False
-        pooled = {doc_id for doc_id, _ in self._hnsw_rank(bucket, HNSW_POOL)}
-        unknown = sorted({MEMORY_PREFIX + d for d in candidates if d not in pooled})
-        if not unknown:
-            return lambda doc_id: False
-        found = self._session.execute(
-            text(
-                "SELECT canonical_id FROM embeddings WHERE tenant_id = :t AND model = :m AND dims = :d "
-                "AND canonical_id = ANY(:ids)"
-            ),
-            {"t": self._tenant_id, "m": self._model, "d": self._dims, "ids": unknown},
-        ).scalars()
-        missing = {doc_id[len(MEMORY_PREFIX) :] for doc_id in set(unknown) - set(found)}
-        return missing.__contains__
+            out = {}
+            for bucket in candidates:
+                side = self._matrix.entities if bucket == ENTITIES else self._matrix.memories
+                out[bucket] = _sees_not(side.rows.get, side.n, "" if bucket == ENTITIES else MEMORY_PREFIX)
+            return out
+        never: Callable[[str], bool] = lambda doc_id: False  # noqa: E731
+        unknown: dict[str, set[str]] = {}
+        for bucket, docs in candidates.items():
+            if bucket != ENTITIES:
+                pooled = {doc_id for doc_id, _ in self._hnsw_rank(bucket, HNSW_POOL)}
+                unknown[bucket] = {MEMORY_PREFIX + d for d in docs if d not in pooled}
+        asked = sorted(set().union(*unknown.values()))
+        found = set()
+        if asked:
+            values = {"t": self._tenant_id, "m": self._model, "d": self._dims, "ids": asked}
+            found = {row[0] for row in sql.run(self._session, "dense-seen", _seen_sql, **values)}
+        out = {}
+        for bucket in candidates:
+            missing = {doc_id[len(MEMORY_PREFIX) :] for doc_id in unknown.get(bucket, set()) - found}
+            out[bucket] = missing.__contains__ if missing else never
+        return out
 
     def _query_for(self, side: Side, feedback: Sequence[str]) -> np.ndarray:
         found = (side.row(MEMORY_PREFIX + f) for f in feedback)
@@ -450,27 +471,32 @@ class DenseSearch:
 
     def _hnsw_rank(self, bucket: str, limit: int) -> list[tuple[str, float]]:
         if self._pool is None:
-            self._session.execute(text(f"SET LOCAL hnsw.ef_search = {HNSW_POOL}"))
-            self._pool = self._pool_from_rows(self._session.execute(text(self._hnsw_sql())).all())
+            driver = self._send_hnsw()
+            self._pool = self._pool_from_rows(sql.receive(driver)[-1])
         return self._pool.get(bucket, [])[:limit]
+
+    def _send_hnsw(self) -> Any:
+        """Send the approximate query (with ``hnsw.ef_search`` set for it, in the same message) on the search's
+        connection; returns the driver connection to read its rows from (core.search.sql.receive)."""
+        driver: Any = self._session.connection().connection.driver_connection
+        sql.send(driver, f"SET LOCAL hnsw.ef_search = {HNSW_POOL};\n{self._hnsw_sql()}")
+        return driver
 
     @contextmanager
     def overlapped(self) -> Iterator[None]:
         """On the approximate path, send the query at once and let the caller work while PostgreSQL runs it.
 
-        The query goes out in a pipeline on the search's own connection (its transaction); the body must
+        The query goes out (core.search.sql.send) on the search's own connection (its transaction); the body must
         not use that connection. Its rows are read when the body ends. The exact path does nothing.
         """
         if self._exact or self._pool is not None:
             yield
             return
-        connection: Any = self._session.connection().connection.driver_connection
-        with connection.pipeline():
-            with connection.cursor() as setting, connection.cursor() as cursor:
-                setting.execute(f"SET LOCAL hnsw.ef_search = {HNSW_POOL}")
-                cursor.execute(self._hnsw_sql())
-                yield
-                rows = cursor.fetchall()
+        driver = self._send_hnsw()
+        try:
+            yield
+        finally:
+            rows = sql.receive(driver)[-1]
         self._pool = self._pool_from_rows(rows)
 
     def _hnsw_sql(self) -> str:

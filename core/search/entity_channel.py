@@ -75,7 +75,12 @@ def rank_memories(
     if not query_entities:
         return [], {}
     key, build, values = query(tenant_id=tenant_id, query_entities=query_entities, eligibility=eligibility)
-    return from_rows(sql.run(session, key, build, **values), query_entities=query_entities, eligibility=eligibility)
+    scores, postings = _scored(
+        sql.run(session, key, build, **values), query_entities=query_entities, eligibility=eligibility
+    )
+    carried = [(entity, postings.get(entity, {})) for entity in query_entities]
+    matched = {memory_id: [e for e, docs in carried if memory_id in docs] for memory_id in scores}
+    return entity_bm25.ranked(scores), matched
 
 
 def query(*, tenant_id: int, query_entities: list[str], eligibility: Eligibility) -> sql.Query:
@@ -100,10 +105,17 @@ def query(*, tenant_id: int, query_entities: list[str], eligibility: Eligibility
 
 def from_rows(
     found: Sequence[Any], *, query_entities: list[str], eligibility: Eligibility
-) -> tuple[list[tuple[str, float]], dict[str, list[str]]]:
-    """The result of :func:`rank_memories` from the rows of :func:`query`; teaches ``eligibility`` the verdicts."""
+) -> list[tuple[str, float]]:
+    """The ranking of :func:`rank_memories` from the rows of :func:`query`; teaches ``eligibility`` the verdicts."""
+    return entity_bm25.ranked(_scored(found, query_entities=query_entities, eligibility=eligibility)[0])
+
+
+def _scored(
+    found: Sequence[Any], *, query_entities: list[str], eligibility: Eligibility
+) -> tuple[dict[str, float], dict[str, dict[str, int]]]:
+    """Each candidate's score, and the postings of the query entities (entity -> memory id -> frequency)."""
     if not query_entities:
-        return [], {}
+        return {}, {}
     # The corpus statistics come with every candidate row (no candidate: no score needs them).
     size, total = (int(found[0][4]), int(found[0][5])) if found else (0, 0)
     rows = [row[:4] for row in found]
@@ -125,7 +137,4 @@ def from_rows(
         doc_freq={entity: len(docs) for entity, docs in postings.items() if docs},
         doc_len=doc_len,
     )
-    scores = entity_bm25.score(stats, query_entities=query_entities, candidate_postings=postings)
-    carried = [(entity, postings.get(entity, {})) for entity in query_entities]
-    matched = {memory_id: [e for e, docs in carried if memory_id in docs] for memory_id in scores}
-    return entity_bm25.ranked(scores), matched
+    return entity_bm25.score(stats, query_entities=query_entities, candidate_postings=postings), postings

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
-from itertools import repeat
+from operator import itemgetter
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import (
@@ -39,7 +39,7 @@ if TYPE_CHECKING:
     from core.search.facts import Fact, TenantFacts
 
 MEMORIES, EXAMPLE_QUERIES = "memories", "example_queries"
-_UNKNOWN = "?"
+_doc_id = itemgetter(0)  # of a ranking's (doc id, score)
 
 
 def any_of(column: Any, values: Iterable[str]) -> ColumnElement[bool]:
@@ -153,22 +153,19 @@ class Eligibility:
 
     def check(self, memory_ids: Iterable[str]) -> None:
         verdicts = self._verdicts
-        missing = [m for m in dict.fromkeys(memory_ids) if m not in verdicts]
+        # (Set operations run in C: a search checks a few hundred ids at a time, most of them known already.)
+        missing = set(memory_ids).difference(verdicts)
         if not missing:
             return
         memory_filter = self.memory_filter
         facts = self._facts()
         if facts is not None:
             memo = facts.memo(memory_filter)
-            # The verdicts the memo holds, looked up in one pass in C; the few it lacks are judged here.
-            known = list(map(memo.get, missing, repeat(_UNKNOWN)))
-            if _UNKNOWN in known:
-                verdict, fact_of = memory_filter.verdict, facts.get
-                for n, seen in enumerate(known):
-                    if seen is _UNKNOWN:
-                        memory_id = missing[n]
-                        known[n] = memo[memory_id] = verdict(fact_of(memory_id))
-            verdicts.update(zip(missing, known, strict=True))
+            # The verdicts the memo lacks are judged here; the rest are copied from it in one pass in C.
+            verdict, fact_of = memory_filter.verdict, facts.get
+            for memory_id in missing.difference(memo):
+                memo[memory_id] = verdict(fact_of(memory_id))
+            verdicts.update(zip(missing, map(memo.__getitem__, missing), strict=True))
             return
         tenant_id = memory_filter.caller.tenant_id
 
@@ -177,7 +174,7 @@ class Eligibility:
                 Memory.tenant_id == tenant_id, Memory.id == any_(sql.text_array("ids")), *memory_filter.clauses()
             )
 
-        rows = sql.run(self.session, ("eligibility", memory_filter), build, ids=missing)
+        rows = sql.run(self.session, ("eligibility", memory_filter), build, ids=sorted(missing))
         found = {memory_id: EXAMPLE_QUERIES if has_query else MEMORIES for memory_id, has_query in rows}
         for memory_id in missing:
             self._verdicts[memory_id] = found.get(memory_id)
@@ -201,9 +198,9 @@ class Eligibility:
 
     def pick(self, ranking: Iterable[tuple[str, float]], bucket: str, depth: int) -> list[tuple[str, float]]:
         """The first ``depth`` entries of ``ranking`` whose memory is eligible for ``bucket``."""
-        picked: list[tuple[str, float]] = []
         if depth <= 0:
-            return picked
+            return []
+        picked: list[tuple[str, float]] = []
         verdict = self._verdicts.get
         for entry in ranking:
             if verdict(entry[0]) == bucket:

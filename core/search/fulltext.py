@@ -39,6 +39,7 @@ import uuid
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import tantivy
 
@@ -152,8 +153,10 @@ class FulltextIndex:
         self._reader_seq = 0
         self._generation = ""
         # Doc id by doc address for the current reader (addresses change only when it reloads): reading a
-        # stored doc for every hit cost more than the search itself.
-        self._doc_ids: dict[tuple[int, int], str] = {}
+        # stored doc for every hit cost more than the search itself. A reader of one segment keys it by the
+        # doc number alone (each attribute of a hit's address is a call into tantivy).
+        self._doc_ids: dict[Any, str] = {}
+        self._one_segment = False
         # The changes after the reader, held in memory (core.search.delta); the reader's doc count and
         # BM25 statistics (read when a search first scores the delta), and a count of reader moves.
         self._delta = Delta(base_seq=0, seq=0)
@@ -530,6 +533,7 @@ class FulltextIndex:
     def _reader_moved(self, searcher: tantivy.Searcher) -> None:
         """Forget what belonged to the previous reader: its doc addresses, doc count and BM25 statistics."""
         self._doc_ids = {}
+        self._one_segment = searcher.num_segments == 1
         self._reader_docs = searcher.num_docs
         self._stats = None
         self._reader_moves += 1
@@ -572,13 +576,14 @@ class FulltextIndex:
             )
         with self._mutex:  # the searcher, the doc ids of its reader and the changes on top of it, together
             searcher, doc_ids, delta = self._index.searcher(), self._doc_ids, self._delta
+            one_segment = self._one_segment
             stats, moves = self._stats, self._reader_moves
         # The reader's hits without the docs the delta changed (as many more asked for as it may drop).
         hits = []
         changed = delta.docs
         known = doc_ids.get
         for hit_score, address in searcher.search(query, limit + delta.shadowed, count=False).hits:
-            key = (address.segment_ord, address.doc)
+            key = address.doc if one_segment else (address.segment_ord, address.doc)
             doc_id = known(key)
             if doc_id is None:
                 doc_id = searcher.doc(address)["doc_id"][0]

@@ -451,7 +451,7 @@ def _entity_bm25(
         _head_read(state, head)
         if state.guessed_version is not None and head.catalog_version != state.guessed_version:
             return [], head
-    ranking, _ = entity_channel.from_rows(results[0] if results else [], query_entities=tokens, eligibility=eligibility)
+    ranking = entity_channel.from_rows(results[0] if results else [], query_entities=tokens, eligibility=eligibility)
     return ranking, None
 
 
@@ -576,7 +576,7 @@ def fuse(state: SearchState) -> dict[str, Ranking]:
     request, eligibility = state.request, state.eligibility
     out: dict[str, Ranking] = {bucket: [] for bucket in state.caps}
     live = list(state.eligible)
-    fused = {bucket: _fused(state, state.eligible[bucket], bucket) for bucket in live}
+    fused = _fused_buckets(state, live)
     if live and state.response.channels.graph:
         depths = {bucket: bucket_depth(state.caps[bucket]) for bucket in live}
         # Every channel ranked every live bucket, so the seeds are the fused ranking's first.
@@ -644,14 +644,33 @@ def _rerank_by_names(
 
 
 def _fused(state: SearchState, rankings: dict[str, Ranking], bucket: str) -> Ranking:
-    """A bucket's direct channels fused into relevance; dense does not count against a memory it has no vector
-    of (a fresh save is first for its own words before its embedding lands)."""
-    blind = {}
-    if "dense" in rankings and state.dense is not None:
-        # Only the approximate path asks which candidates it could see (the exact path knows its rows).
-        candidates = [] if state.dense.exact else sorted({d for ranking in rankings.values() for d, _ in ranking})
-        blind["dense"] = state.dense.blind(bucket, candidates)
-    return relevance(rankings, blind=blind)
+    """A bucket's direct channels fused into relevance (see _fused_buckets)."""
+    return _fused_buckets(state, [bucket], {bucket: rankings})[bucket]
+
+
+def _fused_buckets(
+    state: SearchState, buckets: list[str], rankings: dict[str, dict[str, Ranking]] | None = None
+) -> dict[str, Ranking]:
+    """Each bucket's direct channels (its eligible rankings unless given) fused into relevance; dense does
+    not count against a memory it has no vector of (a fresh save is first for its own words before its
+    embedding lands)."""
+    rankings = state.eligible if rankings is None else rankings
+    blinds: dict[str, Callable[[str], bool]] = {}
+    if state.dense is not None:
+        dense = state.dense
+        asked = [bucket for bucket in buckets if "dense" in rankings[bucket]]
+        # Only the approximate path asks which candidates it could see (the exact path knows its rows), in
+        # one query for every bucket.
+        blinds = dense.blinds(
+            {
+                bucket: [] if dense.exact else sorted({d for ranking in rankings[bucket].values() for d, _ in ranking})
+                for bucket in asked
+            }
+        )
+    return {
+        bucket: relevance(rankings[bucket], blind={"dense": blinds[bucket]} if bucket in blinds else {})
+        for bucket in buckets
+    }
 
 
 # -- output ---------------------------------------------------------------------------
