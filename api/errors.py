@@ -101,6 +101,29 @@ def _field_path(loc: tuple[Any, ...]) -> str:
     return ".".join(parts)
 
 
+def _database_error(
+    request: Request, error: BaseException | None, *, operational: bool = False, lost: bool = False
+) -> JSONResponse:
+    """The answer to a database error: 503 when the database is busy or unreachable (nothing was kept, a retry
+    is safe), 422 for a value it cannot store (the caller's input), else 500."""
+    if operational:
+        busy = database_busy_message(error)
+        if busy is not None:
+            log.warning("%s %s: %s", request.method, request.url.path, str(error).splitlines()[0])
+            return busy_response(busy)
+        log.warning("database unavailable: %s", error)
+        return error_response(503, "the database is unavailable; retry shortly", headers={"Retry-After": "5"})
+    if lost:
+        return error_response(503, "the database connection was lost; retry shortly", headers={"Retry-After": "5"})
+    if isinstance(error, psycopg.DataError):
+        # Class 22 (a value the database cannot store: NUL bytes, out-of-range numbers, bad encodings)
+        # is the caller's input, not our fault; nothing was written (the unit of work rolled back).
+        detail = str(error).strip().splitlines()[0] if str(error).strip() else "invalid value"
+        return error_response(422, f"a value in the request cannot be stored: {detail}")
+    log.error("database error on %s %s", request.method, request.url.path, exc_info=error)
+    return error_response(500, "internal error", code="internal")
+
+
 def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(EngramError)
     async def _engram(request: Request, exc: EngramError) -> JSONResponse:
@@ -146,24 +169,17 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(OperationalError)
     async def _db_down(request: Request, exc: OperationalError) -> JSONResponse:
-        busy = database_busy_message(exc.orig)
-        if busy is not None:
-            log.warning("%s %s: %s", request.method, request.url.path, str(exc.orig).splitlines()[0])
-            return busy_response(busy)
-        log.warning("database unavailable: %s", exc.orig)
-        return error_response(503, "the database is unavailable; retry shortly", headers={"Retry-After": "5"})
+        return _database_error(request, exc.orig, operational=True)
 
     @app.exception_handler(DBAPIError)
     async def _db_error(request: Request, exc: DBAPIError) -> JSONResponse:
-        if exc.connection_invalidated:
-            return error_response(503, "the database connection was lost; retry shortly", headers={"Retry-After": "5"})
-        if isinstance(exc.orig, psycopg.DataError):
-            # Class 22 (a value the database cannot store: NUL bytes, out-of-range numbers, bad encodings)
-            # is the caller's input, not our fault; nothing was written (the unit of work rolled back).
-            detail = str(exc.orig).strip().splitlines()[0] if str(exc.orig).strip() else "invalid value"
-            return error_response(422, f"a value in the request cannot be stored: {detail}")
-        log.exception("database error on %s %s", request.method, request.url.path)
-        return error_response(500, "internal error", code="internal")
+        return _database_error(request, exc.orig, lost=exc.connection_invalidated)
+
+    # The statements sent on the driver's connection underneath SQLAlchemy (a search's SQL, core.search.sql;
+    # a transaction's begin, core.dbwaits) raise psycopg's own errors, which SQLAlchemy never wrapped.
+    @app.exception_handler(psycopg.Error)
+    async def _driver_error(request: Request, exc: psycopg.Error) -> JSONResponse:
+        return _database_error(request, exc, operational=isinstance(exc, psycopg.OperationalError))
 
     @app.exception_handler(UnicodeEncodeError)
     async def _unencodable(request: Request, exc: UnicodeEncodeError) -> JSONResponse:

@@ -75,6 +75,35 @@ def test_pool_exhaustion_is_503_with_retry_after(stack):
         engine.dispose()
 
 
+def test_errors_of_statements_sent_beneath_sqlalchemy_are_answered_as_wrapped_ones(stack):
+    """A search sends its SQL on the driver's connection (core.search.sql), so PostgreSQL's errors arrive as
+    psycopg's own, unwrapped: a statement past its time budget is a 503 with Retry-After, a value the
+    database cannot take a 422, as through SQLAlchemy, and never a 500."""
+    from api.errors import install_error_handlers
+    from core.dbwaits import run_simple
+
+    engine = create_engine(stack.database_url.replace("postgresql://", "postgresql+psycopg://", 1))
+    app = FastAPI()
+    install_error_handlers(app)
+
+    @app.get("/raw/{statement}")
+    def raw(statement: str) -> dict[str, Any]:
+        sql = {"slow": "SET statement_timeout = '50ms'; SELECT pg_sleep(2)", "bad": "SELECT 'x'::int"}[statement]
+        with engine.connect() as connection:
+            run_simple(connection.connection.driver_connection, sql)
+        return {}
+
+    try:
+        with TestClient(app, raise_server_exceptions=False) as probe:
+            slow = probe.get("/raw/slow")
+            assert_error(slow, 503, "unavailable")
+            assert "time budget" in slow.json()["error"]["message"] and int(slow.headers["retry-after"]) > 0
+            bad = probe.get("/raw/bad")
+            assert bad.status_code == 422 and "cannot be stored" in bad.json()["error"]["message"]
+    finally:
+        engine.dispose()
+
+
 class _Gate:
     """An ASGI app whose requests wait until released; counts what it ran."""
 
