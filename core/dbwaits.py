@@ -55,16 +55,30 @@ class BoundedConnection(psycopg.Connection[Any]):
             raise AnswerTimeout(f"the database did not answer within {bound:g} s") from None
 
 
-def run_simple(driver: psycopg.Connection[Any], statement: str) -> None:
-    """Send ``statement`` (several, `;`-separated) as one simple query and wait, bounded, for its results.
+def send_simple(driver: psycopg.Connection[Any], statements: str) -> None:
+    """Send ``statements`` (several, `;`-separated) as one simple query, without waiting for the results
+    (:func:`simple_results` reads them). Until then the connection is busy: nothing else may use it."""
+    driver.pgconn.send_query(statements.encode(driver.info.encoding))
+    driver.pgconn.flush()  # (the rest, if any, goes out while the results are awaited)
 
-    The non-blocking twin of ``PQexec``: a blocking libpq call waits for a hung server for ever, while this
-    waits through the connection's ``wait`` (so :class:`BoundedConnection`'s bound applies)."""
-    driver.pgconn.send_query(statement.encode())
+
+def simple_results(driver: psycopg.Connection[Any]) -> list[pq.abc.PGresult]:
+    """The results of what :func:`send_simple` sent, one per statement, waited for through the connection's
+    ``wait`` (so :class:`BoundedConnection`'s bound applies); raises the first statement's error, after which
+    PostgreSQL ran none of the rest."""
     results = driver.wait(generators.execute(driver.pgconn))
     for result in results:
         if result.status == pq.ExecStatus.FATAL_ERROR:
             raise psycopg.errors.error_from_result(result, encoding=driver.info.encoding)
+    return results
+
+
+def run_simple(driver: psycopg.Connection[Any], statement: str) -> None:
+    """Send ``statement`` (several, `;`-separated) as one simple query and wait, bounded, for its results.
+
+    The non-blocking twin of ``PQexec``: a blocking libpq call waits for a hung server for ever."""
+    send_simple(driver, statement)
+    simple_results(driver)
 
 
 def _interval(seconds: float) -> str:

@@ -28,13 +28,15 @@ from collections.abc import Callable, Hashable, Sequence
 from typing import Any
 
 import psycopg
-from psycopg import generators, pq
+from psycopg import pq
 from psycopg import sql as literal_sql
 from psycopg.adapt import Transformer
 from sqlalchemy import ARRAY, Executable, Text, bindparam
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.orm import Session
 from sqlalchemy.sql.elements import BindParameter
+
+from core.dbwaits import send_simple, simple_results
 
 CACHE_ENTRIES = 1024
 _dialect = postgresql.psycopg.dialect()  # type: ignore[attr-defined]
@@ -189,20 +191,16 @@ def run_many(
 def send(driver: psycopg.Connection[Any], statements: str) -> None:
     """Send ``statements`` (several, ``;``-separated) as one simple query; read their rows with ``receive``.
     Until then the connection is busy: nothing else may use it."""
-    driver.pgconn.send_query(statements.encode(driver.info.encoding))
-    driver.pgconn.flush()  # (the rest, if any, goes out while ``receive`` waits)
+    send_simple(driver, statements)
 
 
 def receive(driver: psycopg.Connection[Any]) -> list[Sequence[Any]]:
     """The rows of each statement ``send`` sent, in order (none for a statement that returns no rows); raises
     the first statement's error, after which PostgreSQL runs none of the rest. Every wait is bounded
     (core.dbwaits)."""
-    results = driver.wait(generators.execute(driver.pgconn))
     transformer = Transformer(driver)
     rows: list[Sequence[Any]] = []
-    for result in results:
-        if result.status == pq.ExecStatus.FATAL_ERROR:
-            raise psycopg.errors.error_from_result(result, encoding=driver.info.encoding)
+    for result in simple_results(driver):
         transformer.set_pgresult(result)
         rows.append(transformer.load_rows(0, result.ntuples, tuple))
     return rows
