@@ -46,7 +46,7 @@ import click
 import uvicorn
 
 from api.serve.graceful import DrainingServer
-from api.serve.supervise import RESTARTS_PER_MINUTE, die_with_parent
+from api.serve.supervise import die_with_parent, restart_delay
 
 # The head of a first request is routed once its Authorization line has arrived, or the whole head, or this
 # many bytes (a head that big has no such line within them), or after PEEK_SECONDS (a client that connects
@@ -172,7 +172,7 @@ class Router:
                     self.tenants[digest] = tenant
 
     def _tend(self) -> None:
-        """Start again a process that died on its own (at most RESTARTS_PER_MINUTE a minute, then give up)."""
+        """Start again a process that died on its own, as api.serve.supervise does (restart_delay)."""
         now = time.monotonic()
         for process in self.processes:
             if process.popen is None or process.popen.poll() is None:
@@ -183,13 +183,12 @@ class Router:
                 process.channel.close()
                 process.channel = None
                 code = process.popen.returncode
-                process.restarts = [t for t in process.restarts if now - t < 60] + [now]
-                if len(process.restarts) > RESTARTS_PER_MINUTE:
+                delay = restart_delay(process.restarts, now)
+                if delay is None:
                     click.echo(f"api process {process.index} exited with {code} too often; giving up", err=True)
                     self.code = code or 1
                     self.stop()
                     return
-                delay = min(2.0 ** (len(process.restarts) - 1), 10.0) if len(process.restarts) > 1 else 0.0
                 click.echo(f"api process {process.index} exited with {code}; restarting in {delay:.0f} s", err=True)
                 process.start_at = now + delay
             if not self.stopping and now >= process.start_at:

@@ -33,6 +33,15 @@ def die_with_parent(death_signal: int) -> Callable[[], None]:
     return arm
 
 
+def restart_delay(restarts: list[float], now: float) -> float | None:
+    """Count a death at ``now`` in ``restarts`` (the deaths of the last minute): the seconds to wait before
+    starting the process again (1, 2, 4, ... at most 10), or None to give up (more than RESTARTS_PER_MINUTE)."""
+    restarts[:] = [t for t in restarts if now - t < 60] + [now]
+    if len(restarts) > RESTARTS_PER_MINUTE:
+        return None
+    return min(2.0 ** (len(restarts) - 1), 10.0)
+
+
 def run_supervised(name: str, argv: Sequence[str]) -> int:
     """Run ``argv`` until it exits cleanly or this process is told to stop; returns its exit code.
 
@@ -69,14 +78,12 @@ def run_supervised_group(children: Mapping[str, Sequence[str]]) -> int:
             if stopping.is_set() or code == 0:
                 codes[name] = code
                 return
-            now = time.monotonic()
-            restarts = [t for t in restarts if now - t < 60] + [now]
-            if len(restarts) > RESTARTS_PER_MINUTE:
+            delay = restart_delay(restarts, time.monotonic())
+            if delay is None:
                 click.echo(f"{name} exited with {code} {len(restarts)} times in a minute; giving up", err=True)
                 codes[name] = code
                 forward(signal.SIGTERM, None)
                 return
-            delay = min(2.0 ** (len(restarts) - 1), 10.0)
             click.echo(f"{name} exited with {code}; restarting in {delay:.0f} s", err=True)
             stopping.wait(delay)
 
