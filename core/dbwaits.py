@@ -40,6 +40,22 @@ class BoundedConnection(psycopg.Connection[Any]):
     """A psycopg connection whose every wait for the server ends after ``answer_timeout`` seconds."""
 
     answer_timeout: float | None = None
+    _statements: set[bytes] | None = None
+
+    @property
+    def prepared_statements(self) -> set[bytes]:
+        """The names of the statements engram prepared on this connection itself (core.search.sql); psycopg's
+        own are not among them."""
+        if self._statements is None:
+            self._statements = set()
+        return self._statements
+
+    def _deallocate(self, name: bytes | None) -> PQGen[None]:
+        # psycopg drops every prepared statement of the session (``DEALLOCATE ALL``) at a rollback and after
+        # a DROP or ALTER, when it had prepared some itself: engram's go with them.
+        if name is None and self._statements:
+            self._statements.clear()
+        return super()._deallocate(name)
 
     def wait(self, gen: PQGen[Any], interval: float = 0.1, timeout: float | None = None) -> Any:
         bound = timeout if timeout is not None else self.answer_timeout

@@ -383,7 +383,7 @@ class DenseSearch:
         found = set()
         if asked:
             values = {"t": self._tenant_id, "m": self._model, "d": self._dims, "ids": asked}
-            found = {row[0] for row in sql.run(self._session, "dense-seen", _seen_sql, **values)}
+            found = {row[0] for row in sql.run(self._session, sql.Query("dense-seen", _seen_sql, values))}
         out = {}
         for bucket in candidates:
             missing = {doc_id[len(MEMORY_PREFIX) :] for doc_id in unknown.get(bucket, set()) - found}

@@ -74,9 +74,10 @@ def rank_memories(
     (eligible or not: the buckets filter later), and memory id -> matched input entities."""
     if not query_entities:
         return [], {}
-    key, build, values = query(tenant_id=tenant_id, query_entities=query_entities, eligibility=eligibility)
     scores, postings = _scored(
-        sql.run(session, key, build, **values), query_entities=query_entities, eligibility=eligibility
+        sql.run(session, query(tenant_id=tenant_id, query_entities=query_entities, eligibility=eligibility)),
+        query_entities=query_entities,
+        eligibility=eligibility,
     )
     carried = [(entity, postings.get(entity, {})) for entity in query_entities]
     matched = {memory_id: [e for e, docs in carried if memory_id in docs] for memory_id in scores}
@@ -100,12 +101,11 @@ def query(*, tenant_id: int, query_entities: list[str], eligibility: Eligibility
         )
 
     key = ("entity_bm25", tenant_id, memory_filter, bool(self_ids))
-    return key, build, {"entities": list(dict.fromkeys(query_entities)), "self_ids": self_ids}
+    # Planned for its entities (a GIN look-up whose cost follows how common each entity is): not generic.
+    return sql.Query(key, build, {"entities": list(dict.fromkeys(query_entities)), "self_ids": self_ids})
 
 
-def from_rows(
-    found: Sequence[Any], *, query_entities: list[str], eligibility: Eligibility
-) -> list[tuple[str, float]]:
+def from_rows(found: Sequence[Any], *, query_entities: list[str], eligibility: Eligibility) -> list[tuple[str, float]]:
     """The ranking of :func:`rank_memories` from the rows of :func:`query`; teaches ``eligibility`` the verdicts."""
     return entity_bm25.ranked(_scored(found, query_entities=query_entities, eligibility=eligibility)[0])
 

@@ -104,8 +104,8 @@ class TenantFacts:
             changed, gone = sql.run_many(
                 session,
                 [
-                    ("facts", lambda: text(_FACT_SQL), values),
-                    ("facts-gone", lambda: text(_GONE_SQL), values),
+                    sql.Query("facts", lambda: text(_FACT_SQL), values),
+                    sql.Query("facts-gone", lambda: text(_GONE_SQL), values),
                 ],
             )
             self._apply(changed, gone)

@@ -174,7 +174,9 @@ class Eligibility:
                 Memory.tenant_id == tenant_id, Memory.id == any_(sql.text_array("ids")), *memory_filter.clauses()
             )
 
-        rows = sql.run(self.session, ("eligibility", memory_filter), build, ids=sorted(missing))
+        rows = sql.run(
+            self.session, sql.Query(("eligibility", memory_filter), build, {"ids": sorted(missing)}, generic=True)
+        )
         found = {memory_id: EXAMPLE_QUERIES if has_query else MEMORIES for memory_id, has_query in rows}
         for memory_id in missing:
             self._verdicts[memory_id] = found.get(memory_id)

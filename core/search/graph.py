@@ -38,8 +38,9 @@ def neighbours(
         columns = (Association.source_id, Association.target_id, Association.weight)
         rows: Sequence[Any] = session.execute(select(*columns).where(touches)).all()
         return {key: _rank(rows, key_seeds) for key, key_seeds in seeds.items()}
-    key, build, values = query(seeds=seeds, eligibility=eligibility)
-    return from_rows(sql.run(session, key, build, **values), seeds=seeds, eligibility=eligibility)
+    return from_rows(
+        sql.run(session, query(seeds=seeds, eligibility=eligibility)), seeds=seeds, eligibility=eligibility
+    )
 
 
 def query(*, seeds: dict[str, list[str]], eligibility: Eligibility) -> sql.Query:
@@ -66,7 +67,8 @@ def query(*, seeds: dict[str, list[str]], eligibility: Eligibility) -> sql.Query
         )
 
     everything = sorted({seed for key_seeds in seeds.values() for seed in key_seeds})
-    return ("graph", memory_filter), build, {"seeds": everything}
+    # By the seeds' keys (both ends of an association are indexed): one plan whatever the seeds.
+    return sql.Query(("graph", memory_filter), build, {"seeds": everything}, generic=True)
 
 
 def from_rows(

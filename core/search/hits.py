@@ -38,7 +38,7 @@ def memories_query(*, tenant_id: int, memory_ids: Sequence[str]) -> sql.Query:
     def build() -> Executable:
         return select(*_HIT_COLUMNS).where(Memory.tenant_id == tenant_id, Memory.id == any_(sql.text_array("ids")))
 
-    return ("hits", tenant_id), build, {"ids": list(memory_ids)}
+    return sql.Query(("hits", tenant_id), build, {"ids": list(memory_ids)}, generic=True)
 
 
 class HitMemory(NamedTuple):
@@ -68,8 +68,7 @@ def load_memories(session: Session, *, tenant_id: int, memory_ids: Sequence[str]
     """The hit columns of these memories of the tenant, by id."""
     if not memory_ids:
         return {}
-    key, build, values = memories_query(tenant_id=tenant_id, memory_ids=memory_ids)
-    return memories_from_rows(sql.run(session, key, build, **values))
+    return memories_from_rows(sql.run(session, memories_query(tenant_id=tenant_id, memory_ids=memory_ids)))
 
 
 def _iso(value: datetime) -> str:

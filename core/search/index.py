@@ -145,10 +145,10 @@ def _changes_in(session: Session, *, tenant_id: int, since: int) -> tuple[list[D
     seq_rows, memory_rows, tombstones, catalogs = sql.run_many(
         session,
         [
-            ("feed-seq", lambda: _SEQ_SQL, values),
-            ("feed-memories", _changed_memories, values),
-            ("feed-tombstones", _changed_tombstones, values),
-            ("feed-has-catalog", _has_catalog, values),
+            sql.Query("feed-seq", lambda: _SEQ_SQL, values),
+            sql.Query("feed-memories", _changed_memories, values),
+            sql.Query("feed-tombstones", _changed_tombstones, values),
+            sql.Query("feed-has-catalog", _has_catalog, values),
         ],
     )
     high_water = int(seq_rows[0][0] or 0) if seq_rows else 0

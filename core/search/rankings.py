@@ -115,7 +115,8 @@ HEAD_SQL = text(
 
 
 def head_query(*, tenant_id: int, model: str | None) -> sql.Query:
-    return "head", lambda: HEAD_SQL, {"tenant": tenant_id, "model": model or ""}
+    # By the tenant's key: planned once per connection (core.search.sql).
+    return sql.Query("head", lambda: HEAD_SQL, {"tenant": tenant_id, "model": model or ""}, generic=True)
 
 
 def head_from_rows(rows: Sequence[Any], *, model: str | None) -> Head:
@@ -129,8 +130,7 @@ def head_from_rows(rows: Sequence[Any], *, model: str | None) -> Head:
 
 
 def read_head(session: Session, *, tenant_id: int, model: str | None) -> Head:
-    key, build, values = head_query(tenant_id=tenant_id, model=model)
-    return head_from_rows(sql.run(session, key, build, **values), model=model)
+    return head_from_rows(sql.run(session, head_query(tenant_id=tenant_id, model=model)), model=model)
 
 
 class FulltextRankings:

@@ -10,9 +10,19 @@ The statements of one call go out as one simple query (``a; b; c``: one message,
 read in order), each value written into the SQL text as a literal quoted by libpq (``PQescapeLiteral``)
 or by psycopg's adapters. psycopg's pipeline (a cursor, parse, bind, describe and execute per statement,
 driven in Python) cost three times the CPU of this for two statements (114 against 37 microseconds). The
-server plans a statement for its values either way (core.db forces custom plans; nothing here is
-prepared). A key's values that are the same at every call (filters, caller) are quoted once and kept in
-its text; the values a call gives (ids, entities) are quoted at each call.
+server plans such a statement for its values (core.db forces custom plans). A key's values that are the
+same at every call (filters, caller) are quoted once and kept in its text; the values a call gives (ids,
+entities) are quoted at each call.
+
+A statement whose plan does not depend on its values (it reads rows by their keys: the search's head, its
+hits, replies, graph and eligibility look-ups) is a *generic* :class:`Query`: planning it cost PostgreSQL
+as much as running it, or more (0.1-0.4 ms a statement, ~0.9 ms of a search's ~1.2 ms of PostgreSQL
+planning), so it is prepared once per connection, under a name given by its text with every value a
+parameter (the same for every tenant), and runs on PostgreSQL's generic plan. A call holding one goes out
+through libpq's pipeline (one round trip still, driven from here, not by psycopg's Python pipeline): the
+other statements as unnamed ones, planned for their values, then the generic ones between two ``SET LOCAL
+plan_cache_mode``. Protocol-level prepared statements, as psycopg's own are: PgBouncer (1.21+, with
+``max_prepared_statements``) keeps them apart per server connection; SQL-level ``PREPARE`` it would not.
 
 Tenancy: the ORM hook that adds ``tenant_id = :tenant`` to ORM queries (core.db) does not see driver
 SQL, so every statement compiled here must carry the tenant condition itself, on every tenant table
@@ -21,22 +31,23 @@ it reads; builders take the tenant id for that reason.
 
 from __future__ import annotations
 
+import hashlib
 import re
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import psycopg
-from psycopg import pq
+from psycopg import generators, pq
 from psycopg import sql as literal_sql
-from psycopg.adapt import Transformer
+from psycopg.adapt import PyFormat, Transformer
 from sqlalchemy import ARRAY, Executable, Text, bindparam
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.orm import Session
 from sqlalchemy.sql.elements import BindParameter
 
-from core.dbwaits import send_simple, simple_results
+from core.dbwaits import AnswerTimeout, BoundedConnection, send_simple, simple_results
 
 CACHE_ENTRIES = 1024
 _dialect = postgresql.psycopg.dialect()  # type: ignore[attr-defined]
@@ -48,7 +59,7 @@ Split = tuple[tuple[str, ...], tuple[str, ...]]  # SQL pieces, and the parameter
 class _Statement:
     """A key's compiled SQL split at its parameters, and the parameter values fixed when it was built."""
 
-    __slots__ = ("pieces", "names", "fixed", "given")
+    __slots__ = ("pieces", "names", "fixed", "given", "_prepared")
 
     def __init__(self, sql: str, fixed: dict[str, Any]) -> None:
         pieces, names, last, piece = [], [], 0, []
@@ -66,6 +77,25 @@ class _Statement:
         self.pieces, self.names, self.fixed = tuple(pieces), tuple(names), fixed
         # Per set of names a call gives values for: the SQL with every other value written in, split at those.
         self.given: dict[frozenset[str], Split] = {}
+        self._prepared: Prepared | None = None
+
+    def prepared(self) -> Prepared:
+        """The statement with every value a parameter ($1, $2, ...: one per distinct name, in order of first
+        use), and the name it is prepared under: a digest of that text, so the same for every tenant."""
+        if self._prepared is None:
+            order: dict[str, int] = {}
+            parts = [self.pieces[0]]
+            for name, piece in zip(self.names, self.pieces[1:], strict=True):
+                parts += (f"${order.setdefault(name, len(order) + 1)}", piece)
+            sql = "".join(parts).encode()
+            name = b"engram_" + hashlib.blake2b(sql, digest_size=10).hexdigest().encode()
+            self._prepared = Prepared(name, sql, tuple(order))
+        return self._prepared
+
+    def params(self, values: dict[str, Any], value_of: Callable[[Any], bytes | None]) -> list[bytes | None]:
+        """The text form of each parameter of :meth:`prepared`: the call's value, else the fixed one."""
+        fixed = self.fixed
+        return [value_of(values[name] if name in values else fixed[name]) for name in self.prepared().params]
 
     def text(self, values: dict[str, Any], quote: Callable[[Any], str]) -> str:
         """The statement with ``values`` (and the fixed values of the names they do not give) written in."""
@@ -92,6 +122,23 @@ class _Statement:
                 current += quote(self.fixed[name]) + piece
         pieces.append(current)
         return tuple(pieces), tuple(names)
+
+
+class Prepared(NamedTuple):
+    name: bytes
+    sql: bytes
+    params: tuple[str, ...]
+
+
+class Query(NamedTuple):
+    """A statement of a call: its key (the name and every value that shapes it), how to build it, the values of
+    this call's parameters, and whether its plan is the same whatever those values (``generic``, see the
+    module's text: only for statements that read rows by their keys)."""
+
+    key: Hashable
+    build: Callable[[], Executable]
+    values: dict[str, Any]
+    generic: bool = False
 
 
 _cache: OrderedDict[Hashable, _Statement] = OrderedDict()
@@ -162,24 +209,24 @@ def quoter(driver: psycopg.Connection[Any]) -> Callable[[Any], str]:
     return quote
 
 
-def run(session: Session, key: Hashable, build: Callable[[], Executable], **values: Any) -> Sequence[Any]:
-    """Rows of the statement compiled for ``key``, with ``values`` for its execution-time parameters."""
-    return run_many(session, [(key, build, values)])[0]
-
-
-Query = tuple[Hashable, Callable[[], Executable], dict[str, Any]]
+def run(session: Session, query: Query) -> Sequence[Any]:
+    """Rows of the statement ``query`` names."""
+    return run_many(session, [query])[0]
 
 
 def run_many(
     session: Session, queries: Sequence[Query], *, meanwhile: Callable[[], None] | None = None
 ) -> list[Sequence[Any]]:
-    """The rows of each of several statements, sent together as one simple query: one round trip.
+    """The rows of each of several statements, sent together: one round trip.
 
     ``meanwhile`` runs once they are sent, before their rows are read; it must not use the session.
     """
     driver: Any = session.connection().connection.driver_connection
+    if isinstance(driver, BoundedConnection) and any(query.generic for query in queries):
+        return _pipelined(driver, queries, meanwhile)
+    # (Elsewhere than on engram's own connections, which know what they have prepared, all are planned afresh.)
     quote = quoter(driver)
-    send(driver, ";\n".join(_compiled(key, build).text(values, quote) for key, build, values in queries))
+    send(driver, ";\n".join(_compiled(key, build).text(values, quote) for key, build, values, _ in queries))
     try:
         if meanwhile is not None:
             meanwhile()
@@ -204,6 +251,124 @@ def receive(driver: psycopg.Connection[Any]) -> list[Sequence[Any]]:
         transformer.set_pgresult(result)
         rows.append(transformer.load_rows(0, result.ntuples, tuple))
     return rows
+
+
+_GENERIC_PLANS = b"SET LOCAL plan_cache_mode = force_generic_plan"
+_CUSTOM_PLANS = b"SET LOCAL plan_cache_mode = force_custom_plan"  # core.db's setting, for what follows
+
+
+def param_text(driver: psycopg.Connection[Any]) -> Callable[[Any], bytes | None]:
+    """A function writing a value in PostgreSQL's text form, as a parameter (a list of strings as the text
+    of an array; anything but strings, integers, lists of strings and None by psycopg's text dumpers)."""
+    encoding = driver.info.encoding
+    transformer: Any = None
+
+    def text_of(value: str) -> bytes:
+        if "\x00" in value:
+            raise psycopg.DataError("PostgreSQL text fields cannot contain NUL (0x00) bytes")
+        return value.encode(encoding)
+
+    def value_of(value: Any) -> bytes | None:
+        nonlocal transformer
+        kind = type(value)
+        if kind is str:
+            return text_of(value)
+        if kind is int:
+            return str(value).encode()
+        if value is None:
+            return None
+        if kind is list:
+            try:
+                return text_of(array_literal(value))
+            except TypeError:
+                pass
+        if transformer is None:
+            transformer = Transformer(driver)
+        dumped = transformer.get_dumper(value, PyFormat.TEXT).dump(value)
+        return None if dumped is None else bytes(dumped)
+
+    return value_of
+
+
+def _pipelined(
+    driver: BoundedConnection, queries: Sequence[Query], meanwhile: Callable[[], None] | None
+) -> list[Sequence[Any]]:
+    """:func:`run_many` for calls holding a generic statement: one libpq pipeline, one sync, one round trip."""
+    prepared = driver.prepared_statements
+    value_of = param_text(driver)
+    # What each command sent is, in order: the other statements first (planned for their values), then the
+    # generic ones between the two settings, each preceded by its PREPARE on a connection that lacks it.
+    custom: list[tuple[int, bytes, list[bytes | None]]] = []
+    generic: list[tuple[int, Prepared, list[bytes | None]]] = []
+    for i, (key, build, values, is_generic) in enumerate(queries):
+        statement = _compiled(key, build)
+        params = statement.params(values, value_of)  # (a value PostgreSQL cannot take fails here, before sending)
+        if is_generic:
+            generic.append((i, statement.prepared(), params))
+        else:
+            custom.append((i, statement.prepared().sql, params))
+    slots: list[int | bytes | None] = []  # per command: the query's index, a PREPARE's name, or None (a setting)
+    pgconn = driver.pgconn
+    pgconn.enter_pipeline_mode()
+    try:
+        for i, text, params in custom:
+            pgconn.send_query_params(text, params)
+            slots.append(i)
+        pgconn.send_query_params(_GENERIC_PLANS, None)
+        slots.append(None)
+        for i, (name, text, _), params in generic:
+            if name not in prepared and name not in slots:
+                pgconn.send_prepare(name, text)
+                slots.append(name)
+            pgconn.send_query_prepared(name, params)
+            slots.append(i)
+        pgconn.send_query_params(_CUSTOM_PLANS, None)
+        slots.append(None)
+        pgconn.pipeline_sync()
+        driver.wait(generators.send(pgconn))
+        try:
+            if meanwhile is not None:
+                meanwhile()
+        finally:
+            results = _pipeline_results(driver, len(slots))
+        pgconn.exit_pipeline_mode()
+    except AnswerTimeout:
+        raise  # (the connection is closed)
+    except BaseException:
+        if pgconn.status == pq.ConnStatus.OK and pgconn.pipeline_status != pq.PipelineStatus.OFF:
+            pgconn.finish()  # left mid-exchange (an interrupt): what the connection holds is unknown
+        raise
+    rows: list[Sequence[Any]] = [()] * len(queries)
+    first_error = None
+    transformer = Transformer(driver)
+    for slot, result in zip(slots, results, strict=True):
+        if result.status == pq.ExecStatus.FATAL_ERROR:
+            first_error = first_error or result
+        elif isinstance(slot, bytes):
+            if result.status == pq.ExecStatus.COMMAND_OK:
+                prepared.add(slot)
+        elif slot is not None and first_error is None:
+            transformer.set_pgresult(result)
+            rows[slot] = transformer.load_rows(0, result.ntuples, tuple)
+    if first_error is not None:
+        raise psycopg.errors.error_from_result(first_error, encoding=driver.info.encoding)
+    return rows
+
+
+def _pipeline_results(driver: psycopg.Connection[Any], commands: int) -> list[pq.abc.PGresult]:
+    """One result per command sent (its error, if any), up to the pipeline's sync; each wait bounded
+    (core.dbwaits)."""
+    results: list[pq.abc.PGresult] = []
+    while True:
+        fetched = driver.wait(generators.fetch_many(driver.pgconn))
+        if not fetched:
+            raise psycopg.OperationalError("the pipeline ended without its sync")
+        if fetched[0].status == pq.ExecStatus.PIPELINE_SYNC:
+            if len(results) != commands:
+                raise psycopg.OperationalError(f"{len(results)} results for {commands} commands")
+            return results
+        failed = [result for result in fetched if result.status == pq.ExecStatus.FATAL_ERROR]
+        results.append(failed[0] if failed else fetched[0])
 
 
 def clear_cache() -> None:

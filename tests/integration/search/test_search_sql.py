@@ -36,7 +36,9 @@ def test_a_driver_query_with_a_text_array_parameter_finds_the_rows_it_names(clie
         return select(Memory.id).where(Memory.tenant_id == tenant_id, Memory.id == any_(sql.text_array("ids")))
 
     with tenant_session(tenant_id) as session:
-        rows = sql.run(session, ("test-array", tenant_id), build, ids=[ids[0], ids[2], "missing \\ one"])
+        rows = sql.run(
+            session, sql.Query(("test-array", tenant_id), build, {"ids": [ids[0], ids[2], "missing \\ one"]})
+        )
     assert sorted(row[0] for row in rows) == sorted([ids[0], ids[2]])
 
 
@@ -55,7 +57,7 @@ def test_values_written_into_the_sql_read_back_as_they_were(client, tenant):
             sql.send(driver, f"SELECT {quote(items)}::TEXT[]")
             assert sql.receive(driver)[0][0] == (items,)
         # A list holding something else than strings is left to psycopg to adapt.
-        assert quote(["a", "b"]) == "'{\"a\",\"b\"}'"
+        assert quote(["a", "b"]) == '\'{"a","b"}\''
         with pytest.raises(psycopg.DataError):
             quote("nul \x00 inside")
 
@@ -66,8 +68,10 @@ def test_several_statements_go_in_one_message_and_the_first_error_stops_the_rest
         first, second = sql.run_many(
             session,
             [
-                (("test-text", 1), lambda: text("SELECT CAST(:tenant AS bigint), '100%'"), {"tenant": tenant_id}),
-                (("test-text", 2), lambda: text("SELECT generate_series(1, :n)"), {"n": 3}),
+                sql.Query(
+                    ("test-text", 1), lambda: text("SELECT CAST(:tenant AS bigint), '100%'"), {"tenant": tenant_id}
+                ),
+                sql.Query(("test-text", 2), lambda: text("SELECT generate_series(1, :n)"), {"n": 3}),
             ],
         )
         assert first == [(tenant_id, "100%")]
@@ -76,7 +80,110 @@ def test_several_statements_go_in_one_message_and_the_first_error_stops_the_rest
         sql.run_many(
             session,
             [
-                (("test-error", 1), lambda: text("SELECT 1 / :zero"), {"zero": 0}),
-                (("test-error", 2), lambda: text("SELECT 1"), {}),
+                sql.Query(("test-error", 1), lambda: text("SELECT 1 / :zero"), {"zero": 0}),
+                sql.Query(("test-error", 2), lambda: text("SELECT 1"), {}),
             ],
         )
+
+
+def _prepared(driver):  # type: ignore[no-untyped-def]
+    rows = driver.execute("SELECT name, generic_plans, custom_plans FROM pg_prepared_statements").fetchall()
+    return {name: (generic, custom) for name, generic, custom in rows if name.startswith("engram_")}
+
+
+def test_a_generic_statement_is_prepared_once_per_connection_and_runs_on_its_generic_plan(client, tenant):
+    """A statement that reads by key is prepared once per connection, under a name the same for every tenant
+    (its values are all parameters), and PostgreSQL runs it on one generic plan: it is not planned per call.
+    The statements beside it keep their custom plans, and so does whatever the transaction runs next."""
+    ids = [save(client, tenant, {"content": f"generic plan note {n}"}) for n in range(3)]
+
+    def by_ids(tenant_id):  # type: ignore[no-untyped-def]
+        def build():  # type: ignore[no-untyped-def]
+            return select(Memory.id).where(Memory.tenant_id == tenant_id, Memory.id == any_(sql.text_array("ids")))
+
+        return build
+
+    tenant_id = tenant.tenant_id
+    mine = sql.Query(("test-generic", tenant_id), by_ids(tenant_id), {"ids": ids[:2]}, generic=True)
+    other_tenant = sql.Query(("test-generic", tenant_id + 1), by_ids(tenant_id + 1), {"ids": ids}, generic=True)
+    with tenant_session(tenant_id) as session:
+        driver = session.connection().connection.driver_connection
+        before = _prepared(driver)
+        first, custom, mode = sql.run_many(
+            session,
+            [
+                mine,
+                sql.Query(("test-text", 3), lambda: text("SELECT CAST(:n AS int) + 1"), {"n": 41}),
+                sql.Query("test-mode", lambda: text("SELECT current_setting('plan_cache_mode')"), {}),
+            ],
+        )
+        assert sorted(row[0] for row in first) == sorted(ids[:2])
+        assert custom == [(42,)] and mode == [("force_custom_plan",)]
+        # Again, for all three ids, and for another tenant's key: the same prepared statement.
+        again = sql.run(session, mine._replace(values={"ids": ids}))
+        assert sorted(row[0] for row in again) == sorted(ids)
+        assert sql.run(session, other_tenant) == []  # (row-level security: not this session's tenant)
+        after = _prepared(driver)
+        assert driver.execute("SELECT current_setting('plan_cache_mode')").fetchone()[0] == "force_custom_plan"
+    added = {name: plans for name, plans in after.items() if name not in before or before[name] != plans}
+    assert len(added) == 1, after
+    ((generic_plans, custom_plans),) = added.values()
+    assert custom_plans == before.get(next(iter(added)), (0, 0))[1]  # never planned for its values
+    assert generic_plans - before.get(next(iter(added)), (0, 0))[0] == 3
+
+
+def test_values_of_a_generic_statement_read_back_as_they_were(client, tenant):
+    """A generic statement's values go as parameters in PostgreSQL's text form: each reads back as it was."""
+    typed = [(v, "text") for v in [*AWKWARD, "it's", "100% sure"]]
+    typed += [(-3, "bigint"), (0, "bigint"), (2**40, "bigint"), (0.1, "float8"), (True, "boolean"), (None, "text")]
+    typed += [(items, "text[]") for items in (AWKWARD, [], ["only"])]
+    with tenant_session(tenant.tenant_id) as session:
+        for value, kind in typed:
+            query = sql.Query(
+                ("test-generic-value", kind), lambda k=kind: text(f"SELECT CAST(:v AS {k})"), {"v": value}, generic=True
+            )
+            assert sql.run(session, query) == [(value,)], value
+        with pytest.raises(psycopg.DataError):
+            sql.run(
+                session,
+                sql.Query(
+                    ("test-generic-value", "text"),
+                    lambda: text("SELECT CAST(:v AS text)"),
+                    {"v": "a\x00"},
+                    generic=True,
+                ),
+            )
+
+
+def test_an_error_in_a_pipelined_call_is_raised_and_the_connection_stays_usable(client, tenant):
+    """The first error of a call holding a generic statement is raised as a simple query's would be; the
+    statement prepared before it stays known (no second PREPARE of the same name), and the next transaction
+    on the connection runs it."""
+    tenant_id = tenant.tenant_id
+    divide = sql.Query(("test-generic-divide", 1), lambda: text("SELECT 10 / CAST(:d AS int)"), {"d": 0}, generic=True)
+    with tenant_session(tenant_id) as session, pytest.raises(psycopg.errors.DivisionByZero):
+        sql.run_many(session, [sql.Query(("test-text", 4), lambda: text("SELECT 1"), {}), divide])
+    for _ in range(3):  # (the pool hands the connection back: the name is prepared there, and known)
+        with tenant_session(tenant_id) as session:
+            assert sql.run(session, divide._replace(values={"d": 5})) == [(2,)]
+
+
+def test_when_psycopg_drops_every_prepared_statement_the_generic_ones_are_prepared_again(stack):
+    """psycopg sends ``DEALLOCATE ALL`` at a rollback once it has prepared statements of its own: engram's
+    go too, and the connection prepares them again at their next use instead of naming one that is gone."""
+    from sqlalchemy.orm import Session
+
+    from core.db import get_engine
+
+    query = sql.Query("test-generic-again", lambda: text("SELECT CAST(:v AS int) * 2"), {"v": 21}, generic=True)
+    with get_engine().connect() as connection, Session(bind=connection) as session:
+        driver = connection.connection.driver_connection
+        known = lambda: {name.decode() for name in driver.prepared_statements}  # noqa: E731
+        assert sql.run(session, query) == [(42,)]
+        assert known() and known() == set(_prepared(driver))  # what it knows is what the server holds
+        driver.execute("SELECT 1", prepare=True)  # one of psycopg's own
+        session.rollback()
+        assert not known() and not _prepared(driver)
+        assert sql.run(session, query) == [(42,)]
+        assert len(known()) == 1 and known() == set(_prepared(driver))
+        session.rollback()
