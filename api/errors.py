@@ -175,7 +175,7 @@ def install_error_handlers(app: FastAPI) -> None:
     async def _db_error(request: Request, exc: DBAPIError) -> JSONResponse:
         return _database_error(request, exc.orig, lost=exc.connection_invalidated)
 
-    # The statements sent on the driver's connection underneath SQLAlchemy (a search's SQL, core.search.sql;
+    # The statements sent on the driver's connection underneath SQLAlchemy (a search's SQL, core.sql;
     # a transaction's begin, core.dbwaits) raise psycopg's own errors, which SQLAlchemy never wrapped.
     @app.exception_handler(psycopg.Error)
     async def _driver_error(request: Request, exc: psycopg.Error) -> JSONResponse:

@@ -44,7 +44,7 @@ class BoundedConnection(psycopg.Connection[Any]):
 
     @property
     def prepared_statements(self) -> set[bytes]:
-        """The names of the statements engram prepared on this connection itself (core.search.sql); psycopg's
+        """The names of the statements engram prepared on this connection itself (core.sql); psycopg's
         own are not among them."""
         if self._statements is None:
             self._statements = set()

@@ -39,6 +39,7 @@ import numpy as np
 from sqlalchemy import Executable, or_, select, text
 from sqlalchemy.orm import Session
 
+from core import sql
 from core.caches import BoundedCache
 from core.config import get_settings
 from core.embeddings.matrix import Side, TenantMatrix, tenant_matrix, vector_stats
@@ -47,7 +48,6 @@ from core.embeddings.providers import Embedder, EmbeddingProviderError, get_embe
 from core.memories.models import Memory
 from core.native import single_threaded_blas
 from core.refs import MEMORY_PREFIX
-from core.search import sql
 from core.search.filters import EXAMPLE_QUERIES, HAS_QUERY_SQL, MEMORIES, has_query
 from core.search.index import CONTEXT_TURNS, episode_of
 
@@ -477,7 +477,7 @@ class DenseSearch:
 
     def _send_hnsw(self) -> Any:
         """Send the approximate query (with ``hnsw.ef_search`` set for it, in the same message) on the search's
-        connection; returns the driver connection to read its rows from (core.search.sql.receive)."""
+        connection; returns the driver connection to read its rows from (core.sql.receive)."""
         driver: Any = self._session.connection().connection.driver_connection
         sql.send(driver, f"SET LOCAL hnsw.ef_search = {HNSW_POOL};\n{self._hnsw_sql()}")
         return driver
@@ -486,7 +486,7 @@ class DenseSearch:
     def overlapped(self) -> Iterator[None]:
         """On the approximate path, send the query at once and let the caller work while PostgreSQL runs it.
 
-        The query goes out (core.search.sql.send) on the search's own connection (its transaction); the body must
+        The query goes out (core.sql.send) on the search's own connection (its transaction); the body must
         not use that connection. Its rows are read when the body ends. The exact path does nothing.
         """
         if self._exact or self._pool is not None:

@@ -23,9 +23,10 @@ from typing import Any
 from sqlalchemy import Executable, any_, column, func, or_, select, table, text
 from sqlalchemy.orm import Session
 
+from core import sql
 from core.entities.canonical import is_memory_ref, memory_id_of
 from core.memories.models import Memory
-from core.search import entity_bm25, sql
+from core.search import entity_bm25
 from core.search.filters import EXAMPLE_QUERIES, MEMORIES, Eligibility, MemoryFilter, has_query
 
 _CORPUS_SQL = text(

@@ -29,11 +29,11 @@ from typing import Any, NamedTuple
 from sqlalchemy import text
 from sqlalchemy.orm import Session
 
+from core import sql
 from core.caches import CACHE_BYTES, CACHE_ENTRIES, CACHE_EVICTIONS, CACHE_HITS, CACHE_MISSES
 from core.config import get_settings
 from core.entities.canonical import is_memory_ref
 from core.refs import MEMORY_PREFIX
-from core.search import sql
 from core.search.filters import HAS_QUERY_SQL
 
 # Filters (caller, statuses, kind, ...) whose verdicts a tenant's facts remember, least recent out first.

@@ -29,10 +29,10 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import Session
 
+from core import sql
 from core.memories.models import Memory
 from core.memories.visibility import AGENT_SCOPED, visible_clause
 from core.refs import MEMORY_PREFIX
-from core.search import sql
 from core.tenancy.context import Caller
 
 if TYPE_CHECKING:

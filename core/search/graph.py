@@ -15,8 +15,8 @@ from typing import Any
 from sqlalchemy import Executable, and_, any_, or_, select
 from sqlalchemy.orm import Session
 
+from core import sql
 from core.memories.models import Association, Memory
-from core.search import sql
 from core.search.filters import EXAMPLE_QUERIES, MEMORIES, Eligibility, any_of, has_query
 
 SEEDS = 10
@@ -44,7 +44,7 @@ def neighbours(
 
 
 def query(*, seeds: dict[str, list[str]], eligibility: Eligibility) -> sql.Query:
-    """The statement of :func:`neighbours` (with ``eligibility``), for :func:`core.search.sql.run_many`."""
+    """The statement of :func:`neighbours` (with ``eligibility``), for :func:`core.sql.run_many`."""
     memory_filter = eligibility.memory_filter
     tenant_id = memory_filter.caller.tenant_id
 

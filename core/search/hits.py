@@ -9,11 +9,11 @@ from typing import Any, NamedTuple, cast
 from sqlalchemy import Executable, any_, select
 from sqlalchemy.orm import Session
 
+from core import sql
 from core.entities.canonical import CatalogSnapshot
 from core.entities.render import render_memory
 from core.entities.resolver import stale_references
 from core.memories.models import Memory
-from core.search import sql
 from core.search.catalog import Prefetch, entity_docs
 from core.search.filters import EXAMPLE_QUERIES
 from core.search.schemas import EntityHit, ExampleQueryHit, MemoryHit
@@ -33,7 +33,7 @@ _HIT_COLUMNS = (
 
 
 def memories_query(*, tenant_id: int, memory_ids: Sequence[str]) -> sql.Query:
-    """The statement of :func:`load_memories`, for :func:`core.search.sql.run_many`."""
+    """The statement of :func:`load_memories`, for :func:`core.sql.run_many`."""
 
     def build() -> Executable:
         return select(*_HIT_COLUMNS).where(Memory.tenant_id == tenant_id, Memory.id == any_(sql.text_array("ids")))

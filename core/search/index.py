@@ -35,6 +35,7 @@ from typing import Any, NamedTuple
 from sqlalchemy import ColumnElement, Executable, and_, bindparam, literal_column, or_, select, text
 from sqlalchemy.orm import Session
 
+from core import sql
 from core.caches import BoundedCache
 from core.config import get_settings
 from core.db import tenant_session
@@ -43,7 +44,6 @@ from core.entities.models import Datasource
 from core.entities.render import render_memory_content
 from core.memories.models import Memory, Tombstone
 from core.refs import MEMORY_PREFIX
-from core.search import sql
 from core.search.catalog import catalog_changes
 from core.search.filters import any_of, has_query
 from core.search.fulltext import DocChange, FulltextIndex
@@ -139,7 +139,7 @@ def _changes_in(session: Session, *, tenant_id: int, since: int) -> tuple[list[D
     """The changes after ``since`` as the session's snapshot sees them, and its change seq.
 
     The change seq, the changed memories, the tombstones and whether the tenant has a catalog go to the
-    database together (one round trip, driver SQL: core.search.sql); a tenant with a catalog then reads
+    database together (one round trip, driver SQL: core.sql); a tenant with a catalog then reads
     the catalog's changes too."""
     values = {"tenant": tenant_id, "since": since}
     seq_rows, memory_rows, tombstones, catalogs = sql.run_many(

@@ -11,8 +11,8 @@ from typing import Any
 from sqlalchemy import text
 from sqlalchemy.orm import Session
 
+from core import sql
 from core.refs import MEMORY_PREFIX
-from core.search import sql
 from core.search.dense import EmbeddingStats
 from core.search.filters import EXAMPLE_QUERIES
 from core.search.fulltext import ENTITY_KINDS, FulltextIndex
@@ -115,7 +115,7 @@ HEAD_SQL = text(
 
 
 def head_query(*, tenant_id: int, model: str | None) -> sql.Query:
-    # By the tenant's key: planned once per connection (core.search.sql).
+    # By the tenant's key: planned once per connection (core.sql).
     return sql.Query("head", lambda: HEAD_SQL, {"tenant": tenant_id, "model": model or ""}, generic=True)
 
 

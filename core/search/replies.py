@@ -21,7 +21,8 @@ from typing import Any
 
 from sqlalchemy import Executable, text
 
-from core.search import hits, sql
+from core import sql
+from core.search import hits
 
 # What marks a memory that asks something: a question mark (ASCII, full-width, Arabic).
 QUESTION_MARKS = "?？؟"
@@ -55,7 +56,7 @@ SELECT s.id, n.* FROM unnest(CAST(:seeds AS text[])) AS seed(id) CROSS JOIN LATE
 
 
 def query(*, tenant_id: int, seeds: dict[str, list[str]]) -> sql.Query:
-    """The statement giving the replies of every bucket's seeds, for :func:`core.search.sql.run_many`."""
+    """The statement giving the replies of every bucket's seeds, for :func:`core.sql.run_many`."""
 
     def build() -> Executable:
         return text(REPLIES_SQL).bindparams(sql.text_array("seeds"))

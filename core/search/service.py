@@ -44,6 +44,7 @@ from operator import itemgetter
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from core import sql
 from core.config import get_settings
 from core.entities.canonical import CatalogSnapshot, is_memory_ref, memory_id_of, rooted_in
 from core.entities.render import render_memory
@@ -52,7 +53,7 @@ from core.errors import BadRequest
 from core.memories.models import Memory
 from core.memories.visibility import visible_clause
 from core.refs import MEMORY_PREFIX
-from core.search import entity_channel, facts, graph, hits, replies, sql
+from core.search import entity_channel, facts, graph, hits, replies
 from core.search.catalog import last_snapshot, load_snapshot, snapshot_memo
 from core.search.clock import ChannelClock
 from core.search.dense import ENTITIES, DenseSearch, DenseUnavailable, dense_model

@@ -76,7 +76,7 @@ def test_pool_exhaustion_is_503_with_retry_after(stack):
 
 
 def test_errors_of_statements_sent_beneath_sqlalchemy_are_answered_as_wrapped_ones(stack):
-    """A search sends its SQL on the driver's connection (core.search.sql), so PostgreSQL's errors arrive as
+    """A search sends its SQL on the driver's connection (core.sql), so PostgreSQL's errors arrive as
     psycopg's own, unwrapped: a statement past its time budget is a 503 with Retry-After, a value the
     database cannot take a 422, as through SQLAlchemy, and never a 500."""
     from api.errors import install_error_handlers

@@ -7,9 +7,9 @@ import psycopg
 import pytest
 from sqlalchemy import any_, select, text
 
+from core import sql
 from core.db import tenant_session
 from core.memories.models import Memory
-from core.search import sql
 
 AWKWARD = ["plain", 'quote " inside', "back\\slash", 'both \\" mixed', "", "NULL", "{a,b}", "comma, space", "ünïcödé"]
 

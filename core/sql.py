@@ -1,10 +1,10 @@
-"""The hot queries of a search, compiled once to driver SQL and run without the ORM layer.
+"""Hot statements compiled once to driver SQL and run without the ORM layer: a search's, and a save's.
 
 A search makes a few queries whose cost in SQLAlchemy (building the statement, the ORM tenant hook,
 bind processing of a few hundred ids, result processing of text arrays) was several times their
 execution time in PostgreSQL. Each such query is built with SQLAlchemy as before, compiled once per
 distinct key (the query's name and every value that shapes it: tenant, caller, filters) into SQL for
-the driver, and run in the search's own transaction.
+the driver, and run in the session's own transaction.
 
 The statements of one call go out as one simple query (``a; b; c``: one message, one round trip, results
 read in order), each value written into the SQL text as a literal quoted by libpq (``PQescapeLiteral``)
