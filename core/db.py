@@ -266,7 +266,8 @@ WRITE_ATTEMPTS = 4
 
 
 def is_conflict(exc: BaseException) -> bool:
-    return isinstance(exc, OperationalError) and isinstance(exc.orig, CONFLICTS)
+    """A conflict, as SQLAlchemy raises it or as the driver does (statements on its connection: core.sql)."""
+    return isinstance(exc, CONFLICTS) or (isinstance(exc, OperationalError) and isinstance(exc.orig, CONFLICTS))
 
 
 def tenant_write(tenant_id: int, work: Callable[[Session], T], *, attempts: int = WRITE_ATTEMPTS) -> T:
@@ -277,7 +278,7 @@ def tenant_write(tenant_id: int, work: Callable[[Session], T], *, attempts: int 
         try:
             with tenant_session(tenant_id) as session:
                 return work(session)
-        except OperationalError as exc:
+        except (OperationalError, psycopg.OperationalError) as exc:
             if attempt == attempts or not is_conflict(exc):
                 raise
             time.sleep(random.uniform(0, 0.02 * 2**attempt))  # jitter: the two losers do not meet again

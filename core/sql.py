@@ -59,7 +59,7 @@ Split = tuple[tuple[str, ...], tuple[str, ...]]  # SQL pieces, and the parameter
 class _Statement:
     """A key's compiled SQL split at its parameters, and the parameter values fixed when it was built."""
 
-    __slots__ = ("pieces", "names", "fixed", "given", "_prepared")
+    __slots__ = ("pieces", "names", "fixed", "given", "_prepared", "_typed")
 
     def __init__(self, sql: str, fixed: dict[str, Any]) -> None:
         pieces, names, last, piece = [], [], 0, []
@@ -78,24 +78,33 @@ class _Statement:
         # Per set of names a call gives values for: the SQL with every other value written in, split at those.
         self.given: dict[frozenset[str], Split] = {}
         self._prepared: Prepared | None = None
+        self._typed: dict[tuple[int, ...], bytes] = {}
 
     def prepared(self) -> Prepared:
         """The statement with every value a parameter ($1, $2, ...: one per distinct name, in order of first
-        use), and the name it is prepared under: a digest of that text, so the same for every tenant."""
+        use): the same text for every tenant."""
         if self._prepared is None:
             order: dict[str, int] = {}
             parts = [self.pieces[0]]
             for name, piece in zip(self.names, self.pieces[1:], strict=True):
                 parts += (f"${order.setdefault(name, len(order) + 1)}", piece)
-            sql = "".join(parts).encode()
-            name = b"engram_" + hashlib.blake2b(sql, digest_size=10).hexdigest().encode()
-            self._prepared = Prepared(name, sql, tuple(order))
+            self._prepared = Prepared("".join(parts).encode(), tuple(order))
         return self._prepared
 
-    def params(self, values: dict[str, Any], value_of: Callable[[Any], bytes | None]) -> list[bytes | None]:
-        """The text form of each parameter of :meth:`prepared`: the call's value, else the fixed one."""
+    def name_for(self, types: tuple[int, ...]) -> bytes:
+        """The name the statement is prepared under with parameters of these types: a digest of its text and
+        them (as psycopg keys its own: a value of another type, a number past bigint say, gets a statement of
+        its own)."""
+        name = self._typed.get(types)
+        if name is None:
+            text = self.prepared().sql + repr(types).encode()
+            name = self._typed[types] = b"engram_" + hashlib.blake2b(text, digest_size=10).hexdigest().encode()
+        return name
+
+    def values(self, values: dict[str, Any]) -> list[Any]:
+        """The value of each parameter of :meth:`prepared`: the call's, else the fixed one."""
         fixed = self.fixed
-        return [value_of(values[name] if name in values else fixed[name]) for name in self.prepared().params]
+        return [values[name] if name in values else fixed[name] for name in self.prepared().params]
 
     def text(self, values: dict[str, Any], quote: Callable[[Any], str]) -> str:
         """The statement with ``values`` (and the fixed values of the names they do not give) written in."""
@@ -125,9 +134,8 @@ class _Statement:
 
 
 class Prepared(NamedTuple):
-    name: bytes
     sql: bytes
-    params: tuple[str, ...]
+    params: tuple[str, ...]  # the name of each parameter, $1 first
 
 
 class Query(NamedTuple):
@@ -257,6 +265,25 @@ _GENERIC_PLANS = b"SET LOCAL plan_cache_mode = force_generic_plan"
 _CUSTOM_PLANS = b"SET LOCAL plan_cache_mode = force_custom_plan"  # core.db's setting, for what follows
 
 
+_INT8, _NUMERIC, _FLOAT8, _BOOL, _TEXT_ARRAY, _UNKNOWN = 20, 1700, 701, 16, 1009, 0
+
+
+def param_type(value: Any) -> int:
+    """The type a parameter is declared with: bigint (numeric past it), float8, boolean, text[] for such
+    values, as psycopg declares them (a parameter used twice is then one type); any other's PostgreSQL
+    infers from the SQL."""
+    kind = type(value)
+    if kind is int:
+        return _INT8 if -(2**63) <= value < 2**63 else _NUMERIC
+    if kind is float:
+        return _FLOAT8
+    if kind is bool:
+        return _BOOL
+    if kind is list and all(type(item) is str for item in value):
+        return _TEXT_ARRAY
+    return _UNKNOWN
+
+
 def param_text(driver: psycopg.Connection[Any]) -> Callable[[Any], bytes | None]:
     """A function writing a value in PostgreSQL's text form, as a parameter (a list of strings as the text
     of an array; anything but strings, integers, lists of strings and None by psycopg's text dumpers)."""
@@ -298,27 +325,30 @@ def _pipelined(
     value_of = param_text(driver)
     # What each command sent is, in order: the other statements first (planned for their values), then the
     # generic ones between the two settings, each preceded by its PREPARE on a connection that lacks it.
-    custom: list[tuple[int, bytes, list[bytes | None]]] = []
-    generic: list[tuple[int, Prepared, list[bytes | None]]] = []
+    custom: list[tuple[int, bytes, list[int], list[bytes | None]]] = []
+    generic: list[tuple[int, bytes, bytes, list[int], list[bytes | None]]] = []
     for i, (key, build, values, is_generic) in enumerate(queries):
         statement = _compiled(key, build)
-        params = statement.params(values, value_of)  # (a value PostgreSQL cannot take fails here, before sending)
+        given = statement.values(values)
+        params = [value_of(value) for value in given]  # (a value PostgreSQL cannot take fails here, unsent)
+        types = [param_type(value) for value in given]
+        text = statement.prepared().sql
         if is_generic:
-            generic.append((i, statement.prepared(), params))
+            generic.append((i, statement.name_for(tuple(types)), text, types, params))
         else:
-            custom.append((i, statement.prepared().sql, params))
+            custom.append((i, text, types, params))
     slots: list[int | bytes | None] = []  # per command: the query's index, a PREPARE's name, or None (a setting)
     pgconn = driver.pgconn
     pgconn.enter_pipeline_mode()
     try:
-        for i, text, params in custom:
-            pgconn.send_query_params(text, params)
+        for i, text, types, params in custom:
+            pgconn.send_query_params(text, params, param_types=types)
             slots.append(i)
         pgconn.send_query_params(_GENERIC_PLANS, None)
         slots.append(None)
-        for i, (name, text, _), params in generic:
+        for i, name, text, types, params in generic:
             if name not in prepared and name not in slots:
-                pgconn.send_prepare(name, text)
+                pgconn.send_prepare(name, text, param_types=types)
                 slots.append(name)
             pgconn.send_query_prepared(name, params)
             slots.append(i)

@@ -20,6 +20,7 @@ from sqlalchemy import ColumnElement, TextClause, delete, func, literal, select,
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.orm import Session
 
+from core import sql
 from core.changes import bump_change_seq, lock_tenant_writes
 from core.errors import EngramError, Forbidden, Invalid, NotFound
 from core.jobs.service import enqueue, new_outbox_job_id
@@ -200,11 +201,11 @@ def _write(session: Session, caller: Caller, valid: list[_Planned], *, action: s
         params.update(trail.saved_params(caller, action=action, count=len(valid)))
         if not new_only:
             params["trail"] = _json(trail_rows)
-    answer = session.connection().execute(_SAVE_STATEMENTS[(new_only, action is not None, events)], params).first()
+    answer = _run_save(session, (new_only, action is not None, events), params)
     if answer is not None and answer[0] is None and answer[3]:
         # A webhook listens after all: nothing was written; again, with the events.
         _LISTENED_TO.add(caller.tenant_id)
-        answer = session.connection().execute(_SAVE_STATEMENTS[(new_only, True, True)], params).first()
+        answer = _run_save(session, (new_only, True, True), params)
     if answer is None or answer[0] is None:
         session.info["outbox"].remove(job_id)  # no job was written
         return False
@@ -218,6 +219,15 @@ def _write(session: Session, caller: Caller, valid: list[_Planned], *, action: s
         p.memory_id = p.item.id if p.item.id is not None else str(first_auto + p.auto_ordinal - 1)
     _replace_associations(session, caller=caller, valid=valid)
     return True
+
+
+def _run_save(session: Session, shape: tuple[bool, bool, bool], params: dict[str, Any]) -> Sequence[Any] | None:
+    """The save statement's answer row (None: no row). It writes by key only (the tenant's row, the items'
+    ids, a job's id), so it runs on its generic plan, prepared once per connection (core.sql): planned for
+    its values it cost PostgreSQL ~0.45 ms a save."""
+    statement = _SAVE_STATEMENTS[shape]
+    rows = sql.run(session, sql.Query(("save", *shape), lambda: statement, params, generic=True))
+    return rows[0] if rows else None
 
 
 def _json(value: Any) -> str:

@@ -152,4 +152,43 @@ def test_the_503_names_what_postgres_reported():
     assert "deadlock" in (database_busy_message(psycopg.errors.DeadlockDetected("x")) or "")
     assert "conflicting" in (database_busy_message(psycopg.errors.SerializationFailure("x")) or "")
     assert "time budget" in (database_busy_message(psycopg.errors.QueryCanceled("x")) or "")
+    # A conflict is retried as the driver raises it too (a statement sent on its connection: core.sql).
+    from core.db import is_conflict
+
+    assert is_conflict(psycopg.errors.DeadlockDetected("x")) and is_conflict(psycopg.errors.SerializationFailure("x"))
+    assert not is_conflict(psycopg.errors.QueryCanceled("x"))
     assert database_busy_message(psycopg.OperationalError("server closed the connection")) is None
+
+
+def test_a_save_runs_on_its_generic_plan_prepared_once_per_connection(client, tenant):
+    """A save writes by key only (the tenant's row, the items' ids, a job's id): its statement is prepared
+    once per connection and PostgreSQL runs it on one generic plan, not planned again for each save's values;
+    the saves read back whole."""
+    from sqlalchemy.orm import Session
+
+    from core.db import get_engine
+    from core.memories.schemas import SaveMemoryIn
+    from core.memories.service import get_memory, save_memory
+    from core.tenancy.context import Caller
+
+    caller = Caller(
+        tenant_id=tenant.tenant_id, tenant_name=tenant.name, user="admin@localhost", role="admin", key_id="k"
+    )
+    saved = []
+    with get_engine().connect() as connection:
+        for n in range(3):
+            with Session(bind=connection, info={"tenant_id": tenant.tenant_id, "outbox": []}) as session:
+                saved.append(save_memory(session, caller=caller, item=SaveMemoryIn(content=f"plan note {n}")).memory_id)
+                session.commit()
+        driver = connection.connection.driver_connection
+        plans = driver.execute(
+            "SELECT generic_plans, custom_plans FROM pg_prepared_statements"
+            " WHERE name LIKE 'engram_%' AND statement LIKE '%INSERT INTO memories%'"
+        ).fetchall()
+        connection.rollback()
+    assert plans == [(3, 0)], plans
+    with Session(bind=get_engine(), info={"tenant_id": tenant.tenant_id}) as session:
+        assert [get_memory(session, caller=caller, memory_id=m).content for m in saved] == [
+            f"plan note {n}" for n in range(3)
+        ]
+        session.rollback()
