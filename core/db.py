@@ -194,7 +194,8 @@ def _plan_each_statement(dbapi_connection: Any, _record: Any) -> None:
     stays in use after they grow, until the next ANALYZE: `/v1/ops/coverage` measured 2.3 s at 5,000
     memories on such a plan (a nested loop over sequential scans) against 10 ms planned afresh. Tenants
     of very different sizes share every statement here, so a custom plan is the safe default; it costs
-    ~0.1 ms of planning per statement (~0.3 ms per search).
+    ~0.1-0.4 ms of planning per statement. The statements that only read or write rows by their keys, whose
+    plan is the same for every tenant (a search's look-ups, a save), run on a generic plan (core.sql).
     """
     with dbapi_connection.cursor() as cursor:
         cursor.execute("SET plan_cache_mode = force_custom_plan")
