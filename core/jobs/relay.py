@@ -22,6 +22,7 @@ linger: they follow the finished jobs that free their slots.
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
@@ -29,7 +30,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import psycopg
-from sqlalchemy import Connection, text
+from sqlalchemy import Connection, TextClause, text
 
 from core.config import get_settings
 from core.db import system_connection
@@ -155,7 +156,7 @@ def claim_statement(caps: dict[str, int]) -> str:
     """
 
 
-_IN_FLIGHT_COUNT = f"SELECT count(*) FROM jobs WHERE {IN_FLIGHT} AND {lane_sql()} = :lane"
+_IN_FLIGHT_COUNT = text(f"SELECT count(*) FROM jobs WHERE {IN_FLIGHT} AND {lane_sql()} = :lane")
 _RELEASE = text("UPDATE jobs SET dispatched_at = NULL WHERE id = ANY(:ids) AND state = 'queued'")
 
 
@@ -169,6 +170,12 @@ _LOCK_CLAIM = text(
 )
 
 
+@functools.lru_cache(maxsize=8)
+def _claim_clause(caps: tuple[tuple[str, int], ...]) -> TextClause:
+    """The claim statement for these caps, built once (a relay claims many times a second under load)."""
+    return text(claim_statement(dict(caps)))
+
+
 def claim_lane(lane: Lane, *, limits: RelayLimits, most: int = _BATCH) -> list[tuple[JobHead, dict | None, int]]:
     """Claim (commit ``dispatched_at``) up to the lane's free slots, at most ``most``; returns each claimed
     job's head, stored request context and turn, in the order their messages should go out."""
@@ -180,7 +187,7 @@ def claim_in(
     connection: Connection, lane: Lane, *, limits: RelayLimits, most: int = _BATCH
 ) -> list[tuple[JobHead, dict | None, int]]:
     """:func:`claim_lane` in the system transaction of ``connection`` (committed by the caller)."""
-    claim = text(claim_statement(limits.tenant_kind_caps))
+    claim = _claim_clause(tuple(sorted(limits.tenant_kind_caps.items())))
     params = {
         "lane": lane,
         "interactive_max_docs": limits.interactive_max_docs,
@@ -189,7 +196,7 @@ def claim_in(
         "lease_s": limits.lease_s,
     }
     connection.execute(_LOCK_CLAIM, {"space": _CLAIM_LOCK_SPACE, "key": _CLAIM_LOCK[lane]})
-    busy = int(connection.execute(text(_IN_FLIGHT_COUNT), params).scalar_one())
+    busy = int(connection.execute(_IN_FLIGHT_COUNT, params).scalar_one())
     free = min(limits.inflight(lane) - busy, most)
     if free <= 0:
         return []
@@ -222,6 +229,11 @@ def relay_once(
                     connection.execute(_RELEASE, {"ids": [head.id for head, _, _ in claimed]})
                 raise
             published[lane] = published.get(lane, 0) + len(claimed)
+            if len(claimed) < _BATCH:
+                # Fewer than asked for: the lane has nothing more to claim now, or no free slot left (what is
+                # committed or finished meanwhile notifies the next round). Another claim would be a
+                # transaction, under the claim lock, that finds nothing.
+                break
     return published
 
 

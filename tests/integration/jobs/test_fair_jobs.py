@@ -228,3 +228,31 @@ def test_the_claim_runs_on_a_generic_plan_not_planned_each_round(stack, make_ten
         assert len(plans) == 1 and plans[0].generic_plans >= 3 and plans[0].custom_plans == 0
     finally:
         _forget_jobs(ids, claimed)
+
+
+def test_a_relay_round_ends_a_lane_at_a_claim_that_took_fewer_than_a_batch(stack, make_tenant, monkeypatch):
+    """A claim that takes fewer jobs than a batch left nothing claimable in its lane (or no free slot): the
+    round makes no second claim there, a transaction under the claim lock that would find nothing."""
+    from core.jobs import relay
+
+    tenant = make_tenant("round")
+    ids = _add_jobs(tenant.tenant_id, "embed", [{"doc_ids": ["memory:x", "memory:y"]}] * 5)
+    calls: list[tuple[str, int]] = []
+    original = relay.claim_lane
+
+    def counted(lane, **kwargs):  # type: ignore[no-untyped-def]
+        found = original(lane, **kwargs)
+        calls.append((lane, len(found)))
+        return found
+
+    monkeypatch.setattr(relay, "claim_lane", counted)
+    published: list = []
+    claimed: list[str] = []
+    try:
+        limits = relay.RelayLimits(bulk_inflight=_in_flight("bulk") + 50)
+        counts = relay.relay_once(published.extend, limits=limits, lanes=("bulk",))
+        claimed = [job_id for message in published for job_id in message.job_ids]
+        assert set(ids) <= set(claimed) and counts == {"bulk": len(claimed)}
+        assert calls == [("bulk", len(claimed))]
+    finally:
+        _forget_jobs(ids, claimed)
