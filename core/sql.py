@@ -14,11 +14,13 @@ server plans such a statement for its values (core.db forces custom plans). A ke
 same at every call (filters, caller) are quoted once and kept in its text; the values a call gives (ids,
 entities) are quoted at each call.
 
-A statement whose plan does not depend on its values (it reads rows by their keys: the search's head, its
-hits, replies, graph and eligibility look-ups) is a *generic* :class:`Query`: planning it cost PostgreSQL
-as much as running it, or more (0.1-0.4 ms a statement, ~0.9 ms of a search's ~1.2 ms of PostgreSQL
-planning), so it is prepared once per connection, under a name given by its text with every value a
-parameter (the same for every tenant), and runs on PostgreSQL's generic plan. A call holding one goes out
+A statement whose plan does not depend on its values (it reads or writes rows by their keys: the search's
+head, its hits, replies, graph and eligibility look-ups; a save) is a *generic* :class:`Query`: planning it
+cost PostgreSQL as much as running it, or more (0.1-0.5 ms a statement, ~0.9 ms of a search's ~1.2 ms of
+PostgreSQL planning), so it is prepared once per connection, under a name given by its text with every value
+a parameter (the same for every tenant) and the parameters' types, and runs on PostgreSQL's generic plan.
+Statements that read what changed since a sequence number stay planned for their values (how many rows
+changed decides the plan). A call holding one goes out
 through libpq's pipeline (one round trip still, driven from here, not by psycopg's Python pipeline): the
 other statements as unnamed ones, planned for their values, then the generic ones between two ``SET LOCAL
 plan_cache_mode``. Protocol-level prepared statements, as psycopg's own are: PgBouncer (1.21+, with
