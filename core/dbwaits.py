@@ -41,20 +41,31 @@ class BoundedConnection(psycopg.Connection[Any]):
 
     answer_timeout: float | None = None
     _statements: set[bytes] | None = None
+    _stale: set[bytes] | None = None
 
     @property
     def prepared_statements(self) -> set[bytes]:
-        """The names of the statements engram prepared on this connection itself (core.sql); psycopg's
-        own are not among them."""
+        """The names of the statements engram prepared on this connection itself (core.sql); psycopg's own are
+        not among them."""
         if self._statements is None:
             self._statements = set()
         return self._statements
 
+    @property
+    def stale_statements(self) -> set[bytes]:
+        """Names engram prepared whose statement failed since (PostgreSQL's "cached plan must not change result
+        type" after a migration, say): closed on the server before they are prepared again."""
+        if self._stale is None:
+            self._stale = set()
+        return self._stale
+
     def _deallocate(self, name: bytes | None) -> PQGen[None]:
         # psycopg drops every prepared statement of the session (``DEALLOCATE ALL``) at a rollback and after
         # a DROP or ALTER, when it had prepared some itself: engram's go with them.
-        if name is None and self._statements:
-            self._statements.clear()
+        if name is None:
+            for names in (self._statements, self._stale):
+                if names:
+                    names.clear()
         return super()._deallocate(name)
 
     def wait(self, gen: PQGen[Any], interval: float = 0.1, timeout: float | None = None) -> Any:

@@ -339,23 +339,31 @@ def _pipelined(
             generic.append((i, statement.name_for(tuple(types)), text, types, params))
         else:
             custom.append((i, text, types, params))
-    slots: list[int | bytes | None] = []  # per command: the query's index, a PREPARE's name, or None (a setting)
+    # Per command sent, what its result is: ("rows", query index, name if generic), ("prepare", name),
+    # ("close", name) or ("set", None).
+    slots: list[tuple[str, Any, Any]] = []
+    stale = driver.stale_statements
     pgconn = driver.pgconn
     pgconn.enter_pipeline_mode()
     try:
         for i, text, types, params in custom:
             pgconn.send_query_params(text, params, param_types=types)
-            slots.append(i)
+            slots.append(("rows", i, None))
         pgconn.send_query_params(_GENERIC_PLANS, None)
-        slots.append(None)
+        slots.append(("set", None, None))
+        preparing: set[bytes] = set()
         for i, name, text, types, params in generic:
-            if name not in prepared and name not in slots:
+            if name not in prepared and name not in preparing:
+                if name in stale:
+                    pgconn.send_close_prepared(name)
+                    slots.append(("close", name, None))
                 pgconn.send_prepare(name, text, param_types=types)
-                slots.append(name)
+                slots.append(("prepare", name, None))
+                preparing.add(name)
             pgconn.send_query_prepared(name, params)
-            slots.append(i)
+            slots.append(("rows", i, name))
         pgconn.send_query_params(_CUSTOM_PLANS, None)
-        slots.append(None)
+        slots.append(("set", None, None))
         pgconn.pipeline_sync()
         driver.wait(generators.send(pgconn))
         try:
@@ -373,15 +381,22 @@ def _pipelined(
     rows: list[Sequence[Any]] = [()] * len(queries)
     first_error = None
     transformer = Transformer(driver)
-    for slot, result in zip(slots, results, strict=True):
+    for (kind, value, name), result in zip(slots, results, strict=True):
+        ok = result.status != pq.ExecStatus.FATAL_ERROR and result.status != pq.ExecStatus.PIPELINE_ABORTED
         if result.status == pq.ExecStatus.FATAL_ERROR:
             first_error = first_error or result
-        elif isinstance(slot, bytes):
-            if result.status == pq.ExecStatus.COMMAND_OK:
-                prepared.add(slot)
-        elif slot is not None and first_error is None:
+            if kind == "rows" and name is not None:
+                # A prepared statement that failed may fail again the same way (a plan whose result type a
+                # migration changed): it is closed and prepared afresh at its next use.
+                prepared.discard(name)
+                stale.add(name)
+        elif kind == "close" and ok:
+            stale.discard(value)
+        elif kind == "prepare" and ok:
+            prepared.add(value)
+        elif kind == "rows" and first_error is None:
             transformer.set_pgresult(result)
-            rows[slot] = transformer.load_rows(0, result.ntuples, tuple)
+            rows[value] = transformer.load_rows(0, result.ntuples, tuple)
     if first_error is not None:
         raise psycopg.errors.error_from_result(first_error, encoding=driver.info.encoding)
     return rows

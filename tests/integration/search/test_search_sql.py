@@ -156,9 +156,8 @@ def test_values_of_a_generic_statement_read_back_as_they_were(client, tenant):
 
 
 def test_an_error_in_a_pipelined_call_is_raised_and_the_connection_stays_usable(client, tenant):
-    """The first error of a call holding a generic statement is raised as a simple query's would be; the
-    statement prepared before it stays known (no second PREPARE of the same name), and the next transaction
-    on the connection runs it."""
+    """The first error of a call holding a generic statement is raised as a simple query's would be, and the
+    next transactions on the connection run the statement again (closed and prepared afresh once)."""
     tenant_id = tenant.tenant_id
     divide = sql.Query(("test-generic-divide", 1), lambda: text("SELECT 10 / CAST(:d AS int)"), {"d": 0}, generic=True)
     with tenant_session(tenant_id) as session, pytest.raises(psycopg.errors.DivisionByZero):
@@ -187,3 +186,40 @@ def test_when_psycopg_drops_every_prepared_statement_the_generic_ones_are_prepar
         assert sql.run(session, query) == [(42,)]
         assert len(known()) == 1 and known() == set(_prepared(driver))
         session.rollback()
+
+
+def test_a_generic_statement_whose_result_type_changed_is_prepared_afresh(stack):
+    """A migration that changes what a prepared statement returns makes PostgreSQL refuse its cached plan
+    ("cached plan must not change result type"): that call fails, and the next one closes the statement and
+    prepares it again instead of failing the same way for as long as the connection lives."""
+    from sqlalchemy.orm import Session
+
+    from core.db import get_engine
+
+    def ddl(driver, statements):  # type: ignore[no-untyped-def]
+        # Straight to the server, by-passing psycopg (which would deallocate everything after an ALTER).
+        sql.send(driver, statements)
+        sql.receive(driver)
+
+    query = sql.Query(
+        "test-generic-shape", lambda: text("SELECT * FROM engram_test_shape WHERE id = :id"), {"id": 1}, generic=True
+    )
+    with get_engine().connect() as connection:
+        driver = connection.connection.driver_connection
+        ddl(
+            driver,
+            "CREATE TEMP TABLE engram_test_shape (id int, a text); INSERT INTO engram_test_shape VALUES (1, 'x')",
+        )
+        with Session(bind=connection) as session:
+            assert sql.run(session, query) == [(1, "x")]
+            session.commit()
+            ddl(driver, "ALTER TABLE engram_test_shape ADD COLUMN b text DEFAULT 'y'")
+            with pytest.raises(psycopg.errors.FeatureNotSupported):
+                sql.run(session, query)
+            session.rollback()
+            for _ in range(2):
+                assert sql.run(session, query) == [(1, "x", "y")]
+            known = {name.decode() for name in driver.prepared_statements}
+            assert known == set(_prepared(driver)) and not driver.stale_statements
+            session.rollback()
+        ddl(driver, "DROP TABLE engram_test_shape")
