@@ -37,10 +37,12 @@ import hashlib
 import re
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Hashable, Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any, NamedTuple
 
 import psycopg
+from opentelemetry import trace
 from psycopg import generators, pq
 from psycopg import sql as literal_sql
 from psycopg.adapt import PyFormat, Transformer
@@ -50,8 +52,10 @@ from sqlalchemy.orm import Session
 from sqlalchemy.sql.elements import BindParameter
 
 from core.dbwaits import AnswerTimeout, BoundedConnection, send_simple, simple_results
+from core.tracing import tracing_enabled
 
 CACHE_ENTRIES = 1024
+_tracer = trace.get_tracer("engram.sql")
 _dialect = postgresql.psycopg.dialect()  # type: ignore[attr-defined]
 # A parameter of the compiled SQL (psycopg's pyformat), or an escaped percent sign.
 _PLACEHOLDER = re.compile(r"%\((\w+)\)s|%%")
@@ -232,6 +236,13 @@ def run_many(
     ``meanwhile`` runs once they are sent, before their rows are read; it must not use the session.
     """
     driver: Any = session.connection().connection.driver_connection
+    if not tracing_enabled():
+        return _exchange(driver, queries, meanwhile)
+    with _client_span(queries):
+        return _exchange(driver, queries, meanwhile)
+
+
+def _exchange(driver: Any, queries: Sequence[Query], meanwhile: Callable[[], None] | None) -> list[Sequence[Any]]:
     if isinstance(driver, BoundedConnection) and any(query.generic for query in queries):
         return _pipelined(driver, queries, meanwhile)
     # (Elsewhere than on engram's own connections, which know what they have prepared, all are planned afresh.)
@@ -243,6 +254,27 @@ def run_many(
     finally:
         results = receive(driver)
     return results
+
+
+@contextmanager
+def _client_span(queries: Sequence[Query]) -> Iterator[None]:
+    """While tracing is on: a client span for the call's round trip, as core.tracing gives each statement
+    SQLAlchemy runs (its text with placeholders, never the values; several statements are one batch)."""
+    texts = [_compiled(key, build).prepared().sql.decode() for key, build, _, _ in queries]
+    operation = (texts[0].split(None, 1)[0].upper() if texts[0].strip() else "SQL") if len(texts) == 1 else "BATCH"
+    attributes: dict[str, str | int] = {
+        "db.system.name": "postgresql",
+        "db.operation.name": operation,
+        "db.query.text": ";\n".join(texts)[:2000],
+    }
+    if len(texts) > 1:
+        attributes["db.operation.batch.size"] = len(texts)
+    with _tracer.start_as_current_span(operation, kind=trace.SpanKind.CLIENT, attributes=attributes) as span:
+        try:
+            yield
+        except BaseException as exc:
+            span.set_status(trace.Status(trace.StatusCode.ERROR, type(exc).__name__))
+            raise
 
 
 def send(driver: psycopg.Connection[Any], statements: str) -> None:
