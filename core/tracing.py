@@ -4,7 +4,8 @@ Off (the default), nothing here installs a provider, so OpenTelemetry's no-op AP
 native request tracing stays disabled, no SQL listener is attached, and the helpers below return at once.
 
 On, FastAPI traces each request by itself (it uses the global provider), ``_instrument_sqlalchemy`` adds a
-client span per SQL statement, and the workers instrument Celery (workers.celery_app). A request's trace
+client span per SQL statement (core.sql one per round trip of the statements it sends on the driver's
+connection), and the workers instrument Celery (workers.celery_app). A request's trace
 continues into the jobs it causes although they are dispatched later, by a relay in another process: the
 request's context (W3C ``traceparent`` and the request id) is stored on each job row (``job_context``), and
 whoever publishes the job re-enters that context (``publishing_context``) so Celery's instrumentation puts it
