@@ -191,6 +191,14 @@ def array_literal(items: list[str]) -> str:
     return '{"' + '","'.join(items) + '"}'
 
 
+def _without_nul(value: str) -> str:
+    """``value``, refused with psycopg's own error when it holds a NUL: libpq would cut a literal there, and
+    PostgreSQL's text fields cannot hold one."""
+    if "\x00" in value:
+        raise psycopg.DataError("PostgreSQL text fields cannot contain NUL (0x00) bytes")
+    return value
+
+
 def quoter(driver: psycopg.Connection[Any]) -> Callable[[Any], str]:
     """A function writing a value as an SQL literal for ``driver``'s connection.
 
@@ -199,9 +207,7 @@ def quoter(driver: psycopg.Connection[Any]) -> Callable[[Any], str]:
     escape, encoding = pq.Escaping(driver.pgconn).escape_literal, driver.info.encoding
 
     def quoted(value: str) -> str:
-        if "\x00" in value:  # libpq would cut the string there; psycopg refuses it as a parameter
-            raise psycopg.DataError("PostgreSQL text fields cannot contain NUL (0x00) bytes")
-        return escape(value.encode(encoding)).decode(encoding)
+        return escape(_without_nul(value).encode(encoding)).decode(encoding)
 
     def quote(value: Any) -> str:
         kind = type(value)
@@ -300,55 +306,39 @@ _CUSTOM_PLANS = b"SET LOCAL plan_cache_mode = force_custom_plan"  # core.db's se
 
 
 _INT8, _NUMERIC, _FLOAT8, _BOOL, _TEXT_ARRAY, _UNKNOWN = 20, 1700, 701, 16, 1009, 0
+_DUMPED_TYPES = {float: _FLOAT8, bool: _BOOL}
+
+Param = tuple[bytes | None, int]  # a parameter's text form, and the type it is declared with (0: inferred)
 
 
-def param_type(value: Any) -> int:
-    """The type a parameter is declared with: bigint (numeric past it), float8, boolean, text[] for such
-    values, as psycopg declares them (a parameter used twice is then one type); any other's PostgreSQL
-    infers from the SQL."""
-    kind = type(value)
-    if kind is int:
-        return _INT8 if -(2**63) <= value < 2**63 else _NUMERIC
-    if kind is float:
-        return _FLOAT8
-    if kind is bool:
-        return _BOOL
-    if kind is list and all(type(item) is str for item in value):
-        return _TEXT_ARRAY
-    return _UNKNOWN
-
-
-def param_text(driver: psycopg.Connection[Any]) -> Callable[[Any], bytes | None]:
-    """A function writing a value in PostgreSQL's text form, as a parameter (a list of strings as the text
-    of an array; anything but strings, integers, lists of strings and None by psycopg's text dumpers)."""
+def param_form(driver: psycopg.Connection[Any]) -> Callable[[Any], Param]:
+    """A function giving a value as a parameter: its text form (a list of strings as the text of an array;
+    anything but strings, integers, lists of strings and None by psycopg's text dumpers) and its declared
+    type, as psycopg declares it (bigint, numeric past it, float8, boolean, text[]; a parameter used twice is
+    then one type): strings and the rest PostgreSQL infers from the SQL."""
     encoding = driver.info.encoding
     transformer: Any = None
 
-    def text_of(value: str) -> bytes:
-        if "\x00" in value:
-            raise psycopg.DataError("PostgreSQL text fields cannot contain NUL (0x00) bytes")
-        return value.encode(encoding)
-
-    def value_of(value: Any) -> bytes | None:
+    def form(value: Any) -> Param:
         nonlocal transformer
         kind = type(value)
         if kind is str:
-            return text_of(value)
+            return _without_nul(value).encode(encoding), _UNKNOWN
         if kind is int:
-            return str(value).encode()
+            return str(value).encode(), _INT8 if -(2**63) <= value < 2**63 else _NUMERIC
         if value is None:
-            return None
+            return None, _UNKNOWN
         if kind is list:
             try:
-                return text_of(array_literal(value))
-            except TypeError:
+                return _without_nul(array_literal(value)).encode(encoding), _TEXT_ARRAY
+            except TypeError:  # an item that is not a string: psycopg's text of the list
                 pass
         if transformer is None:
             transformer = Transformer(driver)
         dumped = transformer.get_dumper(value, PyFormat.TEXT).dump(value)
-        return None if dumped is None else bytes(dumped)
+        return (None if dumped is None else bytes(dumped)), _DUMPED_TYPES.get(kind, _UNKNOWN)
 
-    return value_of
+    return form
 
 
 def _pipelined(
@@ -356,16 +346,15 @@ def _pipelined(
 ) -> list[Sequence[Any]]:
     """:func:`run_many` for calls holding a generic statement: one libpq pipeline, one sync, one round trip."""
     prepared = driver.prepared_statements
-    value_of = param_text(driver)
+    form = param_form(driver)
     # What each command sent is, in order: the other statements first (planned for their values), then the
     # generic ones between the two settings, each preceded by its PREPARE on a connection that lacks it.
     custom: list[tuple[int, bytes, list[int], list[bytes | None]]] = []
     generic: list[tuple[int, bytes, bytes, list[int], list[bytes | None]]] = []
     for i, (key, build, values, is_generic) in enumerate(queries):
         statement = _compiled(key, build)
-        given = statement.values(values)
-        params = [value_of(value) for value in given]  # (a value PostgreSQL cannot take fails here, unsent)
-        types = [param_type(value) for value in given]
+        forms = [form(value) for value in statement.values(values)]  # (a bad value fails here, unsent)
+        params, types = [param for param, _ in forms], [declared for _, declared in forms]
         text = statement.prepared().sql
         if is_generic:
             generic.append((i, statement.name_for(tuple(types)), text, types, params))
@@ -414,7 +403,7 @@ def _pipelined(
     first_error = None
     transformer = Transformer(driver)
     for (kind, value, name), result in zip(slots, results, strict=True):
-        ok = result.status != pq.ExecStatus.FATAL_ERROR and result.status != pq.ExecStatus.PIPELINE_ABORTED
+        ok = result.status not in (pq.ExecStatus.FATAL_ERROR, pq.ExecStatus.PIPELINE_ABORTED)
         if result.status == pq.ExecStatus.FATAL_ERROR:
             first_error = first_error or result
             if kind == "rows" and name is not None:
