@@ -91,8 +91,7 @@ def _http(memories: int, calls: int) -> list[dict[str, Any]]:
         caller = caller_for_key(key)
 
         def get(session: Any) -> None:
-            memory = service.get_memory(session, caller=caller, memory_id=probe)
-            service.memories_to_dicts(session, [memory])
+            service.recall_memory(session, caller=caller, memory_id=probe)
 
         def save(session: Any) -> None:
             item = SaveMemoryIn(content=f"note {uuid.uuid4().hex}")

@@ -180,8 +180,10 @@ def get_memory(
     """Exact recall by id (counts an access). `include_forgotten=true` (admins) also shows a forgotten one."""
     caller = acting_identity(caller, None, request)
     with tenant_session(caller.tenant_id) as session:
-        memory = service.get_memory(session, caller=caller, memory_id=memory_id, include_forgotten=include_forgotten)
-        return json_answer(service.memories_to_dicts(session, [memory])[0])
+        recalled = service.recall_memory(
+            session, caller=caller, memory_id=memory_id, include_forgotten=include_forgotten
+        )
+    return json_answer(recalled)
 
 
 @router.get(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import datetime
-from typing import Any
+from typing import Any, NamedTuple, cast
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
@@ -22,6 +22,73 @@ def associations_for(session: Session, memory_ids: Sequence[str]) -> dict[str, l
     for a in rows:
         out[a.source_id].append({"target_id": a.target_id, "relation_type": a.relation_type, "weight": a.weight})
     return out
+
+
+# What the REST shape shows of a memory (memory_to_dict), for statements that read no ORM object.
+VIEW_COLUMNS = (
+    Memory.id,
+    Memory.content,
+    Memory.kind,
+    Memory.category,
+    Memory.importance,
+    Memory.occurred_at,
+    Memory.tags,
+    Memory.source,
+    Memory.run_id,
+    Memory.persona,
+    Memory.agent_id,
+    Memory.entities,
+    Memory.query,
+    Memory.status,
+    Memory.stale_reason,
+    Memory.superseded_by,
+    Memory.created_by,
+    Memory.created_at,
+    Memory.updated_at,
+    Memory.access_count,
+    Memory.last_accessed_at,
+    Memory.forget_reason,
+    Memory.forgotten_by,
+    Memory.forgotten_at,
+)
+
+
+class MemoryView(NamedTuple):
+    """The columns of :data:`VIEW_COLUMNS` of one row, readable as the :class:`Memory` memory_to_dict reads."""
+
+    id: str
+    content: str
+    kind: str
+    category: str
+    importance: float
+    occurred_at: datetime
+    tags: list[str] | None
+    source: str | None
+    run_id: str | None
+    persona: str | None
+    agent_id: str | None
+    entities: list[str] | None
+    query: dict[str, Any] | None
+    status: str
+    stale_reason: str | None
+    superseded_by: str | None
+    created_by: str
+    created_at: datetime
+    updated_at: datetime
+    access_count: int
+    last_accessed_at: datetime | None
+    forget_reason: str | None
+    forgotten_by: str | None
+    forgotten_at: datetime | None
+
+
+assert MemoryView._fields == tuple(column.key for column in VIEW_COLUMNS)
+
+
+def view_to_dict(row: Sequence[Any], links: Sequence[Sequence[Any]] | None) -> dict[str, Any]:
+    """The REST shape of a row of :data:`VIEW_COLUMNS`, with its associations as (target, relation, weight)."""
+    associations = [{"target_id": t, "relation_type": r, "weight": float(w)} for t, r, w in links or ()]
+    return memory_to_dict(cast(Memory, MemoryView._make(row)), associations)
 
 
 def _iso(value: datetime | None) -> str | None:

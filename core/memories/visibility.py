@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from sqlalchemy import ColumnElement, and_, or_, true
+from typing import Any
+
+from sqlalchemy import ColumnElement, and_, bindparam, or_, true
 
 from core.memories.models import Memory
 from core.tenancy.context import Caller
@@ -11,19 +13,34 @@ from core.tenancy.context import Caller
 AGENT_SCOPED = ("core", "daily", "conversation")
 
 
-def visible_clause(caller: Caller) -> ColumnElement[bool]:
+def visible_clause(caller: Caller, *, bound: bool = False) -> ColumnElement[bool]:
+    """The predicate for ``caller``. ``bound``: the caller's persona and agent are the parameters
+    ``caller_persona`` and ``caller_agent`` (see :func:`visible_values`), so a statement compiled once serves
+    every caller of the same shape (:func:`visible_shape`)."""
     if caller.sees_all:
         return true()
+    persona: Any = bindparam("caller_persona", caller.persona) if bound else caller.persona
+    agent: Any = bindparam("caller_agent", caller.agent_id) if bound else caller.agent_id
     persona_ok: ColumnElement[bool] = Memory.persona.is_(None)
     if caller.persona is not None:
-        persona_ok = or_(persona_ok, Memory.persona == caller.persona)
+        persona_ok = or_(persona_ok, Memory.persona == persona)
     # Comparisons, not NOT IN: an expanding IN is re-rendered for every statement, which keeps the statement
     # out of SQLAlchemy's compiled cache (measured on every GET by id).
     not_agent_scoped = and_(*(Memory.category != category for category in AGENT_SCOPED))
     agent_ok: ColumnElement[bool] = or_(Memory.agent_id.is_(None), not_agent_scoped)
     if caller.agent_id is not None:
-        agent_ok = or_(agent_ok, Memory.agent_id == caller.agent_id)
+        agent_ok = or_(agent_ok, Memory.agent_id == agent)
     return and_(persona_ok, agent_ok)
+
+
+def visible_shape(caller: Caller) -> tuple[bool, bool, bool]:
+    """What the form of ``visible_clause(caller, bound=True)`` depends on."""
+    return caller.sees_all, caller.persona is not None, caller.agent_id is not None
+
+
+def visible_values(caller: Caller) -> dict[str, Any]:
+    """The parameters of ``visible_clause(caller, bound=True)``."""
+    return {"caller_persona": caller.persona, "caller_agent": caller.agent_id}
 
 
 def is_visible(memory: Memory, caller: Caller) -> bool:

@@ -168,7 +168,7 @@ def test_a_save_runs_on_its_generic_plan_prepared_once_per_connection(client, te
 
     from core.db import get_engine
     from core.memories.schemas import SaveMemoryIn
-    from core.memories.service import get_memory, save_memory
+    from core.memories.service import recall_memory, save_memory
     from core.tenancy.context import Caller
 
     caller = Caller(
@@ -195,7 +195,68 @@ def test_a_save_runs_on_its_generic_plan_prepared_once_per_connection(client, te
     ((name, (generic, custom)),) = changed.items()
     assert (generic - before.get(name, (0, 0))[0], custom - before.get(name, (0, 0))[1]) == (3, 0)
     with Session(bind=get_engine(), info={"tenant_id": tenant.tenant_id}) as session:
-        assert [get_memory(session, caller=caller, memory_id=m).content for m in saved] == [
+        assert [recall_memory(session, caller=caller, memory_id=m)["content"] for m in saved] == [
             f"plan note {n}" for n in range(3)
         ]
         session.rollback()
+
+
+def test_a_get_runs_on_its_generic_plan_for_every_caller_of_its_shape(client, tenant):
+    """A get by id reads one row by key: one statement, prepared once per connection, run on its generic plan
+    for every agent (the caller's agent is a parameter: another agent's private memory stays hidden), counting
+    the access and bringing the associations along, ordered."""
+    from sqlalchemy.orm import Session
+
+    from core.db import get_engine
+    from core.errors import NotFound
+    from core.memories.service import recall_memory
+    from core.tenancy.context import Caller
+
+    h = tenant.headers()
+    links = [{"target_id": "zeta", "relation_type": "updates", "weight": 1.0}, {"target_id": "alpha", "weight": 0.25}]
+    for target in ("zeta", "alpha"):
+        assert client.post("/v1/memories", json={"content": target, "id": target}, headers=h).status_code == 201
+    body = {"content": "agent A keeps this", "id": "recall-1", "agent_id": "A", "associations": links}
+    assert client.post("/v1/memories", json=body, headers=h).status_code == 201
+
+    def caller(agent: str) -> Caller:
+        return Caller(
+            tenant_id=tenant.tenant_id,
+            tenant_name=tenant.name,
+            user="u@localhost",
+            role="member",
+            key_id="k",
+            agent_id=agent,
+        )
+
+    plans = (
+        "SELECT name, generic_plans, custom_plans FROM pg_prepared_statements"
+        " WHERE name LIKE 'engram_%' AND statement LIKE '%UPDATE memories SET access_count%'"
+    )
+    with get_engine().connect() as connection:
+        driver = connection.connection.driver_connection
+        before = {name: (generic, custom) for name, generic, custom in driver.execute(plans).fetchall()}
+        connection.commit()
+        with Session(bind=connection, info={"tenant_id": tenant.tenant_id}) as session:
+            first = recall_memory(session, caller=caller("A"), memory_id="recall-1")
+            with pytest.raises(NotFound):
+                recall_memory(session, caller=caller("B"), memory_id="recall-1")
+            again = recall_memory(session, caller=caller("A"), memory_id="recall-1")
+            session.commit()
+        after = {name: (generic, custom) for name, generic, custom in driver.execute(plans).fetchall()}
+        connection.commit()
+    changed = {name: counts for name, counts in after.items() if before.get(name) != counts}
+    assert len(changed) == 1, (before, after)
+    ((name, (generic, custom)),) = changed.items()
+    assert (generic - before.get(name, (0, 0))[0], custom - before.get(name, (0, 0))[1]) == (3, 0)
+    assert first["content"] == "agent A keeps this" and first["agent_id"] == "A"
+    assert first["associations"] == [
+        {"target_id": "alpha", "relation_type": "related_to", "weight": 0.25},
+        {"target_id": "zeta", "relation_type": "updates", "weight": 1.0},
+    ]
+    assert isinstance(first["associations"][1]["weight"], float)
+    assert (first["access_count"], again["access_count"]) == (1, 2)
+    assert again["last_accessed_at"] is not None
+    # The REST answer is the same shape.
+    got = client.get("/v1/memories/recall-1?agent_id=A", headers=h).json()
+    assert got["associations"] == first["associations"] and got["access_count"] == 3
