@@ -42,7 +42,7 @@ from sqlalchemy.orm import (
 from sqlalchemy.pool import NullPool
 
 from core.config import get_settings
-from core.dbwaits import ANSWER_MARGIN_SECONDS, BoundedConnection, run_simple
+from core.dbwaits import ANSWER_MARGIN_SECONDS, BoundedConnection, defer_opening, run_simple
 from core.runtime import resolve_database_url
 
 # The role a transaction of the app role switches to for the named system mode: owns nothing, cannot log
@@ -343,6 +343,8 @@ def _set_mode(connection: Connection, statement: str) -> None:
     When it is about to, this sends ``BEGIN; <statement>`` as one simple query through libpq instead:
     the server is then in the transaction, so psycopg sends no `BEGIN` (it decides by the server's
     transaction status, as it does for COMMIT and ROLLBACK), and the setting cost no extra round trip.
+    When the transaction begins for a statement core.sql is about to send, the two go with it instead, in the
+    same round trip (core.dbwaits.opening_deferred).
     Otherwise (already in a transaction, or a connection that is read-only or deferrable) the statement
     goes through psycopg as usual. Never prepared either way: it has no parameters.
     """
@@ -355,6 +357,8 @@ def _set_mode(connection: Connection, statement: str) -> None:
     # REPEATABLE READ for a search's snapshot): psycopg would begin with it, and so does this.
     level = driver.isolation_level
     begin = "BEGIN" if level is None else f"BEGIN ISOLATION LEVEL {level.name.replace('_', ' ')}"
+    if defer_opening(driver, [begin, statement]):
+        return  # core.sql sends them with the statements it is about to send (core.dbwaits.opening_deferred)
     try:
         run_simple(driver, f"{begin}; {statement}")
     except psycopg.Error as exc:

@@ -17,6 +17,9 @@ Three bounds, from the outside in:
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import Any
 
 import psycopg
@@ -80,6 +83,33 @@ class BoundedConnection(psycopg.Connection[Any]):
             # Mid-statement, the protocol state is unknown: the connection cannot be used again.
             self.pgconn.finish()
             raise AnswerTimeout(f"the database did not answer within {bound:g} s") from None
+
+
+_opening: ContextVar[list[bytes] | None] = ContextVar("engram_deferred_opening", default=None)
+
+
+@contextmanager
+def opening_deferred() -> Iterator[list[bytes]]:
+    """Within it, a transaction that begins on an engram connection (:class:`BoundedConnection`) does not send
+    its opening (``BEGIN`` and the transaction's tenant or system mode, core.db) at once: the statements are
+    left in the list it yields, and the caller sends them ahead of its own first statements, in one round trip
+    (core.sql). The caller must send them before anything else uses the connection."""
+    holder: list[bytes] = []
+    token = _opening.set(holder)
+    try:
+        yield holder
+    finally:
+        _opening.reset(token)
+
+
+def defer_opening(driver: psycopg.Connection[Any], statements: list[str]) -> bool:
+    """Leave a transaction's opening ``statements`` to the caller inside :func:`opening_deferred` (True), else
+    False: the caller sends them itself."""
+    holder = _opening.get()
+    if holder is None or holder or not isinstance(driver, BoundedConnection):
+        return False
+    holder.extend(statement.encode(driver.info.encoding) for statement in statements)
+    return True
 
 
 def send_simple(driver: psycopg.Connection[Any], statements: str) -> None:

@@ -51,7 +51,7 @@ from sqlalchemy.dialects import postgresql
 from sqlalchemy.orm import Session
 from sqlalchemy.sql.elements import BindParameter
 
-from core.dbwaits import AnswerTimeout, BoundedConnection, send_simple, simple_results
+from core.dbwaits import AnswerTimeout, BoundedConnection, opening_deferred, run_simple, send_simple, simple_results
 from core.tracing import tracing_enabled
 
 CACHE_ENTRIES = 1024
@@ -229,28 +229,49 @@ def quoter(driver: psycopg.Connection[Any]) -> Callable[[Any], str]:
     return quote
 
 
-def run(session: Session, query: Query) -> Sequence[Any]:
-    """Rows of the statement ``query`` names."""
-    return run_many(session, [query])[0]
+def run(session: Session, query: Query, *, commit: bool = False) -> Sequence[Any]:
+    """Rows of the statement ``query`` names; ``commit``: then commit the session (see :func:`run_many`)."""
+    return run_many(session, [query], commit=commit)[0]
 
 
 def run_many(
-    session: Session, queries: Sequence[Query], *, meanwhile: Callable[[], None] | None = None
+    session: Session,
+    queries: Sequence[Query],
+    *,
+    meanwhile: Callable[[], None] | None = None,
+    commit: bool = False,
 ) -> list[Sequence[Any]]:
     """The rows of each of several statements, sent together: one round trip.
 
-    ``meanwhile`` runs once they are sent, before their rows are read; it must not use the session.
+    ``meanwhile`` runs once they are sent, before their rows are read; it must not use the session. When the
+    call begins the session's transaction, its opening (``BEGIN`` and the tenant) goes in the same round trip.
+    ``commit``: the session is committed after the statements, its ``COMMIT`` in the same round trip too when
+    the session has nothing of its own to flush (a statement failing before it leaves the transaction to be
+    rolled back as usual).
     """
-    driver: Any = session.connection().connection.driver_connection
+    with opening_deferred() as opening:
+        driver: Any = session.connection().connection.driver_connection
+    # (The COMMIT joins only statements of engram's own connections that go out in a pipeline.)
+    ends = commit and not (session.new or session.dirty or session.deleted) and isinstance(driver, BoundedConnection)
     if not tracing_enabled():
-        return _exchange(driver, queries, meanwhile)
-    with _client_span(queries):
-        return _exchange(driver, queries, meanwhile)
+        results = _exchange(driver, queries, meanwhile, opening, ends)
+    else:
+        with _client_span(queries):
+            results = _exchange(driver, queries, meanwhile, opening, ends)
+    if commit:
+        session.commit()  # (after a COMMIT sent above, psycopg sees no transaction and sends nothing)
+    return results
 
 
-def _exchange(driver: Any, queries: Sequence[Query], meanwhile: Callable[[], None] | None) -> list[Sequence[Any]]:
-    if isinstance(driver, BoundedConnection) and any(query.generic for query in queries):
-        return _pipelined(driver, queries, meanwhile)
+def _exchange(
+    driver: Any,
+    queries: Sequence[Query],
+    meanwhile: Callable[[], None] | None,
+    opening: list[bytes],
+    commit: bool,
+) -> list[Sequence[Any]]:
+    if isinstance(driver, BoundedConnection) and (opening or commit or any(query.generic for query in queries)):
+        return _pipelined(driver, queries, meanwhile, opening, commit)
     # (Elsewhere than on engram's own connections, which know what they have prepared, all are planned afresh.)
     quote = quoter(driver)
     send(driver, ";\n".join(_compiled(key, build).text(values, quote) for key, build, values, _ in queries))
@@ -342,24 +363,35 @@ def param_form(driver: psycopg.Connection[Any]) -> Callable[[Any], Param]:
 
 
 def _pipelined(
-    driver: BoundedConnection, queries: Sequence[Query], meanwhile: Callable[[], None] | None
+    driver: BoundedConnection,
+    queries: Sequence[Query],
+    meanwhile: Callable[[], None] | None,
+    opening: list[bytes],
+    commit: bool,
 ) -> list[Sequence[Any]]:
-    """:func:`run_many` for calls holding a generic statement: one libpq pipeline, one sync, one round trip."""
+    """:func:`run_many` on engram's connections for calls holding a generic statement, opening a transaction or
+    ending one: one libpq pipeline, one sync, one round trip."""
     prepared = driver.prepared_statements
     form = param_form(driver)
-    # What each command sent is, in order: the other statements first (planned for their values), then the
-    # generic ones between the two settings, each preceded by its PREPARE on a connection that lacks it.
+    # What each command sent is, in order: the transaction's opening, the other statements (planned for their
+    # values), then the generic ones between the two settings, each preceded by its PREPARE on a connection
+    # that lacks it, and the COMMIT.
     custom: list[tuple[int, bytes, list[int], list[bytes | None]]] = []
     generic: list[tuple[int, bytes, bytes, list[int], list[bytes | None]]] = []
-    for i, (key, build, values, is_generic) in enumerate(queries):
-        statement = _compiled(key, build)
-        forms = [form(value) for value in statement.values(values)]  # (a bad value fails here, unsent)
-        params, types = [param for param, _ in forms], [declared for _, declared in forms]
-        text = statement.prepared().sql
-        if is_generic:
-            generic.append((i, statement.name_for(tuple(types)), text, types, params))
-        else:
-            custom.append((i, text, types, params))
+    try:
+        for i, (key, build, values, is_generic) in enumerate(queries):
+            statement = _compiled(key, build)
+            forms = [form(value) for value in statement.values(values)]  # (a bad value fails here, unsent)
+            params, types = [param for param, _ in forms], [declared for _, declared in forms]
+            text = statement.prepared().sql
+            if is_generic:
+                generic.append((i, statement.name_for(tuple(types)), text, types, params))
+            else:
+                custom.append((i, text, types, params))
+    except BaseException:
+        if opening:  # the transaction the session began is opened all the same, as it would have been
+            run_simple(driver, b"; ".join(opening).decode(driver.info.encoding))
+        raise
     # Per command sent, what its result is: ("rows", query index, name if generic), ("prepare", name),
     # ("close", name) or ("set", None).
     slots: list[tuple[str, Any, Any]] = []
@@ -367,11 +399,15 @@ def _pipelined(
     pgconn = driver.pgconn
     pgconn.enter_pipeline_mode()
     try:
+        for opens in opening:
+            pgconn.send_query_params(opens, None)
+            slots.append(("set", None, None))
         for i, text, types, params in custom:
             pgconn.send_query_params(text, params, param_types=types)
             slots.append(("rows", i, None))
-        pgconn.send_query_params(_GENERIC_PLANS, None)
-        slots.append(("set", None, None))
+        if generic:
+            pgconn.send_query_params(_GENERIC_PLANS, None)
+            slots.append(("set", None, None))
         preparing: set[bytes] = set()
         for i, name, text, types, params in generic:
             if name not in prepared and name not in preparing:
@@ -383,8 +419,12 @@ def _pipelined(
                 preparing.add(name)
             pgconn.send_query_prepared(name, params)
             slots.append(("rows", i, name))
-        pgconn.send_query_params(_CUSTOM_PLANS, None)
-        slots.append(("set", None, None))
+        if generic:
+            pgconn.send_query_params(_CUSTOM_PLANS, None)
+            slots.append(("set", None, None))
+        if commit:
+            pgconn.send_query_params(b"COMMIT", None)
+            slots.append(("set", None, None))
         pgconn.pipeline_sync()
         driver.wait(generators.send(pgconn))
         try:

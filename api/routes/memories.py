@@ -181,7 +181,7 @@ def get_memory(
     caller = acting_identity(caller, None, request)
     with tenant_session(caller.tenant_id) as session:
         recalled = service.recall_memory(
-            session, caller=caller, memory_id=memory_id, include_forgotten=include_forgotten
+            session, caller=caller, memory_id=memory_id, include_forgotten=include_forgotten, commit=True
         )
     return json_answer(recalled)
 

@@ -462,17 +462,21 @@ def _load_visible(
 
 
 def recall_memory(
-    session: Session, *, caller: Caller, memory_id: str, include_forgotten: bool = False
+    session: Session, *, caller: Caller, memory_id: str, include_forgotten: bool = False, commit: bool = False
 ) -> dict[str, Any]:
     """Exact recall by id, in the REST shape; counts an access. One statement on its generic plan (core.sql):
     the access is counted on the row it returns, which brings its associations along. Through the ORM (an
-    UPDATE ... RETURNING, then the associations) a get cost about twice the API CPU of a save."""
+    UPDATE ... RETURNING, then the associations) a get cost about twice the API CPU of a save.
+
+    ``commit``: commit the session with it (a request whose transaction is only this): begun, run and
+    committed in one round trip."""
     if include_forgotten and not caller.is_admin:
         raise Forbidden("include_forgotten needs an admin key")
     _possible_id(memory_id)
     key = ("recall", visible_shape(caller), include_forgotten)
     values = {"tenant": caller.tenant_id, "id": memory_id, **visible_values(caller)}
-    rows = sql.run(session, sql.Query(key, lambda: _recall_statement(caller, include_forgotten), values, generic=True))
+    query = sql.Query(key, lambda: _recall_statement(caller, include_forgotten), values, generic=True)
+    rows = sql.run(session, query, commit=commit)
     if not rows:
         raise NotFound(f"memory {memory_id!r} not found")
     return view_to_dict(rows[0][:-1], rows[0][-1])

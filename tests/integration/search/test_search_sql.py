@@ -223,3 +223,78 @@ def test_a_generic_statement_whose_result_type_changed_is_prepared_afresh(stack)
             assert known == set(_prepared(driver)) and not driver.stale_statements
             session.rollback()
         ddl(driver, "DROP TABLE engram_test_shape")
+
+
+def _tenant_query() -> sql.Query:
+    """The tenant the transaction runs for, and a generic statement reading it."""
+    return sql.Query("test-tenant", lambda: text("SELECT current_setting('engram.tenant_id', true)"), {}, generic=True)
+
+
+def test_a_transaction_begun_for_a_driver_call_opens_in_its_round_trip(client, tenant):
+    """When a core.sql call begins the session's transaction, the BEGIN and the tenant go out with its
+    statements: nothing is sent when the connection is taken, and the statements see the tenant."""
+    from psycopg import pq
+
+    from core.dbwaits import opening_deferred
+
+    with tenant_session(tenant.tenant_id) as session:
+        with opening_deferred() as opening:
+            driver = session.connection().connection.driver_connection
+        assert driver.pgconn.transaction_status == pq.TransactionStatus.IDLE  # nothing sent yet
+        assert opening and opening[0].startswith(b"BEGIN") and str(tenant.tenant_id).encode() in opening[1]
+        session.rollback()
+    with tenant_session(tenant.tenant_id) as session:
+        assert sql.run(session, _tenant_query()) == [(str(tenant.tenant_id),)]
+        driver = session.connection().connection.driver_connection
+        assert driver.pgconn.transaction_status == pq.TransactionStatus.INTRANS
+        # A later statement of the same transaction is sent as usual, in it.
+        assert session.execute(text("SELECT current_setting('engram.tenant_id', true)")).scalar() == str(
+            tenant.tenant_id
+        )
+
+
+def test_a_value_refused_before_sending_still_opens_the_transaction(client, tenant):
+    """A call that fails before sending anything (a value PostgreSQL cannot take) leaves the transaction it
+    began opened, with its tenant, as it would have been without the deferral."""
+    from psycopg import pq
+
+    bad = sql.Query("test-bad", lambda: text("SELECT CAST(:v AS text)"), {"v": "nul \x00 inside"}, generic=True)
+    with tenant_session(tenant.tenant_id) as session:
+        with pytest.raises(psycopg.DataError):
+            sql.run(session, bad)
+        driver = session.connection().connection.driver_connection
+        assert driver.pgconn.transaction_status == pq.TransactionStatus.INTRANS
+        assert sql.run(session, _tenant_query()) == [(str(tenant.tenant_id),)]
+
+
+def test_a_call_that_commits_ends_the_transaction_in_its_round_trip(client, tenant):
+    """``commit=True``: the COMMIT goes with the statements; the session is committed (what it wrote is
+    there for others) and its next statement begins a new transaction, for the same tenant."""
+    memory_id = save(client, tenant, {"content": "counted once"})
+    tenant_id = tenant.tenant_id
+
+    def build():  # type: ignore[no-untyped-def]
+        return text(
+            "UPDATE memories SET access_count = access_count + 1 WHERE tenant_id = :t AND id = :id "
+            "RETURNING access_count"
+        )
+
+    bump = sql.Query("test-bump", build, {"t": tenant_id, "id": memory_id}, generic=True)
+    with tenant_session(tenant_id) as session:
+        assert sql.run(session, bump, commit=True) == [(1,)]
+        assert not session.in_transaction()
+        with tenant_session(tenant_id) as other:  # committed: another transaction reads it
+            assert (
+                other.execute(text("SELECT access_count FROM memories WHERE id = :id"), {"id": memory_id}).scalar() == 1
+            )
+        assert sql.run(session, _tenant_query()) == [(str(tenant_id),)]
+        session.rollback()
+    # A call that fails commits nothing: the statement's error is raised and the transaction rolled back.
+    failing = sql.Query("test-fail", lambda: text("SELECT 1 / (:zero - :zero)"), {"zero": 0}, generic=True)
+    with pytest.raises(psycopg.errors.DivisionByZero):
+        with tenant_session(tenant_id) as session:
+            sql.run_many(session, [bump, failing], commit=True)
+    with tenant_session(tenant_id) as session:
+        assert (
+            session.execute(text("SELECT access_count FROM memories WHERE id = :id"), {"id": memory_id}).scalar() == 1
+        )
