@@ -23,8 +23,11 @@ Statements that read what changed since a sequence number stay planned for their
 changed decides the plan). A call holding one goes out
 through libpq's pipeline (one round trip still, driven from here, not by psycopg's Python pipeline): the
 other statements as unnamed ones, planned for their values, then the generic ones between two ``SET LOCAL
-plan_cache_mode``. Protocol-level prepared statements, as psycopg's own are: PgBouncer (1.21+, with
-``max_prepared_statements``) keeps them apart per server connection; SQL-level ``PREPARE`` it would not.
+plan_cache_mode``. A call that begins the session's transaction sends the transaction's opening (``BEGIN``
+and the tenant, core.db) first in that pipeline, and a call asked to commit sends the ``COMMIT`` last: a
+request whose transaction is one call (a get by id) costs one round trip. Protocol-level prepared
+statements, as psycopg's own are: PgBouncer (1.21+, with ``max_prepared_statements``) keeps them apart per
+server connection; SQL-level ``PREPARE`` it would not.
 
 Tenancy: the ORM hook that adds ``tenant_id = :tenant`` to ORM queries (core.db) does not see driver
 SQL, so every statement compiled here must carry the tenant condition itself, on every tenant table

@@ -160,6 +160,26 @@ def test_the_503_names_what_postgres_reported():
     assert database_busy_message(psycopg.OperationalError("server closed the connection")) is None
 
 
+def _plan_counts(driver, statement_like: str) -> dict[str, tuple[int, int]]:  # type: ignore[no-untyped-def]
+    """(generic, custom) plan counts of engram's prepared statements on this connection whose text is LIKE."""
+    rows = driver.execute(
+        "SELECT name, generic_plans, custom_plans FROM pg_prepared_statements"
+        " WHERE name LIKE 'engram_%%' AND statement LIKE %s",
+        [statement_like],
+    ).fetchall()
+    driver.commit()  # (not a rollback: psycopg deallocates every prepared statement at one)
+    return {name: (generic, custom) for name, generic, custom in rows}
+
+
+def _one_statement_ran(before: dict[str, tuple[int, int]], after: dict[str, tuple[int, int]]) -> tuple[int, int]:
+    """The generic and custom plans one statement gained between two counts (the pooled connection may hold
+    other shapes from earlier calls: only what changed counts)."""
+    changed = {name: counts for name, counts in after.items() if before.get(name) != counts}
+    assert len(changed) == 1, (before, after)
+    ((name, (generic, custom)),) = changed.items()
+    return generic - before.get(name, (0, 0))[0], custom - before.get(name, (0, 0))[1]
+
+
 def test_a_save_runs_on_its_generic_plan_prepared_once_per_connection(client, tenant):
     """A save writes by key only (the tenant's row, the items' ids, a job's id): its statement is prepared
     once per connection and PostgreSQL runs it on one generic plan, not planned again for each save's values;
@@ -175,25 +195,15 @@ def test_a_save_runs_on_its_generic_plan_prepared_once_per_connection(client, te
         tenant_id=tenant.tenant_id, tenant_name=tenant.name, user="admin@localhost", role="admin", key_id="k"
     )
     saved = []
-    plans = (
-        "SELECT name, generic_plans, custom_plans FROM pg_prepared_statements"
-        " WHERE name LIKE 'engram_%' AND statement LIKE '%INSERT INTO memories%'"
-    )
     with get_engine().connect() as connection:
         driver = connection.connection.driver_connection
-        before = {name: (generic, custom) for name, generic, custom in driver.execute(plans).fetchall()}
-        connection.commit()  # (not a rollback: psycopg deallocates every prepared statement at one)
+        before = _plan_counts(driver, "%INSERT INTO memories%")
         for n in range(3):
             with Session(bind=connection, info={"tenant_id": tenant.tenant_id, "outbox": []}) as session:
                 saved.append(save_memory(session, caller=caller, item=SaveMemoryIn(content=f"plan note {n}")).memory_id)
                 session.commit()
-        after = {name: (generic, custom) for name, generic, custom in driver.execute(plans).fetchall()}
-        connection.commit()
-    # (The pooled connection may hold the save's other shapes from earlier saves: only what changed counts.)
-    changed = {name: counts for name, counts in after.items() if before.get(name) != counts}
-    assert len(changed) == 1, (before, after)
-    ((name, (generic, custom)),) = changed.items()
-    assert (generic - before.get(name, (0, 0))[0], custom - before.get(name, (0, 0))[1]) == (3, 0)
+        after = _plan_counts(driver, "%INSERT INTO memories%")
+    assert _one_statement_ran(before, after) == (3, 0)
     with Session(bind=get_engine(), info={"tenant_id": tenant.tenant_id}) as session:
         assert [recall_memory(session, caller=caller, memory_id=m)["content"] for m in saved] == [
             f"plan note {n}" for n in range(3)
@@ -229,26 +239,17 @@ def test_a_get_runs_on_its_generic_plan_for_every_caller_of_its_shape(client, te
             agent_id=agent,
         )
 
-    plans = (
-        "SELECT name, generic_plans, custom_plans FROM pg_prepared_statements"
-        " WHERE name LIKE 'engram_%' AND statement LIKE '%UPDATE memories SET access_count%'"
-    )
     with get_engine().connect() as connection:
         driver = connection.connection.driver_connection
-        before = {name: (generic, custom) for name, generic, custom in driver.execute(plans).fetchall()}
-        connection.commit()
+        before = _plan_counts(driver, "%UPDATE memories SET access_count%")
         with Session(bind=connection, info={"tenant_id": tenant.tenant_id}) as session:
             first = recall_memory(session, caller=caller("A"), memory_id="recall-1")
             with pytest.raises(NotFound):
                 recall_memory(session, caller=caller("B"), memory_id="recall-1")
             again = recall_memory(session, caller=caller("A"), memory_id="recall-1")
             session.commit()
-        after = {name: (generic, custom) for name, generic, custom in driver.execute(plans).fetchall()}
-        connection.commit()
-    changed = {name: counts for name, counts in after.items() if before.get(name) != counts}
-    assert len(changed) == 1, (before, after)
-    ((name, (generic, custom)),) = changed.items()
-    assert (generic - before.get(name, (0, 0))[0], custom - before.get(name, (0, 0))[1]) == (3, 0)
+        after = _plan_counts(driver, "%UPDATE memories SET access_count%")
+    assert _one_statement_ran(before, after) == (3, 0)
     assert first["content"] == "agent A keeps this" and first["agent_id"] == "A"
     assert first["associations"] == [
         {"target_id": "alpha", "relation_type": "related_to", "weight": 0.25},
