@@ -20,8 +20,12 @@ def associations_for(session: Session, memory_ids: Sequence[str]) -> dict[str, l
         select(Association).where(Association.source_id.in_(list(memory_ids))).order_by(Association.target_id)
     ).all()
     for a in rows:
-        out[a.source_id].append({"target_id": a.target_id, "relation_type": a.relation_type, "weight": a.weight})
+        out[a.source_id].append(_association(a.target_id, a.relation_type, a.weight))
     return out
+
+
+def _association(target_id: str, relation_type: str, weight: float) -> dict[str, Any]:
+    return {"target_id": target_id, "relation_type": relation_type, "weight": float(weight)}
 
 
 # What the REST shape shows of a memory (memory_to_dict), for statements that read no ORM object.
@@ -87,7 +91,7 @@ assert MemoryView._fields == tuple(column.key for column in VIEW_COLUMNS)
 
 def view_to_dict(row: Sequence[Any], links: Sequence[Sequence[Any]] | None) -> dict[str, Any]:
     """The REST shape of a row of :data:`VIEW_COLUMNS`, with its associations as (target, relation, weight)."""
-    associations = [{"target_id": t, "relation_type": r, "weight": float(w)} for t, r, w in links or ()]
+    associations = [_association(t, r, w) for t, r, w in links or ()]
     return memory_to_dict(cast(Memory, MemoryView._make(row)), associations)
 
 
