@@ -85,6 +85,10 @@ def work(spec_path: Path, home: str) -> None:
     print("ready", flush=True)
     for line in sys.stdin:
         mode, count, seed = line.split()
+        if mode.startswith("answers:"):  # what the searches answered, for the trees' answers to be compared
+            _, _, answers = measure_answers(corpus, mode=mode.split(":", 1)[1], queries=int(count), seed=int(seed))
+            print(json.dumps([_answer(a) for a in answers]), flush=True)
+            continue
         if mode == "conversation":
             rng = random.Random(int(seed))
             cpu, wall = [], []
@@ -95,6 +99,14 @@ def work(spec_path: Path, home: str) -> None:
         else:
             wall, cpu, _ = measure_answers(corpus, mode=mode, queries=int(count), seed=int(seed))
         print(json.dumps({"cpu": statistics.median(cpu), "wall": statistics.median(wall)}), flush=True)
+
+
+def _answer(response: object) -> list[list[tuple[str, float]]]:
+    """A search response's hits, bucket by bucket: ids and scores (rounded past float noise)."""
+    return [
+        [(hit.id, round(hit.score, 5)) for hit in getattr(response, bucket)]
+        for bucket in ("memories", "example_queries", "entities")
+    ]
 
 
 def main() -> None:
@@ -143,6 +155,14 @@ def main() -> None:
                     worker.stdin.write(f"{mode} {args.queries} {number}\n")  # type: ignore[union-attr]
                     worker.stdin.flush()  # type: ignore[union-attr]
                     figures[name, mode].append(json.loads(worker.stdout.readline()))  # type: ignore[union-attr]
+        for mode in MODES:  # the same searches must answer the same in both trees
+            got = {}
+            for name, worker in workers.items():
+                worker.stdin.write(f"answers:{mode} {args.queries} 99\n")  # type: ignore[union-attr]
+                worker.stdin.flush()  # type: ignore[union-attr]
+                got[name] = json.loads(worker.stdout.readline())  # type: ignore[union-attr]
+            differ = sum(a != b for a, b in zip(got["A"], got["B"], strict=True))
+            print(f"{mode:12s} answers: {differ} of {args.queries} differ between A and B")
         from api.bench import machine_speed_ms
 
         print(f"python_loop_ms {machine_speed_ms():.1f} (after the rounds)")

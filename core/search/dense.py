@@ -29,6 +29,7 @@ Both need the memory layout (bucket and run neighbours of every row), read in on
 
 from __future__ import annotations
 
+import math
 import weakref
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -61,6 +62,9 @@ CONTEXT_WEIGHT = 0.5
 # Pseudo-relevance feedback (Rocchio): the exact path moves the question's vector towards the mean
 # vector of a bucket's top full-text hits by this much (see DenseSearch.rank).
 FEEDBACK_WEIGHT = 0.5
+# What the similarity floor's bound (see floor_verdicts) leaves to an exact product: cosines this close to the
+# floor, float32 rounding being ~1e-5 at these dimensions.
+FLOOR_MARGIN = 1e-3
 
 
 class DenseUnavailable(Exception):
@@ -257,6 +261,26 @@ def with_context(scores: np.ndarray, neighbours: np.ndarray, rows: np.ndarray | 
     return ((own + CONTEXT_WEIGHT * context) / (1.0 + CONTEXT_WEIGHT)).astype(np.float32)
 
 
+def floor_verdicts(
+    moved_cosines: np.ndarray, moved: np.ndarray, question: np.ndarray, floor: float
+) -> tuple[np.ndarray, np.ndarray]:
+    """For unit vectors whose cosines with the query vector ``moved`` are ``moved_cosines``: (whose cosine with
+    ``question`` is surely at least ``floor``, whose is too close to it to tell from these: compute those).
+
+    Written q = c·m + q⊥ (m the unit ``moved``), a unit v has v·q = c·t + v·q⊥ with t = v·m and
+    |v·q⊥| ≤ |q⊥|·sqrt(1 - t²) (Cauchy-Schwarz on v's part orthogonal to m): the cosine lies in that interval.
+    Without feedback ``moved`` is the question and the interval is a point."""
+    norm = math.sqrt(float(moved @ moved))
+    along = float(question @ moved) / norm
+    across = math.sqrt(max(0.0, float(question @ question) - along * along))
+    t = moved_cosines * (1.0 / norm)
+    centre = t * along
+    spread = np.sqrt(np.maximum(1.0 - t * t, 0.0)) * across
+    surely = centre - spread >= floor + FLOOR_MARGIN
+    unsure = ~surely & (centre + spread >= floor - FLOOR_MARGIN)
+    return surely, unsure
+
+
 def _seen_sql() -> Executable:
     """Which of the ids (``ids``) have a vector of the model (``m``, ``d``) stored for the tenant (``t``)."""
     return text(
@@ -320,6 +344,9 @@ class DenseSearch:
         self._entity_scores: np.ndarray | None = None
         # Per memory bucket: (the feedback its scores were computed with, the scores of its rows).
         self._bucket_scores: dict[str, tuple[tuple[str, ...], np.ndarray]] = {}
+        # Per memory bucket: the query vector of its scores and every memory row's cosine with it when run
+        # context blended them (None: the scores are those cosines), for the similarity floor's bound.
+        self._moved: dict[str, tuple[np.ndarray, np.ndarray | None]] = {}
         self._products: dict[tuple[str, ...], np.ndarray] = {}
         # Per minority bucket: its rows' vectors, contiguous (see _block), once its scores were computed.
         self._blocks: dict[str, np.ndarray] = {}
@@ -421,14 +448,17 @@ class DenseSearch:
             # rows, whether runs lend context), never on whether the other bucket was asked for.
             side, rows = self._matrix.memories, layout.rows[bucket]
             query = self._query_for(side, feedback)
+            raw = None
             if layout.has_context:
-                scores = with_context(self._product(query, feedback), layout.neighbours[bucket], rows)
+                raw = self._product(query, feedback)
+                scores = with_context(raw, layout.neighbours[bucket], rows)
             elif 2 * len(rows) >= len(side.ids):
                 scores = self._product(query, feedback)[rows]
             else:
                 self._blocks[bucket] = block = _block(layout, bucket, side)
                 scores = block.T @ query
             self._bucket_scores[bucket] = (feedback, scores)
+            self._moved[bucket] = (query, raw)
             cached = self._bucket_scores[bucket]
         return layout.rows[bucket], cached[1]
 
@@ -458,16 +488,26 @@ class DenseSearch:
         # feedback and run context moved: a doc must be like the question itself to be ranked. Entity scores
         # are that cosine already.
         if bucket == ENTITIES:
-            own = sub[top]
+            top = top[sub[top] >= self._floor]
         else:
-            # A minority bucket's vectors are at hand, contiguous, in its block (gathering its rows from the
-            # whole matrix touches a cache line per element); the same rows, hence the same product.
-            block = self._blocks.get(bucket)
-            vectors = np.ascontiguousarray(block[:, top].T) if block is not None else side.matrix[rows[top]]
-            own = vectors @ self._query
-        top = top[own >= self._floor]
+            top = top[self._above_floor(bucket, side, rows, top, sub)]
         ids = side.ids if bucket == ENTITIES else side.memory_ids
         return list(zip([ids[r] for r in rows[top].tolist()], sub[top].tolist(), strict=True))
+
+    def _above_floor(self, bucket: str, side: Side, rows: np.ndarray, top: np.ndarray, sub: np.ndarray) -> np.ndarray:
+        """Which of a memory bucket's ``top`` rows have a cosine with the question of at least the floor.
+
+        Most verdicts follow from their cosine with the moved query (floor_verdicts); the rest are computed. A
+        minority bucket's vectors are at hand, contiguous, in its block (gathering its rows from the whole
+        matrix touches a cache line per element); the same rows, hence the same product."""
+        query, raw = self._moved[bucket]
+        above, unsure = floor_verdicts(sub[top] if raw is None else raw[rows[top]], query, self._query, self._floor)
+        if unsure.any():
+            picked = top[unsure]
+            block = self._blocks.get(bucket)
+            vectors = np.ascontiguousarray(block[:, picked].T) if block is not None else side.matrix[rows[picked]]
+            above[unsure] = vectors @ self._query >= self._floor
+        return above
 
     def _hnsw_rank(self, bucket: str, limit: int) -> list[tuple[str, float]]:
         if self._pool is None:
