@@ -330,13 +330,26 @@ _LEAVE_SYSTEM_MODE = "set_config('role', 'none', true), set_config('engram.syste
 def _set_transaction_tenant(session: Session, _transaction: Any, connection: Connection) -> None:
     """Name the transaction's tenant (or system mode) to PostgreSQL before any statement of it runs."""
     tenant_id = session.info.get("tenant_id")
+    level = session.info.get(_ISOLATION)
     if tenant_id is not None:
-        _set_mode(connection, _tenant_mode(tenant_id))
+        _set_mode(connection, _tenant_mode(tenant_id), level)
     elif session.info.get("all_tenants"):
-        _set_mode(connection, _SYSTEM_MODE)
+        _set_mode(connection, _SYSTEM_MODE, level)
 
 
-def _set_mode(connection: Connection, statement: str) -> None:
+_ISOLATION = "engram_isolation_level"
+SNAPSHOT = "REPEATABLE READ"
+
+
+def read_one_snapshot(session: Session) -> None:
+    """Each transaction the session begins from now on reads one snapshot (``REPEATABLE READ``), named in its
+    ``BEGIN``: unlike SQLAlchemy's isolation option on ``session.connection()``, this neither begins the
+    transaction at once (its opening goes with its first statement, core.dbwaits.opening_deferred) nor sets
+    and resets the level on the driver's connection. A transaction already begun keeps its level."""
+    session.info[_ISOLATION] = SNAPSHOT
+
+
+def _set_mode(connection: Connection, statement: str, level: str | None = None) -> None:
     """Run `statement` at the start of the transaction without a round trip of its own.
 
     psycopg opens a transaction lazily, with a `BEGIN` of its own round trip before the first statement.
@@ -345,18 +358,20 @@ def _set_mode(connection: Connection, statement: str) -> None:
     transaction status, as it does for COMMIT and ROLLBACK), and the setting cost no extra round trip.
     When the transaction begins for a statement core.sql is about to send, the two go with it instead, in the
     same round trip (core.dbwaits.opening_deferred).
-    Otherwise (already in a transaction, or a connection that is read-only or deferrable) the statement
-    goes through psycopg as usual. Never prepared either way: it has no parameters.
+    Otherwise (already in a transaction, or a connection that is read-only or deferrable, which engram's
+    engines never make) the statement goes through psycopg as usual, ``level`` unused. Never prepared either
+    way: it has no parameters.
     """
     driver: Any = connection.connection.driver_connection
     plain_begin = driver.read_only is None and driver.deferrable is None
     if driver.autocommit or not plain_begin or driver.pgconn.transaction_status != pq.TransactionStatus.IDLE:
         driver.execute(statement, prepare=False)
         return
-    # SQLAlchemy names the isolation level on every pooled connection (READ COMMITTED by default,
-    # REPEATABLE READ for a search's snapshot): psycopg would begin with it, and so does this.
-    level = driver.isolation_level
-    begin = "BEGIN" if level is None else f"BEGIN ISOLATION LEVEL {level.name.replace('_', ' ')}"
+    # The session's level (read_one_snapshot), else the one SQLAlchemy names on every pooled connection
+    # (READ COMMITTED by default): psycopg would begin with that, and so does this.
+    if level is None and driver.isolation_level is not None:
+        level = driver.isolation_level.name.replace("_", " ")
+    begin = "BEGIN" if level is None else f"BEGIN ISOLATION LEVEL {level}"
     if defer_opening(driver, [begin, statement]):
         return  # core.sql sends them with the statements it is about to send (core.dbwaits.opening_deferred)
     try:

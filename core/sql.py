@@ -24,8 +24,9 @@ changed decides the plan). A call holding one goes out
 through libpq's pipeline (one round trip still, driven from here, not by psycopg's Python pipeline): the
 other statements as unnamed ones, planned for their values, then the generic ones between two ``SET LOCAL
 plan_cache_mode``. A call that begins the session's transaction sends the transaction's opening (``BEGIN``
-and the tenant, core.db) first in that pipeline, and a call asked to commit sends the ``COMMIT`` last: a
-request whose transaction is one call (a get by id) costs one round trip. Protocol-level prepared
+and the tenant, core.db) first, in that pipeline or at the head of its simple query, and a call asked to
+commit sends the ``COMMIT`` last: a request whose transaction is one call (a get by id) costs one round trip,
+a search's opening none of its own. Protocol-level prepared
 statements, as psycopg's own are: PgBouncer (1.21+, with ``max_prepared_statements``) keeps them apart per
 server connection; SQL-level ``PREPARE`` it would not.
 
@@ -273,17 +274,31 @@ def _exchange(
     opening: list[bytes],
     commit: bool,
 ) -> list[Sequence[Any]]:
-    if isinstance(driver, BoundedConnection) and (opening or commit or any(query.generic for query in queries)):
+    if isinstance(driver, BoundedConnection) and (commit or any(query.generic for query in queries)):
         return _pipelined(driver, queries, meanwhile, opening, commit)
     # (Elsewhere than on engram's own connections, which know what they have prepared, all are planned afresh.)
+    # The transaction's opening, if left to this call, leads the same simple query.
+    encoding = driver.info.encoding
     quote = quoter(driver)
-    send(driver, ";\n".join(_compiled(key, build).text(values, quote) for key, build, values, _ in queries))
+    try:
+        texts = [_compiled(key, build).text(values, quote) for key, build, values, _ in queries]
+    except BaseException:
+        _open_unsent(driver, opening)
+        raise
+    send(driver, ";\n".join([*(opens.decode(encoding) for opens in opening), *texts]))
     try:
         if meanwhile is not None:
             meanwhile()
     finally:
         results = receive(driver)
-    return results
+    return results[len(opening) :]
+
+
+def _open_unsent(driver: Any, opening: list[bytes]) -> None:
+    """A call that failed before sending (a value refused) still opens the transaction the session began, as
+    it would have been opened without the call."""
+    if opening:
+        run_simple(driver, b"; ".join(opening).decode(driver.info.encoding))
 
 
 @contextmanager
@@ -392,8 +407,7 @@ def _pipelined(
             else:
                 custom.append((i, text, types, params))
     except BaseException:
-        if opening:  # the transaction the session began is opened all the same, as it would have been
-            run_simple(driver, b"; ".join(opening).decode(driver.info.encoding))
+        _open_unsent(driver, opening)
         raise
     # Per command sent, what its result is: ("rows", query index, name if generic), ("prepare", name),
     # ("close", name) or ("set", None).

@@ -20,7 +20,7 @@ from sqlalchemy.orm import Session
 
 from core.caches import BoundedCache
 from core.config import get_settings
-from core.db import tenant_session
+from core.db import read_one_snapshot, tenant_session
 from core.embeddings import catalog_docs
 from core.entities import store
 from core.entities.canonical import CatalogSnapshot
@@ -164,7 +164,7 @@ def _render_all(*, memo: dict[str, Any], tenant_id: int, version: int) -> None:
 
     try:
         with tenant_session(tenant_id) as session:
-            session.connection(execution_options={"isolation_level": "REPEATABLE READ"})
+            read_one_snapshot(session)
             current = session.execute(_VERSION_SQL, {"tenant": tenant_id}).scalar()
             if int(current or 0) != version:
                 return

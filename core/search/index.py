@@ -38,7 +38,7 @@ from sqlalchemy.orm import Session
 from core import sql
 from core.caches import BoundedCache
 from core.config import get_settings
-from core.db import tenant_session
+from core.db import read_one_snapshot, tenant_session
 from core.entities.canonical import is_memory_ref
 from core.entities.models import Datasource
 from core.entities.render import render_memory_content
@@ -131,7 +131,7 @@ def fetch_changes(tenant_id: int, since: int) -> tuple[list[DocChange], int]:
     """Every doc change of the tenant after ``since``, and the seq they bring the index to, read in a
     snapshot of their own."""
     with tenant_session(tenant_id) as session:
-        session.connection(execution_options={"isolation_level": "REPEATABLE READ"})
+        read_one_snapshot(session)
         return _changes_in(session, tenant_id=tenant_id, since=since)
 
 

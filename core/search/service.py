@@ -46,6 +46,7 @@ from sqlalchemy.orm import Session
 
 from core import sql
 from core.config import get_settings
+from core.db import read_one_snapshot
 from core.entities.canonical import CatalogSnapshot, is_memory_ref, memory_id_of, rooted_in
 from core.entities.render import render_memory
 from core.entities.resolver import extract_query_entities, resolve_entities
@@ -723,7 +724,7 @@ def _hydrate_memories(state: SearchState, *, tokens: list[str]) -> None:
 def search(session: Session, *, caller: Caller, request: SearchRequest) -> SearchResponse:
     """Run one search for ``caller`` in the caller's session (read-only)."""
     request.check()
-    session.connection(execution_options={"isolation_level": "REPEATABLE READ"})
+    read_one_snapshot(session)  # (begun with the search's first statement)
     if request.mode == "hybrid" and request.question_text:
         # The index is caught up to the change seq of the head, the search's first read (no read of its own).
         if is_open(caller.tenant_id):
@@ -736,5 +737,4 @@ def search(session: Session, *, caller: Caller, request: SearchRequest) -> Searc
         # catch-up's own connection is the only one in use. Then it starts again in a new snapshot.
         session.rollback()
         catch_up_before_search(caller.tenant_id)
-        session.connection(execution_options={"isolation_level": "REPEATABLE READ"})
     return run_search(session, caller=caller, request=request).response

@@ -298,3 +298,63 @@ def test_a_call_that_commits_ends_the_transaction_in_its_round_trip(client, tena
         assert (
             session.execute(text("SELECT access_count FROM memories WHERE id = :id"), {"id": memory_id}).scalar() == 1
         )
+
+
+def test_a_plain_call_that_begins_the_transaction_leads_its_simple_query_with_the_opening(client, tenant):
+    """A call of statements planned for their values (one simple query) carries the opening at its head: the
+    statements see the tenant, and the session's snapshot level (read_one_snapshot) is the transaction's."""
+    from psycopg import pq
+
+    from core.db import read_one_snapshot
+
+    plain = sql.Query(
+        "test-plain",
+        lambda: text("SELECT current_setting('engram.tenant_id', true), current_setting('transaction_isolation')"),
+        {},
+    )
+    with tenant_session(tenant.tenant_id) as session:
+        assert sql.run(session, plain) == [(str(tenant.tenant_id), "read committed")]
+    with tenant_session(tenant.tenant_id) as session:
+        read_one_snapshot(session)
+        driver = session.connection().connection.driver_connection
+        assert driver.pgconn.transaction_status == pq.TransactionStatus.INTRANS  # begun on its own
+        assert sql.run(session, plain) == [(str(tenant.tenant_id), "repeatable read")]
+    with tenant_session(tenant.tenant_id) as session:
+        read_one_snapshot(session)
+        assert sql.run(session, plain) == [(str(tenant.tenant_id), "repeatable read")]
+        session.rollback()  # the level holds for the session's next transaction too
+        assert sql.run(session, plain) == [(str(tenant.tenant_id), "repeatable read")]
+    bad = sql.Query("test-plain-bad", lambda: text("SELECT CAST(:v AS text)"), {"v": object()})
+    with tenant_session(tenant.tenant_id) as session:
+        with pytest.raises(Exception):  # noqa: B017,PT011 - refused by psycopg's dumpers before sending
+            sql.run(session, bad)
+        driver = session.connection().connection.driver_connection
+        assert driver.pgconn.transaction_status == pq.TransactionStatus.INTRANS
+        assert sql.run(session, plain) == [(str(tenant.tenant_id), "read committed")]
+
+
+def test_a_search_reads_one_snapshot_opened_with_its_first_statement(client, tenant, monkeypatch):
+    """A search's transaction is REPEATABLE READ, and its BEGIN goes with its first statement: the opening is
+    never sent on its own (core.db's run_simple, its round trip when no statement takes it)."""
+    import core.db
+    from core.search import service
+    from core.search.schemas import SearchRequest
+    from core.tenancy.context import Caller
+
+    save(client, tenant, {"content": "the orders table keeps amounts in cents"})
+    client.post("/v1/search", json={"question": "orders amounts"}, headers=tenant.headers())  # warm: index open
+    caller = Caller(tenant_id=tenant.tenant_id, tenant_name=tenant.name, user="u", role="admin", key_id="k")
+    alone: list[str] = []
+    real = core.db.run_simple
+    monkeypatch.setattr(
+        core.db, "run_simple", lambda driver, statement: (alone.append(statement), real(driver, statement))
+    )
+    for request in (SearchRequest(question="orders amounts"), SearchRequest(question="orders", entities=["x.y"])):
+        with tenant_session(tenant.tenant_id) as session:
+            response = service.search(session, caller=caller, request=request)
+            level = session.execute(text("SELECT current_setting('transaction_isolation')")).scalar()
+        assert response.memories and level == "repeatable read"
+    assert alone == []
+    with tenant_session(tenant.tenant_id) as session:  # (what is counted: a transaction begun by the ORM)
+        session.execute(text("SELECT 1"))
+    assert len(alone) == 1 and alone[0].startswith("BEGIN")
