@@ -233,9 +233,15 @@ def quoter(driver: psycopg.Connection[Any]) -> Callable[[Any], str]:
     return quote
 
 
-def run(session: Session, query: Query, *, commit: bool = False) -> Sequence[Any]:
+def run(
+    session: Session,
+    query: Query,
+    *,
+    commit: bool = False,
+    before_commit: Callable[[list[Sequence[Any]]], None] | None = None,
+) -> Sequence[Any]:
     """Rows of the statement ``query`` names; ``commit``: then commit the session (see :func:`run_many`)."""
-    return run_many(session, [query], commit=commit)[0]
+    return run_many(session, [query], commit=commit, before_commit=before_commit)[0]
 
 
 def run_many(
@@ -244,6 +250,7 @@ def run_many(
     *,
     meanwhile: Callable[[], None] | None = None,
     commit: bool = False,
+    before_commit: Callable[[list[Sequence[Any]]], None] | None = None,
 ) -> list[Sequence[Any]]:
     """The rows of each of several statements, sent together: one round trip.
 
@@ -251,7 +258,8 @@ def run_many(
     call begins the session's transaction, its opening (``BEGIN`` and the tenant) goes in the same round trip.
     ``commit``: the session is committed after the statements, its ``COMMIT`` in the same round trip too when
     the session has nothing of its own to flush (a statement failing before it leaves the transaction to be
-    rolled back as usual).
+    rolled back as usual). ``before_commit`` is then given the rows before the session commits (what the
+    caller notes of the statements' outcome for the session's commit hooks, such as the jobs they wrote).
     """
     with opening_deferred() as opening:
         driver: Any = session.connection().connection.driver_connection
@@ -263,6 +271,8 @@ def run_many(
         with _client_span(queries):
             results = _exchange(driver, queries, meanwhile, opening, ends)
     if commit:
+        if before_commit is not None:
+            before_commit(results)
         session.commit()  # (after a COMMIT sent above, psycopg sees no transaction and sends nothing)
     return results
 

@@ -89,7 +89,7 @@ def save_memory(
     caller = acting_identity(caller, body, request)
 
     def save(session: Session) -> SaveResult:
-        return service.save_memory(session, caller=caller, item=item, action="memory.save")
+        return service.save_memory(session, caller=caller, item=item, action="memory.save", finish=True)
 
     result = tenant_write(caller.tenant_id, save)
     usage_buffer.add(caller.tenant_id, saves=1)
@@ -129,7 +129,7 @@ def save_batch(
             items.append(exc)
 
     def save_all(session: Session) -> list[SaveResult | EngramError]:
-        return service.save_memories(session, caller=caller, items=items, action="memory.save")
+        return service.save_memories(session, caller=caller, items=items, action="memory.save", finish=True)
 
     results = tenant_write(caller.tenant_id, save_all)
     usage_buffer.add(caller.tenant_id, saves=sum(1 for r in results if not isinstance(r, EngramError)))

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import threading
 import uuid
+from collections.abc import Iterable
 from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol
 
@@ -66,15 +67,18 @@ def enqueue(session: Session, *, tenant_id: int | None, kind: str, payload: dict
         updated_at=now(),
     )
     session.add(job)
-    session.info.setdefault("outbox", []).append(job.id)
+    outbox_add(session, [job.id])
     return job
 
 
-def new_outbox_job_id(session: Session) -> str:
-    """An id for a job row the caller inserts itself (in SQL) in this unit of work; dispatched after commit."""
-    job_id = uuid.uuid4().hex
-    session.info.setdefault("outbox", []).append(job_id)
-    return job_id
+def new_job_id() -> str:
+    """An id for a job row the caller inserts itself (in SQL); :func:`outbox_add` it once the row is written."""
+    return uuid.uuid4().hex
+
+
+def outbox_add(session: Session, job_ids: Iterable[str]) -> None:
+    """Job rows this unit of work wrote: dispatched after it commits (the shortcut, see dispatch_outbox)."""
+    session.info.setdefault("outbox", []).extend(job_ids)
 
 
 def dispatch_outbox(session: Session) -> None:
@@ -145,7 +149,7 @@ def retry_job(session: Session, *, job_id: str, tenant_id: int | None) -> Job:
     job.updated_at = now()
     job.dispatched_at = None
     job.finished_at = None
-    session.info.setdefault("outbox", []).append(job.id)
+    outbox_add(session, [job.id])
     # The relays publish it as soon as this commits (the notification wakes them; no insert does here).
     session.execute(text("SELECT pg_notify('engram_jobs', 'retried')"))
     return job
@@ -189,5 +193,5 @@ def jobs_to_redispatch(session: Session, *, older_than: timedelta, running_lease
                 ),
             )
         )
-        session.info.setdefault("outbox", []).extend(rows)
+        outbox_add(session, rows)
     return list(rows)

@@ -10,7 +10,7 @@ transaction (the outbox). Every save, upsert and patch that changes a memory kee
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -37,7 +37,7 @@ from sqlalchemy.orm import Session
 from core import sql
 from core.changes import bump_change_seq, lock_tenant_writes
 from core.errors import EngramError, Forbidden, Invalid, NotFound
-from core.jobs.service import enqueue, new_outbox_job_id
+from core.jobs.service import enqueue, new_job_id, outbox_add
 from core.memories import trail
 from core.memories.history import VERSION_FIELDS, history_of, record_versions
 from core.memories.ids import integer_value, validate_memory_id
@@ -117,12 +117,19 @@ def _hold_to_quota(planned: list[_Planned], *, limit: int, count: int) -> None:
 
 
 def save_memories(
-    session: Session, *, caller: Caller, items: Sequence[SaveMemoryIn | EngramError], action: str | None = None
+    session: Session,
+    *,
+    caller: Caller,
+    items: Sequence[SaveMemoryIn | EngramError],
+    action: str | None = None,
+    finish: bool = False,
 ) -> list[SaveResult | EngramError]:
     """Save many memories in the caller's transaction; invalid items come back as errors, in order.
 
     With ``action`` (``memory.save``), the saved items' audit entries (that action) and webhook events
     (core.memories.trail) are written by the save's own statement; without, the caller records its own.
+    ``finish``: the caller runs nothing after the save in this transaction, so when the save's statement is
+    its last the session is committed with it, in the same round trip (core.sql).
     """
     resolver = LinkResolver(session, tenant_id=caller.tenant_id)
     batch_ids = {item.id for item in items if isinstance(item, SaveMemoryIn) and item.id is not None}
@@ -142,7 +149,7 @@ def save_memories(
     # New memories only (no id to check the ownership of, no association target to find): one statement
     # takes the tenant's row, checks its state and quota under it and writes everything, or writes nothing
     # when the quota would be passed (then the items are held to it one by one below).
-    written = bool(valid) and _write_new(session, caller, valid, action=action)
+    written = bool(valid) and _write_new(session, caller, valid, action=action, finish=finish)
     if not written:
         # The tenant's row first (its quota and count, and the ids every save reserves there), then its memories.
         limit, count = memory_quota(session, tenant_id=caller.tenant_id)
@@ -150,7 +157,7 @@ def save_memories(
         if limit is not None:
             _hold_to_quota(planned, limit=limit, count=count)
         valid = [p for p in planned if p.error is None]
-        if valid and not _write(session, caller, valid, action=action, quota_checked=True):
+        if valid and not _write(session, caller, valid, action=action, quota_checked=True, finish=finish):
             raise AssertionError("the tenant's row was locked above")
     # Which saves were upserts of existing memories (core.memories.trail tells memory.updated from .created).
     session.info["memories_upserted"] = {p.item.id for p in valid if p.existing is not None}
@@ -164,15 +171,17 @@ def save_memories(
     return results
 
 
-def _write_new(session: Session, caller: Caller, valid: list[_Planned], *, action: str | None) -> bool:
+def _write_new(session: Session, caller: Caller, valid: list[_Planned], *, action: str | None, finish: bool) -> bool:
     """The write of items that only add memories, with the tenant's state and quota checked in the same
     statement; False (nothing written) when an item names an id or associations, or the quota needs a look."""
     if any(p.item.id is not None or p.item.associations for p in valid):
         return False
-    return _write(session, caller, valid, action=action, quota_checked=False)
+    return _write(session, caller, valid, action=action, quota_checked=False, finish=finish)
 
 
-def _write(session: Session, caller: Caller, valid: list[_Planned], *, action: str | None, quota_checked: bool) -> bool:
+def _write(
+    session: Session, caller: Caller, valid: list[_Planned], *, action: str | None, quota_checked: bool, finish: bool
+) -> bool:
     """Write the valid items, advance the tenant's sequences and queue their embed job in ONE statement
     (with ``action``, their audit entries and events too).
 
@@ -180,7 +189,8 @@ def _write(session: Session, caller: Caller, valid: list[_Planned], *, action: s
     save costs a single round trip (and one firing of the statistics triggers, whatever the batch size).
     Unless ``quota_checked`` (the caller holds the tenant's row and held the items to its quota), the
     statement takes the row itself and writes only if the tenant is not being offboarded and every item fits
-    its max_memories (each adds one: no item names an id); False when it wrote nothing.
+    its max_memories (each adds one: no item names an id); False when it wrote nothing. With ``finish``, when
+    nothing is left to write after it (no association to replace), the statement commits the session too.
     """
     supplied_ints = [integer_value(p.item.id) for p in valid if p.item.id is not None]
     supplied_max = max([v for v in supplied_ints if v is not None], default=0)
@@ -200,7 +210,7 @@ def _write(session: Session, caller: Caller, valid: list[_Planned], *, action: s
     ordered = list(rows.values())
     for ordinal, row in enumerate(ordered):
         row["ord"] = ordinal
-    job_id = new_outbox_job_id(session)
+    job_id = new_job_id()
     params: dict[str, Any] = {
         "tenant_id": caller.tenant_id,
         "supplied_max": supplied_max,
@@ -216,19 +226,23 @@ def _write(session: Session, caller: Caller, valid: list[_Planned], *, action: s
         params.update(trail.saved_params(caller, action=action, count=len(valid)))
         if not new_only:
             params["trail"] = _json(trail_rows)
-    answer = _run_save(session, (new_only, action is not None, events), params)
+    # Associations of upserted memories are replaced after the statement; otherwise it may end the transaction.
+    last = finish and all(p.existing is None and not p.item.associations for p in valid)
+
+    def settle(answer: Sequence[Any] | None) -> None:  # (before the commit, for its hooks)
+        if answer is not None and answer[0] is not None:
+            outbox_add(session, [job_id, *(answer[2] or ())])  # the embed job, and the webhook jobs of the events
+
+    answer = _run_save(session, (new_only, action is not None, events), params, commit=last, settle=settle)
     if answer is not None and answer[0] is None and answer[3]:
         # A webhook listens after all: nothing was written; again, with the events.
         _LISTENED_TO.add(caller.tenant_id)
-        answer = _run_save(session, (new_only, True, True), params)
+        answer = _run_save(session, (new_only, True, True), params, commit=last, settle=settle)
     if answer is None or answer[0] is None:
-        session.info["outbox"].remove(job_id)  # no job was written
         return False
     if answer[3] is False:  # nobody listens (any more): the next saves leave the events out
         _LISTENED_TO.discard(caller.tenant_id)
     memory_seq = answer[0]
-    if answer[2]:
-        session.info.setdefault("outbox", []).extend(answer[2])  # the webhook jobs the events queued
     first_auto = int(memory_seq) - n_auto + 1
     for p in valid:
         p.memory_id = p.item.id if p.item.id is not None else str(first_auto + p.auto_ordinal - 1)
@@ -236,12 +250,28 @@ def _write(session: Session, caller: Caller, valid: list[_Planned], *, action: s
     return True
 
 
-def _run_save(session: Session, shape: tuple[bool, bool, bool], params: dict[str, Any]) -> Sequence[Any] | None:
-    """The save statement's answer row (None: no row). It writes by key only (the tenant's row, the items'
-    ids, a job's id), so it runs on its generic plan, prepared once per connection (core.sql): planned for
-    its values it cost PostgreSQL ~0.45 ms a save."""
+def _run_save(
+    session: Session,
+    shape: tuple[bool, bool, bool],
+    params: dict[str, Any],
+    *,
+    commit: bool,
+    settle: Callable[[Sequence[Any] | None], None],
+) -> Sequence[Any] | None:
+    """The save statement's answer row (None: no row), given to ``settle`` before anything commits. It writes by
+    key only (the tenant's row, the items' ids, a job's id), so it runs on its generic plan, prepared once per
+    connection (core.sql): planned for its values it cost PostgreSQL ~0.45 ms a save. ``commit``: the session
+    is committed with it (core.sql.run)."""
     statement = _SAVE_STATEMENTS[shape]
-    rows = sql.run(session, sql.Query(("save", *shape), lambda: statement, params, generic=True))
+    query = sql.Query(("save", *shape), lambda: statement, params, generic=True)
+    rows = sql.run(session, query, commit=commit, before_commit=lambda results: settle(_first(results[0])))
+    answer = _first(rows)
+    if not commit:
+        settle(answer)
+    return answer
+
+
+def _first(rows: Sequence[Any]) -> Any:
     return rows[0] if rows else None
 
 
@@ -424,8 +454,10 @@ def _replace_associations(session: Session, *, caller: Caller, valid: list[_Plan
         )
 
 
-def save_memory(session: Session, *, caller: Caller, item: SaveMemoryIn, action: str | None = None) -> SaveResult:
-    result = save_memories(session, caller=caller, items=[item], action=action)[0]
+def save_memory(
+    session: Session, *, caller: Caller, item: SaveMemoryIn, action: str | None = None, finish: bool = False
+) -> SaveResult:
+    result = save_memories(session, caller=caller, items=[item], action=action, finish=finish)[0]
     if isinstance(result, EngramError):
         raise result
     return result

@@ -27,6 +27,7 @@ from sqlalchemy.orm import Session
 from core.crypto import encrypt_secret
 from core.errors import BadRequest, Invalid, NotFound
 from core.jobs.models import Job
+from core.jobs.service import outbox_add
 from core.tracing import job_context
 from core.webhooks.models import EVENT_TYPES, Webhook, WebhookDelivery
 from core.webhooks.urls import check_webhook_url
@@ -163,7 +164,7 @@ def emit_many(
     job_ids = session.execute(statement, params).scalars()
     ids = list(job_ids)
     if ids:
-        session.info.setdefault("outbox", []).extend(ids)
+        outbox_add(session, ids)
 
 
 def new_secret() -> str:

@@ -261,3 +261,63 @@ def test_a_get_runs_on_its_generic_plan_for_every_caller_of_its_shape(client, te
     # The REST answer is the same shape.
     got = client.get("/v1/memories/recall-1?agent_id=A", headers=h).json()
     assert got["associations"] == first["associations"] and got["access_count"] == 3
+
+
+def test_a_save_that_finishes_its_transaction_commits_with_its_statement(client, tenant):
+    """``finish`` (the routes: nothing follows the save in its transaction): the save's statement carries the
+    COMMIT, so the session is committed when it returns, and the commit hook still hands over the jobs the
+    statement wrote (its embed job), and only those: a save the quota refuses hands over none."""
+    import core.jobs.service as jobs
+    from core.db import system_connection, tenant_session
+    from core.memories.schemas import SaveMemoryIn
+    from core.memories.service import save_memory
+    from core.tenancy.context import Caller
+
+    caller = Caller(
+        tenant_id=tenant.tenant_id, tenant_name=tenant.name, user="admin@localhost", role="admin", key_id="k"
+    )
+
+    class Recorded:
+        def __init__(self) -> None:
+            self.sent: list[list[str]] = []
+
+        def send(self, job_ids: list[str]) -> None:
+            self.sent.append(job_ids)
+
+    previous, queue = jobs.get_job_queue(), Recorded()
+    jobs.set_job_queue(queue)
+    try:
+        with tenant_session(tenant.tenant_id) as session:
+            saved = save_memory(session, caller=caller, item=SaveMemoryIn(content="committed with it"), finish=True)
+            assert not session.in_transaction()
+            with system_connection() as connection:  # another transaction sees it, and its job, already
+                assert (
+                    connection.execute(
+                        text("SELECT content FROM memories WHERE tenant_id = :t AND id = :id"),
+                        {"t": tenant.tenant_id, "id": saved.memory_id},
+                    ).scalar()
+                    == "committed with it"
+                )
+                embed_jobs = (
+                    connection.execute(
+                        text("SELECT id FROM jobs WHERE tenant_id = :t AND kind = 'embed'"), {"t": tenant.tenant_id}
+                    )
+                    .scalars()
+                    .all()
+                )
+        assert len(embed_jobs) == 1 and queue.sent == [[embed_jobs[0]]]
+        # Without finish, the caller's commit ends the transaction (and hands the job over then).
+        with tenant_session(tenant.tenant_id) as session:
+            save_memory(session, caller=caller, item=SaveMemoryIn(content="committed after"))
+            assert session.in_transaction() and len(queue.sent) == 1
+        assert len(queue.sent) == 2
+        from tests.helpers.api import OPERATOR
+
+        limited = client.patch(f"/v1/tenants/{tenant.name}", json={"quotas": {"max_memories": 2}}, headers=OPERATOR)
+        assert limited.status_code == 200, limited.text
+        with pytest.raises(Exception, match="quota|limit|max"):  # noqa: PT011 - the quota's own error
+            with tenant_session(tenant.tenant_id) as session:
+                save_memory(session, caller=caller, item=SaveMemoryIn(content="over the quota"), finish=True)
+        assert len(queue.sent) == 2
+    finally:
+        jobs.set_job_queue(previous)
