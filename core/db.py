@@ -250,7 +250,10 @@ def tenant_session(tenant_id: int) -> Iterator[Session]:
     session.info["tenant_id"] = tenant_id
     try:
         yield session
-        session.commit()
+        # (A unit of work whose last statement carried its COMMIT, core.sql, has no transaction left: an empty
+        # one would be begun and committed, with its hooks, for nothing.)
+        if session.in_transaction():
+            session.commit()
     except BaseException:
         session.rollback()
         raise

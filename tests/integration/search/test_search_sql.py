@@ -358,3 +358,27 @@ def test_a_search_reads_one_snapshot_opened_with_its_first_statement(client, ten
     with tenant_session(tenant.tenant_id) as session:  # (what is counted: a transaction begun by the ORM)
         session.execute(text("SELECT 1"))
     assert len(alone) == 1 and alone[0].startswith("BEGIN")
+
+
+def test_a_unit_of_work_whose_statement_committed_is_not_committed_again(client, tenant):
+    """tenant_session commits what is left to commit: after a call that carried the COMMIT, nothing (its
+    commit hooks ran once, with that commit); a unit of work with a transaction open is committed as ever."""
+    from sqlalchemy import event
+    from sqlalchemy.orm import Session
+
+    commits: list[int] = []
+
+    def counted(session: Session) -> None:
+        commits.append(session.info["tenant_id"])
+
+    event.listen(Session, "after_commit", counted)
+    try:
+        with tenant_session(tenant.tenant_id) as session:
+            sql.run(session, _tenant_query(), commit=True)
+        assert commits == [tenant.tenant_id]
+        with tenant_session(tenant.tenant_id) as session:
+            sql.run(session, _tenant_query())
+            assert session.in_transaction()
+        assert commits == [tenant.tenant_id] * 2
+    finally:
+        event.remove(Session, "after_commit", counted)
