@@ -258,8 +258,9 @@ def run_many(
     call begins the session's transaction, its opening (``BEGIN`` and the tenant) goes in the same round trip.
     ``commit``: the session is committed after the statements, its ``COMMIT`` in the same round trip too when
     the session has nothing of its own to flush (a statement failing before it leaves the transaction to be
-    rolled back as usual). ``before_commit`` is then given the rows before the session commits (what the
-    caller notes of the statements' outcome for the session's commit hooks, such as the jobs they wrote).
+    rolled back as usual). ``before_commit`` is given the rows before the call returns, and so before the
+    session commits when it does (what the caller notes of the statements' outcome for the session's commit
+    hooks, such as the jobs they wrote).
     """
     with opening_deferred() as opening:
         driver: Any = session.connection().connection.driver_connection
@@ -270,9 +271,9 @@ def run_many(
     else:
         with _client_span(queries):
             results = _exchange(driver, queries, meanwhile, opening, ends)
+    if before_commit is not None:
+        before_commit(results)
     if commit:
-        if before_commit is not None:
-            before_commit(results)
         session.commit()  # (after a COMMIT sent above, psycopg sees no transaction and sends nothing)
     return results
 

@@ -265,10 +265,7 @@ def _run_save(
     statement = _SAVE_STATEMENTS[shape]
     query = sql.Query(("save", *shape), lambda: statement, params, generic=True)
     rows = sql.run(session, query, commit=commit, before_commit=lambda results: settle(_first(results[0])))
-    answer = _first(rows)
-    if not commit:
-        settle(answer)
-    return answer
+    return _first(rows)
 
 
 def _first(rows: Sequence[Any]) -> Any:

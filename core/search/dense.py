@@ -34,7 +34,7 @@ import weakref
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 from sqlalchemy import Executable, or_, select, text
@@ -127,6 +127,17 @@ class _Layout:
     # Per bucket of a minority of the rows: (a weak reference to the matrix buffer, its rows' vectors copied
     # column by column), made by the first search that needs it (see DenseSearch._block).
     blocks: dict[str, tuple[weakref.ref[np.ndarray], np.ndarray]] = field(default_factory=dict, compare=False)
+
+
+class _BucketScores(NamedTuple):
+    """A memory bucket's scores (its rows' cosines with ``query``, the question moved by ``feedback``, blended
+    with run context when the layout has runs) and what the similarity floor's bound needs: ``raw``, every
+    memory row's cosine with ``query`` when context blended the scores, else None (the scores are those)."""
+
+    feedback: tuple[str, ...]
+    scores: np.ndarray
+    query: np.ndarray
+    raw: np.ndarray | None
 
 
 def _extended(layout: _Layout, *, n: int, version: int, change_seq: int) -> _Layout:
@@ -342,11 +353,8 @@ class DenseSearch:
             )
         self._exact = docs <= get_settings().dense_exact_max_docs or self._dims not in HNSW_DIMS
         self._entity_scores: np.ndarray | None = None
-        # Per memory bucket: (the feedback its scores were computed with, the scores of its rows).
-        self._bucket_scores: dict[str, tuple[tuple[str, ...], np.ndarray]] = {}
-        # Per memory bucket: the query vector of its scores and every memory row's cosine with it when run
-        # context blended them (None: the scores are those cosines), for the similarity floor's bound.
-        self._moved: dict[str, tuple[np.ndarray, np.ndarray | None]] = {}
+        # Per memory bucket: how its rows were last scored (see _BucketScores).
+        self._bucket_scores: dict[str, _BucketScores] = {}
         self._products: dict[tuple[str, ...], np.ndarray] = {}
         # Per minority bucket: its rows' vectors, contiguous (see _block), once its scores were computed.
         self._blocks: dict[str, np.ndarray] = {}
@@ -440,7 +448,7 @@ class DenseSearch:
             change_seq=self.change_seq,
         )
         cached = self._bucket_scores.get(bucket)
-        if cached is None or cached[0] != feedback:
+        if cached is None or cached.feedback != feedback:
             # One matrix-vector product per bucket and feedback (a change of feedback recomputes). A
             # product with two query columns goes through BLAS gemm, which for so thin a right-hand side
             # is several times slower than two gemv calls and spins a second thread on a busy machine.
@@ -457,10 +465,8 @@ class DenseSearch:
             else:
                 self._blocks[bucket] = block = _block(layout, bucket, side)
                 scores = block.T @ query
-            self._bucket_scores[bucket] = (feedback, scores)
-            self._moved[bucket] = (query, raw)
-            cached = self._bucket_scores[bucket]
-        return layout.rows[bucket], cached[1]
+            cached = self._bucket_scores[bucket] = _BucketScores(feedback, scores, query, raw)
+        return layout.rows[bucket], cached.scores
 
     def _product(self, query: np.ndarray, feedback: tuple[str, ...]) -> np.ndarray:
         """Cosines of every memory row with ``query``, shared by the buckets that ask with the same feedback."""
@@ -500,8 +506,11 @@ class DenseSearch:
         Most verdicts follow from their cosine with the moved query (floor_verdicts); the rest are computed. A
         minority bucket's vectors are at hand, contiguous, in its block (gathering its rows from the whole
         matrix touches a cache line per element); the same rows, hence the same product."""
-        query, raw = self._moved[bucket]
-        above, unsure = floor_verdicts(sub[top] if raw is None else raw[rows[top]], query, self._query, self._floor)
+        scored = self._bucket_scores[bucket]
+        raw = scored.raw
+        above, unsure = floor_verdicts(
+            sub[top] if raw is None else raw[rows[top]], scored.query, self._query, self._floor
+        )
         if unsure.any():
             picked = top[unsure]
             block = self._blocks.get(bucket)
