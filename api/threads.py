@@ -27,6 +27,7 @@ from typing import Any, ParamSpec, TypeVar
 
 from fastapi.routing import APIRoute
 
+from api.openapi import operation_id
 from core.config import get_settings
 
 P = ParamSpec("P")
@@ -73,7 +74,9 @@ def on_request_thread(endpoint: Callable[..., Any]) -> Callable[..., Any]:
 
 
 class Route(APIRoute):
-    """An API route whose sync endpoint runs on a request thread (every engram router uses it)."""
+    """An API route whose sync endpoint runs on a request thread (every engram router uses it), named in the
+    OpenAPI description by :func:`api.openapi.operation_id` whichever router it is declared on."""
 
     def __init__(self, path: str, endpoint: Callable[..., Any], **kwargs: Any) -> None:
+        kwargs["generate_unique_id_function"] = operation_id
         super().__init__(path, on_request_thread(endpoint), **kwargs)

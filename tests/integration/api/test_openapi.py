@@ -159,3 +159,15 @@ def test_docs_pages_load_every_asset_from_this_server(client, page):
         assert url.startswith("/") and not url.startswith("//"), f"{page} loads {url} from elsewhere"
         assert client.get(url).status_code == 200, url
     assert "cdn" not in response.text.lower()
+
+
+def test_every_documented_operation_is_one_of_the_apps_own_routes(client, spec):
+    """Routes are matched by their path alone: every operation the description lists is a route of the app's
+    own router (api.app.add_routes), none behind an included router, which FastAPI walks with bookkeeping per
+    candidate and walks twice when it holds the match."""
+    from fastapi.routing import APIRoute
+
+    own = {(route.path, method.lower()) for route in client.app.router.routes if isinstance(route, APIRoute)
+           for method in route.methods}  # fmt: skip
+    documented = {(path, method) for path, method, _ in operations(spec)}
+    assert documented <= own, sorted(documented - own)
