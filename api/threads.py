@@ -26,6 +26,9 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, ParamSpec, TypeVar
 
 from fastapi.routing import APIRoute
+from starlette._utils import get_route_path
+from starlette.routing import PARAM_REGEX, Match
+from starlette.types import Scope
 
 from api.openapi import operation_id
 from core.config import get_settings
@@ -75,8 +78,19 @@ def on_request_thread(endpoint: Callable[..., Any]) -> Callable[..., Any]:
 
 class Route(APIRoute):
     """An API route whose sync endpoint runs on a request thread (every engram router uses it), named in the
-    OpenAPI description by :func:`api.openapi.operation_id` whichever router it is declared on."""
+    OpenAPI description by :func:`api.openapi.operation_id` whichever router it is declared on.
+
+    The app's router asks each route in turn whether it matches a request; a route whose path cannot (it does
+    not begin with the route's text before its first parameter, which the route's anchored pattern requires)
+    says no at once, without the pattern, the parameters and the scope bookkeeping of a full match."""
 
     def __init__(self, path: str, endpoint: Callable[..., Any], **kwargs: Any) -> None:
         kwargs["generate_unique_id_function"] = operation_id
         super().__init__(path, on_request_thread(endpoint), **kwargs)
+        parameter = PARAM_REGEX.search(self.path)
+        self._literal_head = self.path if parameter is None else self.path[: parameter.start()]
+
+    def matches(self, scope: Scope) -> tuple[Match, Scope]:
+        if scope["type"] == "http" and not get_route_path(scope).startswith(self._literal_head):
+            return Match.NONE, {}
+        return super().matches(scope)
