@@ -19,7 +19,7 @@ from core.search.filters import EXAMPLE_QUERIES
 from core.search.schemas import EntityHit, ExampleQueryHit, MemoryHit
 
 # What a hit shows of a memory (and what its stale-query warning reads).
-_HIT_COLUMNS = (
+HIT_COLUMNS = (
     Memory.id,
     Memory.content,
     Memory.kind,
@@ -36,7 +36,7 @@ def memories_query(*, tenant_id: int, memory_ids: Sequence[str]) -> sql.Query:
     """The statement of :func:`load_memories`, for :func:`core.sql.run_many`."""
 
     def build() -> Executable:
-        return select(*_HIT_COLUMNS).where(Memory.tenant_id == tenant_id, Memory.id == any_(sql.text_array("ids")))
+        return select(*HIT_COLUMNS).where(Memory.tenant_id == tenant_id, Memory.id == any_(sql.text_array("ids")))
 
     return sql.Query(("hits", tenant_id), build, {"ids": list(memory_ids)}, generic=True)
 
@@ -55,7 +55,7 @@ class HitMemory(NamedTuple):
     query_entities: list[str] | None
 
 
-assert HitMemory._fields == tuple(column.key for column in _HIT_COLUMNS)
+assert HitMemory._fields == tuple(column.key for column in HIT_COLUMNS)
 
 
 def memories_from_rows(rows: Sequence[Any]) -> dict[str, Memory]:

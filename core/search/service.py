@@ -680,7 +680,8 @@ def _fused_buckets(
 
 def ordered(state: SearchState, mode: str) -> None:
     """The recent / important / typed orderings, hydrated (no channels, no fusion)."""
-    buckets = ordered_buckets(state.session, memory_filter=state.memory_filter, mode=mode, caps=state.caps)
+    buckets, loaded = ordered_buckets(state.session, memory_filter=state.memory_filter, mode=mode, caps=state.caps)
+    state.loaded.update(loaded)
     state.buckets = {bucket: above(ranking, state.request.min_score) for bucket, ranking in buckets.items()}
     _hydrate_memories(state, tokens=[])
 

@@ -382,3 +382,48 @@ def test_a_unit_of_work_whose_statement_committed_is_not_committed_again(client,
         assert commits == [tenant.tenant_id] * 2
     finally:
         event.remove(Session, "after_commit", counted)
+
+
+@pytest.mark.parametrize("mode", ["recent", "important", "typed"])
+def test_an_ordered_search_reads_its_buckets_and_their_hits_in_one_round_trip(client, tenant, mode):
+    """The ordered modes read both buckets, with the columns their hits show, in one core.sql call: no ORM
+    statement, no query of the hits' own."""
+    from sqlalchemy import event
+    from sqlalchemy.orm import Session
+
+    from core.search import service
+    from core.search.schemas import SearchRequest
+    from core.tenancy.context import Caller
+
+    plain = save(client, tenant, {"content": "a plain note on invoices", "kind": "fact", "importance": 0.2})
+    weighty = save(client, tenant, {"content": "the weightier note on invoices", "kind": "fact", "importance": 0.9})
+    query = {"source_model": "shop.orders", "dimensions": ["status"]}
+    example = save(client, tenant, {"content": "orders by status", "kind": "fact", "linked_entities": query})
+    caller = Caller(tenant_id=tenant.tenant_id, tenant_name=tenant.name, user="u", role="admin", key_id="k")
+    calls: list[list[object]] = []
+    orm: list[object] = []
+    real = sql._exchange
+
+    def through_the_orm(state: object) -> None:
+        orm.append(state)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(
+            sql,
+            "_exchange",
+            lambda driver, queries, *rest: (calls.append([q.key[0] for q in queries]), real(driver, queries, *rest))[1],
+        )
+        event.listen(Session, "do_orm_execute", through_the_orm)
+        try:
+            with tenant_session(tenant.tenant_id) as session:
+                request = SearchRequest(mode=mode, kind="fact" if mode == "typed" else None)
+                response = service.search(session, caller=caller, request=request)
+        finally:
+            event.remove(Session, "do_orm_execute", through_the_orm)
+    # (The catalog's snapshot is read after them, for the example queries' stale-entity warnings.)
+    assert calls[0] == ["ordered", "ordered"] and not any("hits" in keys for keys in calls) and orm == []
+    # Newest first, or weightiest first: the same order here, and the hits' text read with their ids.
+    assert [hit.id for hit in response.memories] == [weighty, plain]
+    assert "the weightier note on invoices" in response.memories[0].text and response.memories[0].importance == 0.9
+    assert [hit.id for hit in response.example_queries] == [example]
+    assert "orders by status" in response.example_queries[0].text and response.example_queries[0].query
