@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any, NamedTuple, cast
 
-from sqlalchemy import Executable, any_, select
+from sqlalchemy import BigInteger, Executable, any_, bindparam, select
 from sqlalchemy.orm import Session
 
 from core import sql
@@ -14,9 +14,11 @@ from core.entities.canonical import CatalogSnapshot
 from core.entities.render import render_memory
 from core.entities.resolver import stale_references
 from core.memories.models import Memory
+from core.memories.visibility import visible_clause, visible_shape, visible_values
 from core.search.catalog import Prefetch, entity_docs
 from core.search.filters import EXAMPLE_QUERIES
 from core.search.schemas import EntityHit, ExampleQueryHit, MemoryHit
+from core.tenancy.context import Caller
 
 # What a hit shows of a memory (and what its stale-query warning reads).
 HIT_COLUMNS = (
@@ -39,6 +41,22 @@ def memories_query(*, tenant_id: int, memory_ids: Sequence[str]) -> sql.Query:
         return select(*HIT_COLUMNS).where(Memory.tenant_id == tenant_id, Memory.id == any_(sql.text_array("ids")))
 
     return sql.Query(("hits", tenant_id), build, {"ids": list(memory_ids)}, generic=True)
+
+
+def visible_memories_query(*, caller: Caller, memory_ids: Sequence[str]) -> sql.Query:
+    """The hit columns of the memories among ``memory_ids`` that ``caller`` sees and that are not forgotten (a
+    search's ``memory:<id>`` inputs), for :func:`core.sql.run_many`."""
+
+    def build() -> Executable:
+        return select(*HIT_COLUMNS).where(
+            Memory.tenant_id == bindparam("tenant", type_=BigInteger),
+            Memory.id == any_(sql.text_array("ids")),
+            Memory.status != "forgotten",
+            visible_clause(caller, bound=True),
+        )
+
+    values = {"tenant": caller.tenant_id, "ids": list(memory_ids), **visible_values(caller)}
+    return sql.Query(("visible-hits", visible_shape(caller)), build, values, generic=True)
 
 
 class HitMemory(NamedTuple):

@@ -41,7 +41,6 @@ from dataclasses import dataclass, field
 from itertools import chain
 from operator import itemgetter
 
-from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from core import sql
@@ -52,13 +51,12 @@ from core.entities.render import render_memory
 from core.entities.resolver import extract_query_entities, resolve_entities
 from core.errors import BadRequest
 from core.memories.models import Memory
-from core.memories.visibility import visible_clause
 from core.refs import MEMORY_PREFIX
 from core.search import entity_channel, facts, graph, hits, replies
 from core.search.catalog import last_snapshot, load_snapshot, snapshot_memo
 from core.search.clock import ChannelClock
 from core.search.dense import ENTITIES, DenseSearch, DenseUnavailable, dense_model
-from core.search.filters import EXAMPLE_QUERIES, MEMORIES, Eligibility, MemoryFilter, any_of
+from core.search.filters import EXAMPLE_QUERIES, MEMORIES, Eligibility, MemoryFilter
 from core.search.fulltext import ENTITY_KINDS
 from core.search.fusion import relevance, with_hops
 from core.search.index import catch_up_before_search, catch_up_in, is_open
@@ -333,10 +331,8 @@ def _named_memories(state: SearchState, memory_ids: list[str]) -> dict[str, Memo
     """Memories named by ``memory:<id>`` refs that exist for this caller (visible, not forgotten)."""
     if not memory_ids:
         return {}
-    rows = state.session.scalars(
-        select(Memory).where(any_of(Memory.id, memory_ids), Memory.status != "forgotten", visible_clause(state.caller))
-    ).all()
-    return {m.id: m for m in rows}
+    query = hits.visible_memories_query(caller=state.caller, memory_ids=memory_ids)
+    return hits.memories_from_rows(sql.run(state.session, query))
 
 
 # -- channels -------------------------------------------------------------------------

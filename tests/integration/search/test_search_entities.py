@@ -185,3 +185,21 @@ def test_large_catalog_is_rendered_in_the_background(client, catalog, monkeypatc
     memo: dict = {}
     search_catalog._render_all(memo=memo, tenant_id=catalog.tenant_id, version=-1)
     assert memo == {}
+
+
+def test_a_memory_ref_the_caller_cannot_see_is_dropped_as_missing(client, catalog):
+    """``memory:<id>`` inputs are looked up as the caller sees them: a forgotten memory, another agent's
+    agent-scoped memory and an unknown id are dropped with the same warning; a visible one is searched by."""
+    seen = save(client, catalog, {"content": "seen note", "linked_entities": ["shop.orders.amount"]})
+    gone = save(client, catalog, {"content": "gone note"})
+    assert client.delete(f"/v1/memories/{gone}", headers=catalog.headers()).status_code == 200
+    private = save(client, catalog, {"content": "planner's own", "category": "core", "agent_id": "planner"})
+    refs = [f"memory:{m}" for m in (seen, gone, private, "999999999")]
+    out = search(client, catalog, {"entities": refs, "agent_id": "writer"})
+    assert out["resolved_input_entities"] == [f"memory:{seen}"]
+    for missing in (gone, private, "999999999"):
+        assert f"entity 'memory:{missing}' dropped: No memory with id '{missing}'" in out["warnings"], out["warnings"]
+    assert ids(out["memories"]) == [seen]
+    # The agent whose memory it is searches by it.
+    mine = search(client, catalog, {"entities": [f"memory:{private}"], "agent_id": "planner"})
+    assert mine["resolved_input_entities"] == [f"memory:{private}"] and mine["warnings"] == []
