@@ -162,8 +162,7 @@ def list_memories(
     filters: ListFilters = parse_model(ListFilters, params)
     caller = acting_identity(caller, None, request)
     with tenant_session(caller.tenant_id) as session:
-        rows, next_cursor = listing.list_memories(session, caller=caller, filters=filters)
-        memories = service.memories_to_dicts(session, rows)
+        memories, next_cursor = listing.list_memories(session, caller=caller, filters=filters)
     return {"memories": memories, "next_cursor": next_cursor}
 
 

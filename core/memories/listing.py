@@ -9,28 +9,32 @@ import math
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import ColumnElement, and_, exists, func, or_, select, tuple_
+from sqlalchemy import (
+    BigInteger,
+    ColumnElement,
+    DateTime,
+    Executable,
+    Integer,
+    Text,
+    and_,
+    bindparam,
+    exists,
+    func,
+    or_,
+    select,
+    tuple_,
+)
 from sqlalchemy.orm import Session
+from sqlalchemy.sql.elements import BindParameter
 
+from core import sql
 from core.errors import BadRequest, Forbidden, Invalid
 from core.memories.models import Memory
 from core.memories.schemas import ListFilters
-from core.memories.visibility import visible_clause
+from core.memories.views import VIEW_COLUMNS, MemoryView, links_column, view_to_dict
+from core.memories.visibility import visible_clause, visible_shape, visible_values
 from core.refs import is_memory_ref
 from core.tenancy.context import Caller
-
-
-def entity_filter(entity: str) -> ColumnElement[bool]:
-    """Memories linked to `entity`: exactly, or (catalog refs only) through a strict dotted descendant."""
-    if is_memory_ref(entity):
-        return Memory.entities.contains([entity])
-    pattern = entity.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + ".%"
-    linked = func.unnest(Memory.entities).column_valued("linked")
-    return or_(
-        Memory.entities.contains([entity]),
-        exists(select(1).where(linked.like(pattern, escape="\\"))),
-    )
-
 
 _SORTS = {
     "recent": (Memory.created_at,),
@@ -75,44 +79,97 @@ def _decode_cursor(cursor: str, sort: str) -> list[Any]:
         raise BadRequest("cursor is not one this API returned", field="cursor") from None
 
 
-def list_memories(session: Session, *, caller: Caller, filters: ListFilters) -> tuple[list[Memory], str | None]:
-    """A page of visible memories, newest/most important/most accessed first, and the next cursor."""
+def list_memories(session: Session, *, caller: Caller, filters: ListFilters) -> tuple[list[dict[str, Any]], str | None]:
+    """A page of visible memories in the REST shape (associations included), newest/most important/most
+    accessed first, and the next cursor.
+
+    One statement through core.sql, planned for its values (how many of the tenant's memories the filters
+    keep decides the plan), compiled once per shape of filters and caller: the filters' values, the cursor's
+    and the page size are its parameters."""
     if filters.status == "forgotten" and not caller.is_admin:
         raise Forbidden("listing forgotten memories needs an admin key")
-    conditions: list[ColumnElement[bool]] = [Memory.status == filters.status, visible_clause(caller)]
-    if filters.kind:
-        conditions.append(Memory.kind == filters.kind)
-    if filters.category:
-        conditions.append(Memory.category == filters.category)
-    if filters.tags:
-        conditions.append(Memory.tags.contains(filters.tags))
-    if filters.run_id:
-        conditions.append(Memory.run_id == filters.run_id)
-    if filters.since:
-        conditions.append(Memory.created_at >= filters.since)
     if filters.occurred_after and filters.occurred_before and filters.occurred_after > filters.occurred_before:
         raise Invalid("occurred_after is later than occurred_before", field="occurred_after")
-    if filters.occurred_after:
-        conditions.append(Memory.occurred_at >= filters.occurred_after)
-    if filters.occurred_before:
-        conditions.append(Memory.occurred_at <= filters.occurred_before)
+    after = _decode_cursor(filters.cursor, filters.sort) if filters.cursor else None
+    given = {
+        name: value
+        for name, value in (
+            ("kind", filters.kind),
+            ("category", filters.category),
+            ("tags", list(filters.tags)),
+            ("run_id", filters.run_id),
+            ("since", filters.since),
+            ("occurred_after", filters.occurred_after),
+            ("occurred_before", filters.occurred_before),
+        )
+        if value
+    }
+    values: dict[str, Any] = {
+        "tenant": caller.tenant_id,
+        "status": filters.status,
+        "page": filters.limit + 1,
+        **given,
+        **visible_values(caller),
+    }
+    entity = None
     if filters.entity:
-        conditions.append(entity_filter(filters.entity))
-    columns = (*_SORTS[filters.sort], Memory.id)
-    if filters.cursor:
-        after = _decode_cursor(filters.cursor, filters.sort)
-        conditions.append(tuple_(*columns) < tuple_(*after))
-    rows = list(
-        session.scalars(
-            select(Memory).where(and_(*conditions)).order_by(*(c.desc() for c in columns)).limit(filters.limit + 1)
-        ).all()
-    )
+        entity = "memory" if is_memory_ref(filters.entity) else "catalog"
+        values["entity"] = [filters.entity]
+        escaped = filters.entity.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+        values["descendants"] = escaped + ".%"
+    if after is not None:
+        values |= {f"after_{n}": value for n, value in enumerate(after)}
+    shape = (visible_shape(caller), filters.sort, tuple(given), entity, after is not None)
+    rows = sql.run(session, sql.Query(("list", shape), lambda: _list_statement(caller, *shape[1:]), values))
     next_cursor = None
     if len(rows) > filters.limit:
         rows = rows[: filters.limit]
-        last = rows[-1]
-        next_cursor = _encode_cursor([getattr(last, c.key) for c in columns])
-    return rows, next_cursor
+        last = MemoryView._make(rows[-1][:-1])
+        next_cursor = _encode_cursor([getattr(last, column.key) for column in (*_SORTS[filters.sort], Memory.id)])
+    return [view_to_dict(row[:-1], row[-1]) for row in rows], next_cursor
+
+
+def _list_statement(caller: Caller, sort: str, given: tuple[str, ...], entity: str | None, paged: bool) -> Executable:
+    """list_memories' statement for a shape of filters and caller (parameters: tenant, status, page, the
+    filters given, entity and descendants, after_N, the caller's)."""
+    tenant = bindparam("tenant", type_=BigInteger)
+    conditions: list[ColumnElement[bool]] = [
+        Memory.tenant_id == tenant,
+        Memory.status == bindparam("status", type_=Text),
+        visible_clause(caller, bound=True),
+    ]
+    times = {"since": Memory.created_at >= _at("since")}
+    times["occurred_after"] = Memory.occurred_at >= _at("occurred_after")
+    times["occurred_before"] = Memory.occurred_at <= _at("occurred_before")
+    for name in given:
+        if name == "tags":
+            conditions.append(Memory.tags.contains(sql.text_array("tags")))
+        elif name in times:
+            conditions.append(times[name])
+        else:
+            conditions.append(getattr(Memory, name) == bindparam(name, type_=Text))
+    if entity is not None:
+        linked_to = Memory.entities.contains(sql.text_array("entity"))
+        if entity == "memory":
+            conditions.append(linked_to)
+        else:  # or through a strict dotted descendant
+            linked = func.unnest(Memory.entities).column_valued("linked")
+            pattern = bindparam("descendants", type_=Text)
+            conditions.append(or_(linked_to, exists(select(1).where(linked.like(pattern, escape="\\")))))
+    columns = (*_SORTS[sort], Memory.id)
+    if paged:
+        bounds = [bindparam(f"after_{n}", type_=column.type) for n, column in enumerate(columns)]
+        conditions.append(tuple_(*columns) < tuple_(*bounds))
+    return (
+        select(*VIEW_COLUMNS, links_column(tenant, Memory.id))
+        .where(and_(*conditions))
+        .order_by(*(column.desc() for column in columns))
+        .limit(bindparam("page", value=0, type_=Integer))
+    )
+
+
+def _at(name: str) -> BindParameter[datetime]:
+    return bindparam(name, type_=DateTime(timezone=True))
 
 
 def hydrate(session: Session, *, caller: Caller, budget_bytes: int) -> tuple[list[Memory], int]:

@@ -30,7 +30,6 @@ from sqlalchemy import (
     text,
     update,
 )
-from sqlalchemy.dialects.postgresql import aggregate_order_by
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.orm import Session
 
@@ -44,7 +43,7 @@ from core.memories.ids import integer_value, validate_memory_id
 from core.memories.links import LinkResolver, Links
 from core.memories.models import Association, Memory, MemoryVersion, Tombstone
 from core.memories.schemas import DEFAULT_IMPORTANCE, PatchMemoryIn, SaveMemoryIn, SaveResult
-from core.memories.views import VIEW_COLUMNS, view_to_dict
+from core.memories.views import VIEW_COLUMNS, links_column, view_to_dict
 from core.memories.views import memories_to_dicts as memories_to_dicts
 from core.memories.views import memory_to_dict as memory_to_dict
 from core.memories.visibility import is_visible, may_modify, visible_clause, visible_shape, visible_values
@@ -528,13 +527,7 @@ def _recall_statement(caller: Caller, include_forgotten: bool) -> Executable:
         .returning(*VIEW_COLUMNS)
         .cte("counted")
     )
-    link = func.json_build_array(Association.target_id, Association.relation_type, Association.weight)
-    links = (
-        select(func.json_agg(aggregate_order_by(link, Association.target_id, Association.relation_type)))
-        .where(Association.tenant_id == tenant, Association.source_id == counted.c.id)
-        .scalar_subquery()
-    )
-    return select(*counted.c, links)
+    return select(*counted.c, links_column(tenant, counted.c.id))
 
 
 def memory_history(

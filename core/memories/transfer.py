@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 import yaml
@@ -51,7 +52,7 @@ from core.memories.history import VersionIn, histories_for, restore_history
 from core.memories.listing import list_memories
 from core.memories.models import Memory
 from core.memories.schemas import ListFilters, SaveMemoryIn, SaveResult, parse_model
-from core.memories.service import memories_to_dicts, save_memories
+from core.memories.service import save_memories
 from core.tenancy.context import Caller
 
 DELIMITER = "---"
@@ -292,7 +293,7 @@ def _restore_histories(
 
 def exportable_memories(session: Session, *, caller: Caller) -> list[dict[str, Any]]:
     """The caller's visible active and stale memories, oldest first, in the REST dict shape."""
-    rows = []
+    rows: list[dict[str, Any]] = []
     for status in ("active", "stale"):
         cursor: str | None = None
         while True:
@@ -302,9 +303,8 @@ def exportable_memories(session: Session, *, caller: Caller) -> list[dict[str, A
             rows.extend(page)
             if cursor is None:
                 break
-    rows.sort(key=lambda m: (m.created_at, m.id))
-    out = memories_to_dicts(session, rows)
-    histories = histories_for(session, [m.id for m in rows])
+    out = sorted(rows, key=lambda m: (datetime.fromisoformat(m["created_at"]), m["id"]))
+    histories = histories_for(session, [m["id"] for m in out])
     for memory in out:
         memory[HISTORY_KEY] = histories[memory["id"]]
     return out

@@ -6,7 +6,8 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any, NamedTuple, cast
 
-from sqlalchemy import select
+from sqlalchemy import ColumnElement, ScalarSelect, func, select
+from sqlalchemy.dialects.postgresql import aggregate_order_by
 from sqlalchemy.orm import Session
 
 from core.memories.models import Association, Memory
@@ -22,6 +23,17 @@ def associations_for(session: Session, memory_ids: Sequence[str]) -> dict[str, l
     for a in rows:
         out[a.source_id].append(_association(a.target_id, a.relation_type, a.weight))
     return out
+
+
+def links_column(tenant: ColumnElement[Any], source_id: Any) -> ScalarSelect[Any]:
+    """The associations of the memory ``source_id`` as one JSON array of [target, relation, weight] (NULL for
+    none), ordered by target and relation: what :func:`view_to_dict` takes beside a row of VIEW_COLUMNS."""
+    link = func.json_build_array(Association.target_id, Association.relation_type, Association.weight)
+    return (
+        select(func.json_agg(aggregate_order_by(link, Association.target_id, Association.relation_type)))
+        .where(Association.tenant_id == tenant, Association.source_id == source_id)
+        .scalar_subquery()
+    )
 
 
 def _association(target_id: str, relation_type: str, weight: float) -> dict[str, Any]:

@@ -48,9 +48,7 @@ def _cursor(values):  # type: ignore[no-untyped-def]
 )
 def test_a_cursor_with_keys_of_the_wrong_type_is_400(client, tenant, sort, values):
     save(client, tenant, {"content": "one"})
-    response = client.get(
-        "/v1/memories", params={"sort": sort, "cursor": _cursor(values)}, headers=tenant.headers()
-    )
+    response = client.get("/v1/memories", params={"sort": sort, "cursor": _cursor(values)}, headers=tenant.headers())
     assert assert_error(response, 400)["field"] == "cursor"
 
 
@@ -165,3 +163,55 @@ def test_memory_refs_inside_a_search_query_are_looked_up_or_dropped(client, tena
     result = response.json()
     assert result["resolved_input_entities"] == [f"memory:{kept}"]
     assert any("memory:nope" in w for w in result["warnings"])
+
+
+def test_a_listing_page_is_one_statement_with_its_associations_whatever_the_filters(client, tenant):
+    """Every filter at once, paged in every sort: the pages hold exactly the memories the filters keep, in the
+    sort's order, each with its associations, and each page is one core.sql statement (no ORM query)."""
+    from sqlalchemy import event
+    from sqlalchemy.orm import Session
+
+    from core import sql
+
+    kept = []
+    for i in range(7):
+        body = {"content": f"kept {i}", "kind": "fact", "tags": ["a", "b"], "run_id": "r1", "importance": i / 10}
+        body |= {"occurred_at": f"2024-0{i + 1}-01T00:00:00Z"}
+        if i == 3:
+            body["associations"] = [{"target_id": kept[0], "relation_type": "updates", "weight": 0.5}]
+        kept.append(save(client, tenant, body))
+    save(client, tenant, {"content": "other kind", "kind": "decision", "tags": ["a"], "run_id": "r1"})
+    save(client, tenant, {"content": "other run", "kind": "fact", "tags": ["a", "b"], "run_id": "r2"})
+    save(client, tenant, {"content": "too late", "kind": "fact", "tags": ["a", "b"], "run_id": "r1",
+                          "occurred_at": "2025-01-01T00:00:00Z"})  # fmt: skip
+    filters = {"kind": "fact", "tags": "a,b", "run_id": "r1", "occurred_after": "2024-01-01T00:00:00Z"}
+    filters |= {"occurred_before": "2024-12-31T00:00:00Z", "since": "2000-01-01T00:00:00Z"}
+    calls: list[int] = []
+    orm: list[object] = []
+
+    def through_the_orm(state: object) -> None:
+        orm.append(state)
+
+    real = sql.run_many
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(
+            sql,
+            "run_many",
+            lambda session, queries, **kw: (calls.append(len(queries)), real(session, queries, **kw))[1],
+        )
+        event.listen(Session, "do_orm_execute", through_the_orm)
+        try:
+            for sort in ("recent", "importance", "most_accessed"):
+                page = listed(client, tenant, sort=sort, limit=3, **filters)
+                seen = list(page["memories"])
+                while page["next_cursor"]:
+                    page = listed(client, tenant, sort=sort, limit=3, cursor=page["next_cursor"], **filters)
+                    seen += page["memories"]
+                # Newest first, weightiest first, and (none read yet) newest first again.
+                assert [m["id"] for m in seen] == kept[::-1], sort
+                links = {m["id"]: m["associations"] for m in seen}
+                assert links[kept[3]] == [{"target_id": kept[0], "relation_type": "updates", "weight": 0.5}]
+                assert links[kept[1]] == []
+        finally:
+            event.remove(Session, "do_orm_execute", through_the_orm)
+    assert orm == [] and calls == [1] * 9  # three pages a sort, one statement a page
