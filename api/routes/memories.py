@@ -162,7 +162,7 @@ def list_memories(
     filters: ListFilters = parse_model(ListFilters, params)
     caller = acting_identity(caller, None, request)
     with tenant_session(caller.tenant_id) as session:
-        memories, next_cursor = listing.list_memories(session, caller=caller, filters=filters)
+        memories, next_cursor = listing.list_memories(session, caller=caller, filters=filters, commit=True)
     return {"memories": memories, "next_cursor": next_cursor}
 
 

@@ -79,13 +79,16 @@ def _decode_cursor(cursor: str, sort: str) -> list[Any]:
         raise BadRequest("cursor is not one this API returned", field="cursor") from None
 
 
-def list_memories(session: Session, *, caller: Caller, filters: ListFilters) -> tuple[list[dict[str, Any]], str | None]:
+def list_memories(
+    session: Session, *, caller: Caller, filters: ListFilters, commit: bool = False
+) -> tuple[list[dict[str, Any]], str | None]:
     """A page of visible memories in the REST shape (associations included), newest/most important/most
     accessed first, and the next cursor.
 
     One statement through core.sql, planned for its values (how many of the tenant's memories the filters
     keep decides the plan), compiled once per shape of filters and caller: the filters' values, the cursor's
-    and the page size are its parameters."""
+    and the page size are its parameters. ``commit``: commit the session with it (a request whose transaction is
+    only this page), in its round trip."""
     if filters.status == "forgotten" and not caller.is_admin:
         raise Forbidden("listing forgotten memories needs an admin key")
     if filters.occurred_after and filters.occurred_before and filters.occurred_after > filters.occurred_before:
@@ -120,7 +123,8 @@ def list_memories(session: Session, *, caller: Caller, filters: ListFilters) -> 
     if after is not None:
         values |= {f"after_{n}": value for n, value in enumerate(after)}
     shape = (visible_shape(caller), filters.sort, tuple(given), entity, after is not None)
-    rows = sql.run(session, sql.Query(("list", shape), lambda: _list_statement(caller, *shape[1:]), values))
+    query = sql.Query(("list", shape), lambda: _list_statement(caller, *shape[1:]), values)
+    rows = sql.run(session, query, commit=commit)
     next_cursor = None
     if len(rows) > filters.limit:
         rows = rows[: filters.limit]
