@@ -153,7 +153,7 @@ def list_memories(
     request: Request,
     caller: Caller = Depends(require_caller),
     tags: list[str] = Query(default=[], description="only memories carrying one of these tags (repeat, or a,b)"),
-) -> dict[str, Any]:
+) -> Response:
     """Memories visible to the caller, filtered by `kind`, `category`, `tags`, `run_id`, `status`, `since`,
     `entity` (the entity and its dotted descendants), sorted by `sort`, `limit` per page; pass the
     returned `next_cursor` as `cursor` for the next page (null on the last)."""
@@ -163,7 +163,7 @@ def list_memories(
     caller = acting_identity(caller, None, request)
     with tenant_session(caller.tenant_id) as session:
         memories, next_cursor = listing.list_memories(session, caller=caller, filters=filters, commit=True)
-    return {"memories": memories, "next_cursor": next_cursor}
+    return json_answer({"memories": memories, "next_cursor": next_cursor})
 
 
 @router.get(
@@ -271,7 +271,7 @@ def forget_memory(
 )
 def hydrate(
     request: Request, body: Any = Body(default=None), caller: Caller = Depends(require_caller)
-) -> dict[str, Any]:
+) -> Response:
     """Visible active `core` memories newest first, then the others, each taken while its content still
     fits `budget_bytes` of UTF-8. Same inputs, same answer."""
     if not isinstance(body, dict):
@@ -282,5 +282,5 @@ def hydrate(
         raise Invalid("budget_bytes must be a non-negative integer", field="budget_bytes")
     caller = acting_identity(caller, body, request)
     with tenant_session(caller.tenant_id) as session:
-        rows, used = listing.hydrate(session, caller=caller, budget_bytes=budget)
-        return {"memories": service.memories_to_dicts(session, rows), "bytes": used}
+        memories, used = listing.hydrate(session, caller=caller, budget_bytes=budget, commit=True)
+    return json_answer({"memories": memories, "bytes": used})

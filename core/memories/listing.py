@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import functools
 import json
 import math
 from datetime import datetime
@@ -17,6 +18,7 @@ from sqlalchemy import (
     Integer,
     Text,
     and_,
+    any_,
     bindparam,
     exists,
     func,
@@ -176,23 +178,75 @@ def _at(name: str) -> BindParameter[datetime]:
     return bindparam(name, type_=DateTime(timezone=True))
 
 
-def hydrate(session: Session, *, caller: Caller, budget_bytes: int) -> tuple[list[Memory], int]:
-    """Fill a byte budget: visible active core memories newest first, then the others newest first.
+def hydrate(
+    session: Session, *, caller: Caller, budget_bytes: int, commit: bool = False
+) -> tuple[list[dict[str, Any]], int]:
+    """Fill a byte budget: visible active core memories newest first, then the others newest first, in the REST
+    shape (associations included), and the bytes used.
 
-    Each memory is taken if its content's UTF-8 bytes still fit, else skipped; deterministic for the
-    same corpus and inputs.
-    """
-    base = select(Memory).where(Memory.status == "active", visible_clause(caller))
-    order = (Memory.created_at.desc(), Memory.id.desc())
-    taken: list[Memory] = []
+    Each memory is taken if its content's UTF-8 bytes still fit, else skipped; deterministic for the same
+    corpus and inputs. The choice reads only each memory's id and size, a page at a time (core.sql, planned
+    for its values); the memories taken are then read in one statement (``commit``: with the COMMIT)."""
+    taken: list[str] = []
     used = 0
-    for core_first in (True, False):
-        stmt = base.where(Memory.category == "core" if core_first else Memory.category != "core").order_by(*order)
-        for memory in session.scalars(stmt.execution_options(yield_per=500)):
-            size = len(memory.content.encode("utf-8"))
-            if used + size <= budget_bytes:
-                taken.append(memory)
-                used += size
-            if used >= budget_bytes:
-                return taken, used
-    return taken, used
+    full = False
+    for core in (True, False):
+        after: tuple[Any, str] | None = None
+        while not full:
+            values: dict[str, Any] = {"tenant": caller.tenant_id, "page": HYDRATE_PAGE, **visible_values(caller)}
+            if after is not None:
+                values |= {"after_at": after[0], "after_id": after[1]}
+            key = ("hydrate-sizes", visible_shape(caller), core, after is not None)
+            build = functools.partial(_sizes_statement, caller, core, after is not None)
+            query = sql.Query(key, build, values)
+            rows = sql.run(session, query)
+            for memory_id, size, _ in rows:
+                if used + size <= budget_bytes:
+                    taken.append(memory_id)
+                    used += size
+                if used >= budget_bytes:
+                    full = True
+                    break
+            if full or len(rows) < HYDRATE_PAGE:
+                break
+            after = (rows[-1][2], rows[-1][0])
+    if not taken:
+        return [], used
+    values = {"tenant": caller.tenant_id, "ids": taken}
+    rows = sql.run(session, sql.Query("hydrate-taken", _taken_statement, values, generic=True), commit=commit)
+    shown = {row[0]: view_to_dict(row[:-1], row[-1]) for row in rows}
+    return [shown[memory_id] for memory_id in taken], used
+
+
+# Memories whose sizes hydrate reads at a time (ids and sizes only).
+HYDRATE_PAGE = 500
+
+
+def _sizes_statement(caller: Caller, core: bool, paged: bool) -> Executable:
+    """(id, UTF-8 bytes of the content, created_at) of the caller's visible active memories of the core
+    category (``core``) or the others, newest first, a page at a time (parameters: tenant, page, after_at
+    and after_id when ``paged``, the caller's)."""
+    conditions: list[ColumnElement[bool]] = [
+        Memory.tenant_id == bindparam("tenant", type_=BigInteger),
+        Memory.status == "active",
+        visible_clause(caller, bound=True),
+        Memory.category == "core" if core else Memory.category != "core",
+    ]
+    if paged:
+        after = tuple_(bindparam("after_at", type_=DateTime(timezone=True)), bindparam("after_id", type_=Text))
+        conditions.append(tuple_(Memory.created_at, Memory.id) < after)
+    size = func.octet_length(func.convert_to(Memory.content, "UTF8"))
+    return (
+        select(Memory.id, size, Memory.created_at)
+        .where(*conditions)
+        .order_by(Memory.created_at.desc(), Memory.id.desc())
+        .limit(bindparam("page", value=0, type_=Integer))
+    )
+
+
+def _taken_statement() -> Executable:
+    """The REST columns and associations of the memories ``ids`` of the tenant (parameters: tenant, ids)."""
+    tenant = bindparam("tenant", type_=BigInteger)
+    return select(*VIEW_COLUMNS, links_column(tenant, Memory.id)).where(
+        Memory.tenant_id == tenant, Memory.id == any_(sql.text_array("ids"))
+    )

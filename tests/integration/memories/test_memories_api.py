@@ -330,3 +330,49 @@ def test_keys_create_and_revoke(client, tenant, member_key):
         client.post("/v1/keys", json={"user": "z@example.com", "role": "root"}, headers=tenant.headers()).status_code
         == 422
     )
+
+
+@pytest.mark.parametrize("budget", [0, 9, 40, 75, 10_000])
+def test_hydrate_pages_through_sizes_as_the_listing_orders_them(client, tenant, monkeypatch, budget):
+    """With pages of three, hydrate takes what a greedy pass over the listing's order takes: core memories
+    first, newest first (ties by id, as text), each if its UTF-8 bytes still fit, another agent's core
+    memories never; each memory in the REST shape with its associations."""
+    from core.memories import listing
+
+    monkeypatch.setattr(listing, "HYDRATE_PAGE", 3)
+    items = [
+        {"id": f"m{i}", "content": text, "category": category, **extra}
+        for i, (text, category, extra) in enumerate(
+            [
+                ("é" * 4, "core", {}),
+                ("plain note", "workspace", {}),
+                ("ü🙂", "core", {"agent_id": "me"}),
+                ("someone else's", "core", {"agent_id": "other"}),
+                ("x" * 30, "core", {}),
+                ("short", "workspace", {"associations": [{"target_id": "m1", "relation_type": "updates"}]}),
+                ("y" * 12, "daily", {}),
+                ("z", "core", {}),
+                ("w" * 8, "workspace", {}),
+                ("v" * 3, "core", {}),
+                ("u" * 6, "workspace", {}),
+            ],
+            start=1,
+        )
+    ]
+    response = client.post("/v1/memories:batch", json={"items": items}, headers=tenant.headers())
+    assert response.status_code == 200 and all("memory_id" in r for r in response.json()["results"]), response.text
+    listed = client.get("/v1/memories", params={"limit": 200, "agent_id": "me"}, headers=tenant.headers()).json()
+    order = [m for m in listed["memories"] if m["category"] == "core"]
+    order += [m for m in listed["memories"] if m["category"] != "core"]
+    expected, used = [], 0
+    for memory in order:
+        size = len(memory["content"].encode())
+        if used + size <= budget:
+            expected.append(memory)
+            used += size
+        if used >= budget:
+            break
+    body = client.post("/v1/hydrate", json={"budget_bytes": budget, "agent_id": "me"}, headers=tenant.headers())
+    assert body.status_code == 200, body.text
+    assert body.json() == {"memories": expected, "bytes": used}
+    assert "m4" not in {m["id"] for m in body.json()["memories"]}
