@@ -194,14 +194,14 @@ def memory_history(
     request: Request,
     include_forgotten: bool = Query(default=False, description="also a forgotten memory (admin keys)"),
     caller: Caller = Depends(require_caller),
-) -> dict[str, Any]:
+) -> Response:
     """Every revision, newest first (the current one first); visible as for GET, no access counted."""
     caller = acting_identity(caller, None, request)
     with tenant_session(caller.tenant_id) as session:
         versions = service.memory_history(
             session, caller=caller, memory_id=memory_id, include_forgotten=include_forgotten
         )
-    return {"versions": versions}
+    return json_answer({"versions": versions})
 
 
 @router.patch(
@@ -217,7 +217,7 @@ def memory_history(
 )
 def patch_memory(
     memory_id: MemoryIdPath, request: Request, body: Any = Body(default=None), caller: Caller = Depends(require_caller)
-) -> dict[str, Any]:
+) -> Response:
     """Change the given fields only; `created_at` stays and the previous version is kept."""
     patch: PatchMemoryIn = parse_model(PatchMemoryIn, body)
     caller = acting_identity(caller, body, request)
@@ -232,7 +232,7 @@ def patch_memory(
         # As on save; a provider failure leaves it to the embed job the edit queued.
         with contextlib.suppress(EmbeddingProviderError):
             embed_now(caller=caller, memory_id=memory.id)
-    return out
+    return json_answer(out)
 
 
 @router.delete(
@@ -245,7 +245,7 @@ def forget_memory(
     reason: str | None = Query(default=None, description="why, for the audit trail"),
     purge: bool = Query(default=False, description="delete for good: row, embeddings and links (owner or admin)"),
     caller: Caller = Depends(require_caller),
-) -> dict[str, Any]:
+) -> Response:
     """Soft delete with a `reason` for the audit trail; references to it are stripped from other memories.
     `purge=true` (owner or admin) deletes the row, its embeddings and links for good."""
     caller = acting_identity(caller, None, request)
@@ -255,7 +255,7 @@ def forget_memory(
         trail.memory_forgotten(session, caller=caller, memory_id=memory_id, purged=purge)
         return result
 
-    return tenant_write(caller.tenant_id, forget)
+    return json_answer(tenant_write(caller.tenant_id, forget))
 
 
 @router.post(
