@@ -7,10 +7,11 @@ from datetime import timedelta
 from typing import Any
 
 from fastapi import APIRouter, Body, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 
 from api.auth import bearer_token, caller_from_request, is_operator_key
 from api.openapi import JobIdPath, Query, operation
+from api.responses import json_answer
 from api.schemas import Job, JobBulkResult, JobPage
 from api.threads import Route
 from core.audit.service import Actor, record
@@ -45,7 +46,7 @@ def tenant_scope(request: Request) -> int | None:
 @router.get(
     "/jobs", **operation(summary="List jobs", response=JobPage, errors=(400, 403, 404), query=_JOB_QUERY)
 )
-def list_jobs(request: Request) -> dict[str, Any]:
+def list_jobs(request: Request) -> Response:
     """Newest first: the caller's tenant's jobs, or every tenant's (and system jobs) for the operator key."""
     scope = tenant_scope(request)
     params = dict(request.query_params)
@@ -56,7 +57,7 @@ def list_jobs(request: Request) -> dict[str, Any]:
         tenant_id = queries.tenant_id_by_name(session, name=tenant_name) if tenant_name else None
         filters = queries.parse_filters(params, tenant_id=tenant_id)
         jobs, next_cursor = queries.list_jobs(session, filters=filters, scope=scope)
-    return {"jobs": [as_seen_by(job, scope=scope) for job in jobs], "next_cursor": next_cursor}
+    return json_answer({"jobs": [as_seen_by(job, scope=scope) for job in jobs], "next_cursor": next_cursor})
 
 
 def as_seen_by(job: dict[str, Any], *, scope: int | None) -> dict[str, Any]:
@@ -69,14 +70,14 @@ def as_seen_by(job: dict[str, Any], *, scope: int | None) -> dict[str, Any]:
 
 
 @router.get("/jobs/{job_id}", **operation(summary="Read a job", response=Job, errors=(404,)))
-def read_job(job_id: JobIdPath, request: Request) -> dict[str, Any]:
+def read_job(job_id: JobIdPath, request: Request) -> Response:
     """A job's kind, state, attempts and last error (a tenant key sees its tenant's jobs only)."""
     scope = tenant_scope(request)
     with system_session() as session:
         job = get_job(session, job_id=job_id, tenant_id=scope)
         names = queries.tenant_names(session, {job.tenant_id})
         view = queries.job_view(job, tenant_name=names.get(job.tenant_id) if job.tenant_id else None)
-    return as_seen_by(view, scope=scope)
+    return json_answer(as_seen_by(view, scope=scope))
 
 
 def retry_as(*, job_id: str, scope: int | None, caller: Caller | None = None) -> JSONResponse:
