@@ -1,6 +1,6 @@
 """CPU of the API process per request, through the ASGI app in-process, at a tenant of 10k memories: a save,
-a get by id and a search, each timed over `--calls` calls after a warm-up (the figures engram's metering,
-quotas and audit must not move by more than a few percent).
+a get by id, a search, a listing page of 20 and a hydration of 4,000 bytes, each timed over `--calls` calls
+after a warm-up (the figures engram's metering, quotas and audit must not move by more than a few percent).
 
 Run it for two trees in turns to compare them (each on its own throwaway embedded stack):
 
@@ -167,6 +167,12 @@ def main() -> None:
                     _timed(
                         "search",
                         lambda: client.post("/v1/search", json={"question": "invoices in region 7"}, headers=headers),
+                        args.calls,
+                    ),
+                    _timed("list_20", lambda: client.get("/v1/memories?limit=20", headers=headers), args.calls),
+                    _timed(
+                        "hydrate_4000",
+                        lambda: client.post("/v1/hydrate", json={"budget_bytes": 4000}, headers=headers),
                         args.calls,
                     ),
                 ]
