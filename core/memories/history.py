@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import datetime
-from typing import Any
+from typing import Any, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field
-from sqlalchemy import delete, func, select, text
+from sqlalchemy import BigInteger, Executable, Text, bindparam, cast, delete, func, null, select, text
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.orm import Session
 
@@ -62,7 +62,7 @@ def record_versions(session: Session, *, tenant_id: int, memory_ids: Sequence[st
 
 
 def _version_dict(
-    row: MemoryVersion | Memory, *, changed_by: str | None, changed_at: datetime | None
+    row: MemoryVersion | Revision, *, changed_by: str | None, changed_at: datetime | None
 ) -> dict[str, Any]:
     return {
         "content": row.content,
@@ -76,16 +76,50 @@ def _version_dict(
     }
 
 
-def history_of(session: Session, memory: Memory) -> list[dict[str, Any]]:
-    """The versions of a (visible) memory, newest first; the first is its current state."""
-    rows = session.scalars(
-        select(MemoryVersion).where(MemoryVersion.memory_id == memory.id).order_by(MemoryVersion.change_seq.desc())
-    ).all()
-    versions = [_version_dict(r, changed_by=r.changed_by, changed_at=r.changed_at) for r in rows]
-    current = _version_dict(memory, changed_by=None, changed_at=memory.updated_at)
-    if not versions or any(versions[0][k] != current[k] for k in VERSION_FIELDS):
+class Revision(NamedTuple):
+    """A memory's versioned fields, as a row of :data:`CURRENT_COLUMNS` or :data:`REVISION_COLUMNS` holds them
+    (with its author and time)."""
+
+    content: str
+    kind: str
+    category: str
+    tags: list[str] | None
+    importance: float
+    entities: list[str] | None
+    changed_by: str | None
+    changed_at: datetime | None
+
+
+# The memory as it stands (no author: the current state is not a revision of its own), and its revisions.
+CURRENT_COLUMNS = (*(getattr(Memory, name) for name in VERSION_FIELDS), cast(null(), Text), Memory.updated_at)
+REVISION_COLUMNS = (
+    *(getattr(MemoryVersion, name) for name in VERSION_FIELDS),
+    MemoryVersion.changed_by,
+    MemoryVersion.changed_at,
+)
+
+
+def revisions_statement() -> Executable:
+    """A memory's revisions, newest first (parameters: tenant, id)."""
+    return (
+        select(*REVISION_COLUMNS)
+        .where(
+            MemoryVersion.tenant_id == bindparam("tenant", type_=BigInteger),
+            MemoryVersion.memory_id == bindparam("id", type_=Text),
+        )
+        .order_by(MemoryVersion.change_seq.desc())
+    )
+
+
+def history_of(current: Sequence[Any], revisions: Sequence[Sequence[Any]]) -> list[dict[str, Any]]:
+    """The versions of a (visible) memory, newest first, from its row of CURRENT_COLUMNS and its rows of
+    REVISION_COLUMNS (newest first); the first is its current state."""
+    versions = [_version_dict(Revision._make(r), changed_by=r[6], changed_at=r[7]) for r in revisions]
+    now = Revision._make(current)
+    current_state = _version_dict(now, changed_by=None, changed_at=now.changed_at)
+    if not versions or any(versions[0][k] != current_state[k] for k in VERSION_FIELDS):
         # Changed without a revision of its own (a catalog cascade): the engine changed it.
-        versions.insert(0, {**current, "changed_by": "engram"})
+        versions.insert(0, {**current_state, "changed_by": "engram"})
     return versions
 
 

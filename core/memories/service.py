@@ -38,7 +38,7 @@ from core.changes import bump_change_seq, lock_tenant_writes
 from core.errors import EngramError, Forbidden, Invalid, NotFound
 from core.jobs.service import enqueue, new_job_id, outbox_add
 from core.memories import trail
-from core.memories.history import VERSION_FIELDS, history_of, record_versions
+from core.memories.history import CURRENT_COLUMNS, VERSION_FIELDS, history_of, record_versions, revisions_statement
 from core.memories.ids import integer_value, validate_memory_id
 from core.memories.links import LinkResolver, Links
 from core.memories.models import Association, Memory, MemoryVersion, Tombstone
@@ -536,8 +536,31 @@ def memory_history(
     """The memory's revisions, newest first (the current one first); visible as for get, no access counted."""
     if include_forgotten and not caller.is_admin:
         raise Forbidden("include_forgotten needs an admin key")
-    memory = _load_visible(session, caller=caller, memory_id=memory_id, include_forgotten=include_forgotten)
-    return history_of(session, memory)
+    _possible_id(memory_id)
+    values = {"tenant": caller.tenant_id, "id": memory_id, **visible_values(caller)}
+    current = sql.Query(
+        ("history-current", visible_shape(caller), include_forgotten),
+        lambda: _current_statement(caller, include_forgotten),
+        values,
+        generic=True,
+    )
+    found, revisions = sql.run_many(session, [current, sql.Query("history", revisions_statement, values, generic=True)])
+    if not found:
+        raise NotFound(f"memory {memory_id!r} not found")
+    return history_of(found[0], revisions)
+
+
+def _current_statement(caller: Caller, include_forgotten: bool) -> Executable:
+    """memory_history's read of the memory as it stands, for callers of ``caller``'s shape (parameters: tenant,
+    id, the caller's)."""
+    conditions = [
+        Memory.tenant_id == bindparam("tenant", type_=BigInteger),
+        Memory.id == bindparam("id", type_=Text),
+        visible_clause(caller, bound=True),
+    ]
+    if not include_forgotten:
+        conditions.append(Memory.status != "forgotten")
+    return select(*CURRENT_COLUMNS).where(*conditions)
 
 
 def patch_memory(session: Session, *, caller: Caller, memory_id: str, patch: PatchMemoryIn) -> Memory:
