@@ -192,7 +192,7 @@ def register_tools(server: FastMCP, client_for: ClientFor) -> None:
         ctx: Context,
         kind: Kind = None,
         category: Category = None,
-        tags: Annotated[list[str] | None, Field(description="Only memories carrying all of these.")] = None,
+        tags: Annotated[list[str] | None, Field(description="Only memories carrying any of these.")] = None,
         run_id: Annotated[str | None, Field(description="Only this run's memories.")] = None,
         status: Annotated[
             Literal["active", "stale", "forgotten"] | None, Field(description="Default active.")

@@ -149,7 +149,7 @@ def _list_statement(caller: Caller, sort: str, given: tuple[str, ...], entity: s
     times["occurred_before"] = Memory.occurred_at <= _at("occurred_before")
     for name in given:
         if name == "tags":
-            conditions.append(Memory.tags.contains(sql.text_array("tags")))
+            conditions.append(Memory.tags.overlap(sql.text_array("tags")))  # any of them, as documented
         elif name in times:
             conditions.append(times[name])
         else:

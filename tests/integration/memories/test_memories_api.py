@@ -376,3 +376,18 @@ def test_hydrate_pages_through_sizes_as_the_listing_orders_them(client, tenant, 
     assert body.status_code == 200, body.text
     assert body.json() == {"memories": expected, "bytes": used}
     assert "m4" not in {m["id"] for m in body.json()["memories"]}
+
+
+def test_a_listings_tags_filter_keeps_memories_carrying_any_of_the_tags(client, tenant):
+    """`tags=a,b` (or repeated) keeps a memory carrying at least one of them, as the parameter's description
+    and search's filter say."""
+    both = save(client, tenant, {"content": "both", "tags": ["a", "b"]})["memory_id"]
+    only_a = save(client, tenant, {"content": "only a", "tags": ["a"]})["memory_id"]
+    only_b = save(client, tenant, {"content": "only b", "tags": ["b", "c"]})["memory_id"]
+    save(client, tenant, {"content": "neither", "tags": ["c"]})
+    save(client, tenant, {"content": "untagged"})
+    h = tenant.headers()
+    for query in ("tags=a,b", "tags=a&tags=b"):
+        listed = client.get(f"/v1/memories?{query}", headers=h).json()["memories"]
+        assert {m["id"] for m in listed} == {both, only_a, only_b}, query
+    assert {m["id"] for m in client.get("/v1/memories?tags=a", headers=h).json()["memories"]} == {both, only_a}
