@@ -185,15 +185,19 @@ def hydrate(
     shape (associations included), and the bytes used.
 
     Each memory is taken if its content's UTF-8 bytes still fit, else skipped; deterministic for the same
-    corpus and inputs. The choice reads only each memory's id and size, a page at a time (core.sql, planned
-    for its values); the memories taken are then read in one statement (``commit``: with the COMMIT)."""
+    corpus and inputs. The choice reads only the id and size of each memory that could still fit (no larger
+    than the room left when its page is read: the room only shrinks, so a larger one would be skipped anyway;
+    a content is never empty, so a budget no memory fills is read to its end as before, without the rows that
+    cannot matter), a page at a time (core.sql, planned for its values); the memories taken are then read in
+    one statement (``commit``: with the COMMIT)."""
     taken: list[str] = []
     used = 0
     full = False
     for core in (True, False):
         after: tuple[Any, str] | None = None
         while not full:
-            values: dict[str, Any] = {"tenant": caller.tenant_id, "page": HYDRATE_PAGE, **visible_values(caller)}
+            values: dict[str, Any] = {"tenant": caller.tenant_id, "page": HYDRATE_PAGE, "room": budget_bytes - used}
+            values |= visible_values(caller)
             if after is not None:
                 values |= {"after_at": after[0], "after_id": after[1]}
             key = ("hydrate-sizes", visible_shape(caller), core, after is not None)
@@ -224,8 +228,8 @@ HYDRATE_PAGE = 500
 
 def _sizes_statement(caller: Caller, core: bool, paged: bool) -> Executable:
     """(id, UTF-8 bytes of the content, created_at) of the caller's visible active memories of the core
-    category (``core``) or the others, newest first, a page at a time (parameters: tenant, page, after_at
-    and after_id when ``paged``, the caller's)."""
+    category (``core``) or the others whose content is at most ``room`` bytes, newest first, a page at a time
+    (parameters: tenant, room, page, after_at and after_id when ``paged``, the caller's)."""
     conditions: list[ColumnElement[bool]] = [
         Memory.tenant_id == bindparam("tenant", type_=BigInteger),
         Memory.status == "active",
@@ -236,6 +240,7 @@ def _sizes_statement(caller: Caller, core: bool, paged: bool) -> Executable:
         after = tuple_(bindparam("after_at", type_=DateTime(timezone=True)), bindparam("after_id", type_=Text))
         conditions.append(tuple_(Memory.created_at, Memory.id) < after)
     size = func.octet_length(func.convert_to(Memory.content, "UTF8"))
+    conditions.append(size <= bindparam("room", type_=BigInteger))
     return (
         select(Memory.id, size, Memory.created_at)
         .where(*conditions)
