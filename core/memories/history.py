@@ -13,7 +13,7 @@ from datetime import datetime
 from typing import Any, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field
-from sqlalchemy import BigInteger, Executable, Text, bindparam, cast, delete, func, null, select, text
+from sqlalchemy import BigInteger, Executable, Text, bindparam, delete, func, select, text
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.orm import Session
 
@@ -77,8 +77,7 @@ def _version_dict(
 
 
 class Revision(NamedTuple):
-    """A memory's versioned fields, as a row of :data:`CURRENT_COLUMNS` or :data:`REVISION_COLUMNS` holds them
-    (with its author and time)."""
+    """A memory's versioned fields (VERSION_FIELDS), as the rows of CURRENT_COLUMNS and REVISION_COLUMNS begin."""
 
     content: str
     kind: str
@@ -86,17 +85,16 @@ class Revision(NamedTuple):
     tags: list[str] | None
     importance: float
     entities: list[str] | None
-    changed_by: str | None
-    changed_at: datetime | None
 
 
-# The memory as it stands (no author: the current state is not a revision of its own), and its revisions.
-CURRENT_COLUMNS = (*(getattr(Memory, name) for name in VERSION_FIELDS), cast(null(), Text), Memory.updated_at)
+# The memory as it stands (its versioned fields and when it last changed), and its revisions.
+CURRENT_COLUMNS = (*(getattr(Memory, name) for name in VERSION_FIELDS), Memory.updated_at)
 REVISION_COLUMNS = (
     *(getattr(MemoryVersion, name) for name in VERSION_FIELDS),
     MemoryVersion.changed_by,
     MemoryVersion.changed_at,
 )
+assert Revision._fields == VERSION_FIELDS
 
 
 def revisions_statement() -> Executable:
@@ -114,9 +112,9 @@ def revisions_statement() -> Executable:
 def history_of(current: Sequence[Any], revisions: Sequence[Sequence[Any]]) -> list[dict[str, Any]]:
     """The versions of a (visible) memory, newest first, from its row of CURRENT_COLUMNS and its rows of
     REVISION_COLUMNS (newest first); the first is its current state."""
-    versions = [_version_dict(Revision._make(r), changed_by=r[6], changed_at=r[7]) for r in revisions]
-    now = Revision._make(current)
-    current_state = _version_dict(now, changed_by=None, changed_at=now.changed_at)
+    n = len(VERSION_FIELDS)
+    versions = [_version_dict(Revision._make(r[:n]), changed_by=r[n], changed_at=r[n + 1]) for r in revisions]
+    current_state = _version_dict(Revision._make(current[:n]), changed_by=None, changed_at=current[n])
     if not versions or any(versions[0][k] != current_state[k] for k in VERSION_FIELDS):
         # Changed without a revision of its own (a catalog cascade): the engine changed it.
         versions.insert(0, {**current_state, "changed_by": "engram"})

@@ -125,7 +125,8 @@ def list_memories(
     if after is not None:
         values |= {f"after_{n}": value for n, value in enumerate(after)}
     shape = (visible_shape(caller), filters.sort, tuple(given), entity, after is not None)
-    query = sql.Query(("list", shape), lambda: _list_statement(caller, *shape[1:]), values)
+    build = functools.partial(_list_statement, caller, filters.sort, tuple(given), entity, after is not None)
+    query = sql.Query(("list", shape), build, values)
     rows = sql.run(session, query, commit=commit)
     next_cursor = None
     if len(rows) > filters.limit:
@@ -192,34 +193,37 @@ def hydrate(
     one statement (``commit``: with the COMMIT)."""
     taken: list[str] = []
     used = 0
-    full = False
     for core in (True, False):
         after: tuple[Any, str] | None = None
-        while not full:
+        while True:
             values: dict[str, Any] = {"tenant": caller.tenant_id, "page": HYDRATE_PAGE, "room": budget_bytes - used}
             values |= visible_values(caller)
             if after is not None:
                 values |= {"after_at": after[0], "after_id": after[1]}
             key = ("hydrate-sizes", visible_shape(caller), core, after is not None)
             build = functools.partial(_sizes_statement, caller, core, after is not None)
-            query = sql.Query(key, build, values)
-            rows = sql.run(session, query)
+            rows = sql.run(session, sql.Query(key, build, values))
             for memory_id, size, _ in rows:
                 if used + size <= budget_bytes:
                     taken.append(memory_id)
                     used += size
                 if used >= budget_bytes:
-                    full = True
-                    break
-            if full or len(rows) < HYDRATE_PAGE:
+                    return _shown(session, caller=caller, memory_ids=taken, commit=commit), used
+            if len(rows) < HYDRATE_PAGE:
                 break
             after = (rows[-1][2], rows[-1][0])
-    if not taken:
-        return [], used
-    values = {"tenant": caller.tenant_id, "ids": taken}
+    return _shown(session, caller=caller, memory_ids=taken, commit=commit), used
+
+
+def _shown(session: Session, *, caller: Caller, memory_ids: list[str], commit: bool) -> list[dict[str, Any]]:
+    """The memories ``memory_ids`` of the caller's tenant in the REST shape, in that order (``commit``: the
+    statement carries the COMMIT)."""
+    if not memory_ids:
+        return []
+    values = {"tenant": caller.tenant_id, "ids": memory_ids}
     rows = sql.run(session, sql.Query("hydrate-taken", _taken_statement, values, generic=True), commit=commit)
     shown = {row[0]: view_to_dict(row[:-1], row[-1]) for row in rows}
-    return [shown[memory_id] for memory_id in taken], used
+    return [shown[memory_id] for memory_id in memory_ids]
 
 
 # Memories whose sizes hydrate reads at a time (ids and sizes only).

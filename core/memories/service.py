@@ -510,24 +510,30 @@ def recall_memory(
     return view_to_dict(rows[0][:-1], rows[0][-1])
 
 
-def _recall_statement(caller: Caller, include_forgotten: bool) -> Executable:
-    """recall_memory's statement for callers of ``caller``'s shape (parameters: tenant, id, the caller's)."""
-    tenant = bindparam("tenant", type_=BigInteger)
+def _visible_by_id(caller: Caller, include_forgotten: bool) -> list[ColumnElement[bool]]:
+    """Where the memory ``id`` of the tenant is, if a caller of ``caller``'s shape sees it (a forgotten one only
+    when asked for): the conditions of the generic statements that read one memory (parameters: tenant, id,
+    the caller's)."""
     conditions = [
-        Memory.tenant_id == tenant,
+        Memory.tenant_id == bindparam("tenant", type_=BigInteger),
         Memory.id == bindparam("id", type_=Text),
         visible_clause(caller, bound=True),
     ]
     if not include_forgotten:
         conditions.append(Memory.status != "forgotten")
+    return conditions
+
+
+def _recall_statement(caller: Caller, include_forgotten: bool) -> Executable:
+    """recall_memory's statement for callers of ``caller``'s shape (parameters: tenant, id, the caller's)."""
     counted = (
         update(Memory)
-        .where(*conditions)
+        .where(*_visible_by_id(caller, include_forgotten))
         .values(access_count=Memory.access_count + 1, last_accessed_at=func.now())
         .returning(*VIEW_COLUMNS)
         .cte("counted")
     )
-    return select(*counted.c, links_column(tenant, counted.c.id))
+    return select(*counted.c, links_column(bindparam("tenant", type_=BigInteger), counted.c.id))
 
 
 def memory_history(
@@ -553,14 +559,7 @@ def memory_history(
 def _current_statement(caller: Caller, include_forgotten: bool) -> Executable:
     """memory_history's read of the memory as it stands, for callers of ``caller``'s shape (parameters: tenant,
     id, the caller's)."""
-    conditions = [
-        Memory.tenant_id == bindparam("tenant", type_=BigInteger),
-        Memory.id == bindparam("id", type_=Text),
-        visible_clause(caller, bound=True),
-    ]
-    if not include_forgotten:
-        conditions.append(Memory.status != "forgotten")
-    return select(*CURRENT_COLUMNS).where(*conditions)
+    return select(*CURRENT_COLUMNS).where(*_visible_by_id(caller, include_forgotten))
 
 
 def patch_memory(session: Session, *, caller: Caller, memory_id: str, patch: PatchMemoryIn) -> Memory:
