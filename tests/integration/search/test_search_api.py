@@ -39,7 +39,12 @@ def test_response_shape(client, tenant):
     assert hit["text"] == "weekly revenue is computed on fiscal weeks"
 
 
-def test_entity_bm25_scores_equal_rank_bm25(client, tenant):
+@pytest.mark.parametrize(
+    "query_hubs",
+    [(0, 2), (0, 1, 2), (1, 1), (2,)],
+    ids=["two", "three (a padded statement)", "one repeated", "one"],
+)
+def test_entity_bm25_scores_equal_rank_bm25(client, tenant, query_hubs):
     """Channel 1 scores equal rank_bm25.BM25Plus over the tenant's corpus of entity tags plus the
     implicit self reference; memories without overlap are excluded; alone, the ranking is BM25's order."""
     hubs = [save(client, tenant, {"content": f"hub {i}"}) for i in range(3)]
@@ -51,7 +56,7 @@ def test_entity_bm25_scores_equal_rank_bm25(client, tenant):
     listing = client.get("/v1/memories?limit=200", headers=tenant.headers()).json()["memories"]
     corpus = {m["id"]: [*m["entities"], f"memory:{m['id']}"] for m in listing}
     doc_ids = sorted(corpus)
-    query = [refs[0], refs[2]]
+    query = [refs[h] for h in query_hubs]
     oracle = BM25Plus([corpus[d] for d in doc_ids]).get_scores(query)
     expected = {d: s for d, s in zip(doc_ids, oracle, strict=True) if any(q in corpus[d] for q in query)}
     out = search(client, tenant, {"entities": query, "max_memories": 100, "max_entities": 0})
