@@ -7,9 +7,13 @@ so it lives here, below those domains, rather than in any of them.
 
 from __future__ import annotations
 
-from sqlalchemy import func, select, update
+from collections.abc import Sequence
+from typing import Any
+
+from sqlalchemy import BigInteger, Executable, bindparam, func, select, update
 from sqlalchemy.orm import Session
 
+from core import sql
 from core.errors import Unauthorized
 from core.tenancy.models import Tenant
 
@@ -48,3 +52,27 @@ def lock_tenant_writes(session: Session, *, tenant_id: int) -> None:
     keys to the tenant are not blocked.
     """
     session.execute(select(Tenant.id).where(Tenant.id == tenant_id).with_for_update(key_share=True))
+
+
+def advance_query(tenant_id: int) -> sql.Query:
+    """The tenant's change seq advanced (its row locked as :func:`bump_change_seq` locks it), as a statement a
+    write sends first, with the reads it locks next (core.sql): its one row holds the new change seq; no row
+    when the tenant is gone (:func:`advanced` says so)."""
+    return sql.Query(("advance-change-seq",), _advance_statement, {"tenant": tenant_id}, generic=True)
+
+
+def _advance_statement() -> Executable:
+    return (
+        update(Tenant)
+        .where(Tenant.id == bindparam("tenant", type_=BigInteger))
+        .values(change_seq=Tenant.change_seq + 1)
+        .returning(Tenant.change_seq)
+    )
+
+
+def advanced(rows: Sequence[Any]) -> int:
+    """The change seq of :func:`advance_query`'s rows; Unauthorized when the tenant's row is gone (offboarded by a
+    request racing this one: its keys are revoked)."""
+    if not rows:
+        raise Unauthorized("invalid API key")
+    return int(rows[0][0])

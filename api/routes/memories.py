@@ -19,7 +19,7 @@ from api.threads import Route
 from core.db import tenant_session, tenant_write
 from core.embeddings.providers import EmbeddingProviderError
 from core.errors import EngramError, Invalid
-from core.memories import listing, service, trail
+from core.memories import edits, listing, service
 from core.memories.schemas import (
     MAX_BATCH_ITEMS,
     HydrateIn,
@@ -222,16 +222,13 @@ def patch_memory(
     patch: PatchMemoryIn = parse_model(PatchMemoryIn, body)
     caller = acting_identity(caller, body, request)
 
-    def revise(session: Session) -> tuple[Any, dict[str, Any]]:
-        memory = service.patch_memory(session, caller=caller, memory_id=memory_id, patch=patch)
-        trail.memory_updated(session, caller=caller, memory_id=memory.id)
-        return memory, service.memories_to_dicts(session, [memory])[0]
-
-    memory, out = tenant_write(caller.tenant_id, revise)
+    out = tenant_write(
+        caller.tenant_id, lambda session: edits.patch_memory(session, caller=caller, memory_id=memory_id, patch=patch)
+    )
     if patch.sync_embed and patch.content is not None:
         # As on save; a provider failure leaves it to the embed job the edit queued.
         with contextlib.suppress(EmbeddingProviderError):
-            embed_now(caller=caller, memory_id=memory.id)
+            embed_now(caller=caller, memory_id=memory_id)
     return json_answer(out)
 
 
@@ -250,10 +247,8 @@ def forget_memory(
     `purge=true` (owner or admin) deletes the row, its embeddings and links for good."""
     caller = acting_identity(caller, None, request)
 
-    def forget(session: Session) -> dict[str, Any]:
-        result = service.forget_memory(session, caller=caller, memory_id=memory_id, reason=reason, purge=purge)
-        trail.memory_forgotten(session, caller=caller, memory_id=memory_id, purged=purge)
-        return result
+    def forget(session: Session) -> dict[str, str]:
+        return edits.forget_memory(session, caller=caller, memory_id=memory_id, reason=reason, purge=purge)
 
     return json_answer(tenant_write(caller.tenant_id, forget))
 

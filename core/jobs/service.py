@@ -8,6 +8,7 @@ idempotent: a job may run more than once.
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 import uuid
@@ -18,6 +19,7 @@ from typing import Any, Protocol
 from sqlalchemy import case, event, func, or_, select, text, update
 from sqlalchemy.orm import Session
 
+from core import sql
 from core.errors import NotFound
 from core.jobs.models import Job
 from core.tracing import job_context
@@ -53,9 +55,7 @@ def enqueue(session: Session, *, tenant_id: int | None, kind: str, payload: dict
 
     The payload also keeps the enqueuing request's id and trace (``context``), which the worker's logs and
     spans continue."""
-    context = job_context()
-    if context:
-        payload = {**payload, "context": context}
+    payload = _with_context(payload)
     job = Job(
         id=uuid.uuid4().hex,
         tenant_id=tenant_id,
@@ -69,6 +69,25 @@ def enqueue(session: Session, *, tenant_id: int | None, kind: str, payload: dict
     session.add(job)
     outbox_add(session, [job.id])
     return job
+
+
+def _with_context(payload: dict[str, Any]) -> dict[str, Any]:
+    context = job_context()
+    return {**payload, "context": context} if context else payload
+
+
+_INSERT = text(
+    "INSERT INTO jobs (id, tenant_id, kind, state, payload, attempts, created_at, updated_at)"
+    " VALUES (:id, :tenant_id, :kind, 'queued', CAST(:payload AS jsonb), 0, now(), now())"
+)
+
+
+def enqueue_query(*, tenant_id: int | None, kind: str, payload: dict[str, Any]) -> tuple[sql.Query, str]:
+    """:func:`enqueue` as a statement a write sends with its others (core.sql), and the job's id, which the
+    write adds to the session's outbox (:func:`outbox_add`) once the statement ran."""
+    job_id = new_job_id()
+    values = {"id": job_id, "tenant_id": tenant_id, "kind": kind, "payload": json.dumps(_with_context(payload))}
+    return sql.Query(("enqueue",), lambda: _INSERT, values, generic=True), job_id
 
 
 def new_job_id() -> str:

@@ -1,7 +1,7 @@
 """Removing many memories of one tenant at once, with the same consequences as DELETE /v1/memories/{id}.
 
 One call is one change: the tenant's change_seq moves once, every `memory:<id>` reference to a removed
-memory is stripped from the others (exact match, as core.memories.service.strip_memory_refs does for one;
+memory is stripped from the others (exact match, as core.memories.edits.forget_memory does for one;
 each stripped memory gets a new revision), and a purge deletes embeddings and associations and leaves
 tombstones so derived indexes drop the docs.
 """

@@ -17,26 +17,27 @@ from sqlalchemy import BigInteger, Executable, Text, bindparam, delete, func, se
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.orm import Session
 
+from core import sql
 from core.memories.models import Memory, MemoryVersion
 from core.memories.schemas import MemoryCategory, MemoryKind
 
 VERSION_FIELDS = ("content", "kind", "category", "tags", "importance", "entities")
 
-# Snapshot the named memories as they are now, as one revision each (after a patch or a ref strip).
-_RECORD = text(
-    """
+# Keep rows of ``{source}`` (memories, or the RETURNING rows of a statement that changed them) as one revision each.
+RECORD_FROM = """
     INSERT INTO memory_versions (
         tenant_id, memory_id, change_seq, content, kind, category, tags, importance, entities, changed_by, changed_at
     )
-    SELECT tenant_id, id, change_seq, content, kind, category, coalesce(tags, '{}'), importance,
-           coalesce(entities, '{}'), :changed_by, updated_at
-    FROM memories WHERE tenant_id = :tenant_id AND id = ANY(:ids)
+    SELECT tenant_id, id, change_seq, content, kind, category, coalesce(tags, '{{}}'), importance,
+           coalesce(entities, '{{}}'), :changed_by, updated_at
+    FROM {source}
     ON CONFLICT (tenant_id, memory_id, change_seq) DO UPDATE SET
         content = excluded.content, kind = excluded.kind, category = excluded.category, tags = excluded.tags,
         importance = excluded.importance, entities = excluded.entities, changed_by = excluded.changed_by,
         changed_at = excluded.changed_at
-    """
-)
+"""
+# Snapshot the named memories as they are now, as one revision each (after a patch or a ref strip).
+_RECORD = text(RECORD_FROM.format(source="memories WHERE tenant_id = :tenant_id AND id = ANY(:ids)"))
 
 
 class VersionIn(BaseModel):
@@ -52,6 +53,13 @@ class VersionIn(BaseModel):
     entities: list[str] = Field(default_factory=list)
     changed_by: str | None = None
     changed_at: datetime | None = None
+
+
+def versions_query(*, tenant_id: int, memory_ids: Sequence[str], changed_by: str) -> sql.Query:
+    """:func:`record_versions` as a statement a write sends with its others (core.sql), after the statements
+    that change those memories."""
+    values = {"tenant_id": tenant_id, "ids": list(memory_ids), "changed_by": changed_by}
+    return sql.Query(("record-versions",), lambda: _RECORD, values, generic=True)
 
 
 def record_versions(session: Session, *, tenant_id: int, memory_ids: Sequence[str], changed_by: str) -> None:

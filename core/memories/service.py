@@ -18,14 +18,11 @@ from typing import Any
 import orjson
 from sqlalchemy import (
     BigInteger,
-    ColumnElement,
     Executable,
-    Text,
     TextClause,
     bindparam,
     delete,
     func,
-    literal,
     select,
     text,
     update,
@@ -34,28 +31,33 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.orm import Session
 
 from core import sql
-from core.changes import bump_change_seq, lock_tenant_writes
 from core.errors import EngramError, Forbidden, Invalid, NotFound
-from core.jobs.service import enqueue, new_job_id, outbox_add
+from core.jobs.service import new_job_id, outbox_add
 from core.memories import trail
-from core.memories.history import CURRENT_COLUMNS, VERSION_FIELDS, history_of, record_versions, revisions_statement
-from core.memories.ids import integer_value, validate_memory_id
+from core.memories.history import CURRENT_COLUMNS, history_of, revisions_statement
+from core.memories.ids import integer_value
 from core.memories.links import LinkResolver, Links
-from core.memories.models import Association, Memory, MemoryVersion, Tombstone
-from core.memories.schemas import DEFAULT_IMPORTANCE, PatchMemoryIn, SaveMemoryIn, SaveResult
+from core.memories.models import Association, Memory
+from core.memories.schemas import DEFAULT_IMPORTANCE, SaveMemoryIn, SaveResult
 from core.memories.views import VIEW_COLUMNS, links_column, view_to_dict
 from core.memories.views import memories_to_dicts as memories_to_dicts
 from core.memories.views import memory_to_dict as memory_to_dict
-from core.memories.visibility import is_visible, may_modify, visible_clause, visible_shape, visible_values
-from core.refs import MEMORY_PREFIX, memory_ref
+from core.memories.visibility import (
+    is_visible,
+    may_modify,
+    possible_id,
+    visible_by_id,
+    visible_shape,
+    visible_values,
+)
+from core.refs import MEMORY_PREFIX
 from core.tenancy.context import Caller
 from core.tenancy.quotas import exceeded, memory_quota
 from core.tracing import job_context
-from core.vectors import Embedding
 
 
 @dataclass
-class _Planned:
+class Planned:
     index: int
     item: SaveMemoryIn
     links: Links
@@ -66,7 +68,7 @@ class _Planned:
     warnings: list[str] = field(default_factory=list)
 
 
-def _precheck(session: Session, caller: Caller, planned: list[_Planned], batch_ids: set[str]) -> None:
+def precheck(session: Session, caller: Caller, planned: list[Planned], batch_ids: set[str]) -> None:
     """Per-item checks that need the database: upsert ownership and association targets."""
     supplied = [p.item.id for p in planned if p.item.id is not None and p.error is None]
     existing = {}
@@ -98,7 +100,7 @@ def _precheck(session: Session, caller: Caller, planned: list[_Planned], batch_i
                 break
 
 
-def _hold_to_quota(planned: list[_Planned], *, limit: int, count: int) -> None:
+def _hold_to_quota(planned: list[Planned], *, limit: int, count: int) -> None:
     """Refuse, in input order, the items that would add a memory past the tenant's max_memories: an item adds
     one unless it upserts a memory that is kept and not forgotten (an id repeated in the batch adds once)."""
     added: set[str] = set()
@@ -133,11 +135,11 @@ def save_memories(
     resolver = LinkResolver(session, tenant_id=caller.tenant_id)
     batch_ids = {item.id for item in items if isinstance(item, SaveMemoryIn) and item.id is not None}
     resolver.also_existing(batch_ids)
-    planned: list[_Planned] = []
+    planned: list[Planned] = []
     for index, item in enumerate(items):
         if isinstance(item, EngramError):
             continue
-        p = _Planned(index=index, item=item, links=Links())
+        p = Planned(index=index, item=item, links=Links())
         if item.linked_entities is not None or item.query is not None:
             try:
                 p.links = resolver.resolve(item.linked_entities, query=item.query)
@@ -152,7 +154,7 @@ def save_memories(
     if not written:
         # The tenant's row first (its quota and count, and the ids every save reserves there), then its memories.
         limit, count = memory_quota(session, tenant_id=caller.tenant_id)
-        _precheck(session, caller, planned, batch_ids)
+        precheck(session, caller, planned, batch_ids)
         if limit is not None:
             _hold_to_quota(planned, limit=limit, count=count)
         valid = [p for p in planned if p.error is None]
@@ -170,7 +172,7 @@ def save_memories(
     return results
 
 
-def _write_new(session: Session, caller: Caller, valid: list[_Planned], *, action: str | None, finish: bool) -> bool:
+def _write_new(session: Session, caller: Caller, valid: list[Planned], *, action: str | None, finish: bool) -> bool:
     """The write of items that only add memories, with the tenant's state and quota checked in the same
     statement; False (nothing written) when an item names an id or associations, or the quota needs a look."""
     if any(p.item.id is not None or p.item.associations for p in valid):
@@ -179,7 +181,7 @@ def _write_new(session: Session, caller: Caller, valid: list[_Planned], *, actio
 
 
 def _write(
-    session: Session, caller: Caller, valid: list[_Planned], *, action: str | None, quota_checked: bool, finish: bool
+    session: Session, caller: Caller, valid: list[Planned], *, action: str | None, quota_checked: bool, finish: bool
 ) -> bool:
     """Write the valid items, advance the tenant's sequences and queue their embed job in ONE statement
     (with ``action``, their audit entries and events too).
@@ -245,7 +247,7 @@ def _write(
     first_auto = int(memory_seq) - n_auto + 1
     for p in valid:
         p.memory_id = p.item.id if p.item.id is not None else str(first_auto + p.auto_ordinal - 1)
-    _replace_associations(session, caller=caller, valid=valid)
+    replace_associations(session, caller=caller, valid=valid)
     return True
 
 
@@ -396,7 +398,7 @@ _SAVE_STATEMENTS = {
 _LISTENED_TO: set[int] = set()
 
 
-def _row_values(caller: Caller, p: _Planned, *, auto: int | None) -> dict[str, Any]:
+def _row_values(caller: Caller, p: Planned, *, auto: int | None) -> dict[str, Any]:
     item = p.item
     p.auto_ordinal = auto or 0
     row: dict[str, Any] = {
@@ -420,7 +422,7 @@ def _row_values(caller: Caller, p: _Planned, *, auto: int | None) -> dict[str, A
     return row
 
 
-def _replace_associations(session: Session, *, caller: Caller, valid: list[_Planned]) -> None:
+def replace_associations(session: Session, *, caller: Caller, valid: list[Planned]) -> None:
     upserted = [p.memory_id for p in valid if p.existing is not None]
     if upserted:
         session.execute(delete(Association).where(Association.source_id.in_(upserted)))
@@ -459,36 +461,6 @@ def save_memory(
     return result
 
 
-def _visible_row(caller: Caller, memory_id: str, *, include_forgotten: bool) -> list[ColumnElement[bool]]:
-    """Where the memory ``memory_id`` is if the caller may see it (a forgotten one only when asked for);
-    NotFound for an id no memory can have."""
-    _possible_id(memory_id)
-    conditions = [Memory.id == memory_id, visible_clause(caller)]
-    if not include_forgotten:
-        conditions.append(Memory.status != "forgotten")
-    return conditions
-
-
-def _possible_id(memory_id: str) -> None:
-    """NotFound for an id no memory can have."""
-    try:
-        validate_memory_id(memory_id)
-    except Invalid:  # no memory can have an id outside the charset (e.g. a NUL byte from the URL)
-        raise NotFound(f"memory {memory_id[:200]!r} not found") from None
-
-
-def _load_visible(
-    session: Session, *, caller: Caller, memory_id: str, include_forgotten: bool = False, lock: bool = False
-) -> Memory:
-    stmt = select(Memory).where(*_visible_row(caller, memory_id, include_forgotten=include_forgotten))
-    if lock:
-        stmt = stmt.with_for_update()
-    memory = session.scalar(stmt)
-    if memory is None:
-        raise NotFound(f"memory {memory_id!r} not found")
-    return memory
-
-
 def recall_memory(
     session: Session, *, caller: Caller, memory_id: str, include_forgotten: bool = False, commit: bool = False
 ) -> dict[str, Any]:
@@ -500,7 +472,7 @@ def recall_memory(
     committed in one round trip."""
     if include_forgotten and not caller.is_admin:
         raise Forbidden("include_forgotten needs an admin key")
-    _possible_id(memory_id)
+    possible_id(memory_id)
     key = ("recall", visible_shape(caller), include_forgotten)
     values = {"tenant": caller.tenant_id, "id": memory_id, **visible_values(caller)}
     query = sql.Query(key, lambda: _recall_statement(caller, include_forgotten), values, generic=True)
@@ -510,25 +482,11 @@ def recall_memory(
     return view_to_dict(rows[0][:-1], rows[0][-1])
 
 
-def _visible_by_id(caller: Caller, include_forgotten: bool) -> list[ColumnElement[bool]]:
-    """Where the memory ``id`` of the tenant is, if a caller of ``caller``'s shape sees it (a forgotten one only
-    when asked for): the conditions of the generic statements that read one memory (parameters: tenant, id,
-    the caller's)."""
-    conditions = [
-        Memory.tenant_id == bindparam("tenant", type_=BigInteger),
-        Memory.id == bindparam("id", type_=Text),
-        visible_clause(caller, bound=True),
-    ]
-    if not include_forgotten:
-        conditions.append(Memory.status != "forgotten")
-    return conditions
-
-
 def _recall_statement(caller: Caller, include_forgotten: bool) -> Executable:
     """recall_memory's statement for callers of ``caller``'s shape (parameters: tenant, id, the caller's)."""
     counted = (
         update(Memory)
-        .where(*_visible_by_id(caller, include_forgotten))
+        .where(*visible_by_id(caller, include_forgotten))
         .values(access_count=Memory.access_count + 1, last_accessed_at=func.now())
         .returning(*VIEW_COLUMNS)
         .cte("counted")
@@ -542,7 +500,7 @@ def memory_history(
     """The memory's revisions, newest first (the current one first); visible as for get, no access counted."""
     if include_forgotten and not caller.is_admin:
         raise Forbidden("include_forgotten needs an admin key")
-    _possible_id(memory_id)
+    possible_id(memory_id)
     values = {"tenant": caller.tenant_id, "id": memory_id, **visible_values(caller)}
     current = sql.Query(
         ("history-current", visible_shape(caller), include_forgotten),
@@ -559,106 +517,7 @@ def memory_history(
 def _current_statement(caller: Caller, include_forgotten: bool) -> Executable:
     """memory_history's read of the memory as it stands, for callers of ``caller``'s shape (parameters: tenant,
     id, the caller's)."""
-    return select(*CURRENT_COLUMNS).where(*_visible_by_id(caller, include_forgotten))
-
-
-def patch_memory(session: Session, *, caller: Caller, memory_id: str, patch: PatchMemoryIn) -> Memory:
-    """Revise a memory in place; keeps created_at; re-embeds only when the content changes."""
-    lock_tenant_writes(session, tenant_id=caller.tenant_id)
-    memory = _load_visible(session, caller=caller, memory_id=memory_id, lock=True)
-    if not may_modify(memory, caller):
-        raise Forbidden(f"only the owner or an admin may change memory {memory_id!r}")
-    before = {name: getattr(memory, name) for name in VERSION_FIELDS}
-    # A new kind brings its default importance only to a memory whose importance is its old kind's default
-    # (never set by hand); an importance someone chose is kept.
-    importance_was_default = memory.importance == DEFAULT_IMPORTANCE.get(memory.kind)
-    # agent_id / persona in a patch say who acts (acting_identity), never a revised field.
-    handled = {"sync_embed", "linked_entities", "associations", "agent_id", "persona"}
-    changes = patch.model_dump(exclude_unset=True, exclude=handled)
-    content_changed = "content" in changes and changes["content"] != memory.content
-    for name, value in changes.items():
-        if value is None and name in ("content", "kind", "category", "tags"):
-            raise Invalid(f"{name} cannot be null", field=name)
-        setattr(memory, name, value)
-    kind_moves_default = "kind" in changes and "importance" not in changes and importance_was_default
-    if kind_moves_default or ("importance" in changes and patch.importance is None):
-        memory.importance = DEFAULT_IMPORTANCE[memory.kind]  # null importance: back to the kind's default
-    if "occurred_at" in changes and patch.occurred_at is None:
-        memory.occurred_at = memory.created_at  # as on a save without occurred_at
-    if "linked_entities" in patch.model_fields_set:
-        links = LinkResolver(session, tenant_id=caller.tenant_id).resolve(patch.linked_entities, query=None)
-        memory.entities = links.entities
-        memory.query, memory.query_entities = links.query, links.query_entities
-    if patch.associations is not None:
-        planned = _Planned(
-            index=0,
-            item=SaveMemoryIn(content=memory.content, id=memory.id, associations=patch.associations),
-            links=Links(),
-            memory_id=memory.id,
-            existing=memory,
-        )
-        _precheck(session, caller, [planned], set())
-        if planned.error is not None:
-            raise planned.error
-        _replace_associations(session, caller=caller, valid=[planned])
-    _, change_seq = bump_change_seq(session, tenant_id=caller.tenant_id)
-    memory.change_seq = change_seq
-    memory.updated_at = datetime.now(UTC)
-    if memory.status == "stale" and "linked_entities" in patch.model_fields_set:
-        memory.status, memory.stale_reason = "active", None
-    if content_changed:
-        enqueue(session, tenant_id=caller.tenant_id, kind="embed", payload={"doc_ids": [memory_ref(memory.id)]})
-    if any(getattr(memory, name) != before[name] for name in VERSION_FIELDS):
-        record_versions(session, tenant_id=caller.tenant_id, memory_ids=[memory.id], changed_by=caller.user)
-    return memory
-
-
-def strip_memory_refs(session: Session, *, tenant_id: int, memory_id: str, change_seq: int, changed_by: str) -> int:
-    """Remove `memory:<id>` from every memory's entities (a new revision of each); exact match only
-    (memory:42 keeps memory:421)."""
-    ref = memory_ref(memory_id)
-    stripped = session.scalars(
-        update(Memory)
-        .where(Memory.entities.contains([ref]))
-        .values(entities=func.array_remove(Memory.entities, literal(ref)), change_seq=change_seq, updated_at=func.now())
-        .returning(Memory.id)
-        .execution_options(synchronize_session=False)
-    ).all()
-    record_versions(session, tenant_id=tenant_id, memory_ids=list(stripped), changed_by=changed_by)
-    return len(stripped)
-
-
-def forget_memory(
-    session: Session, *, caller: Caller, memory_id: str, reason: str | None = None, purge: bool = False
-) -> dict[str, str]:
-    """Soft delete (status forgotten) or, with purge, remove the row, its embeddings and its links."""
-    lock_tenant_writes(session, tenant_id=caller.tenant_id)
-    memory = _load_visible(session, caller=caller, memory_id=memory_id, include_forgotten=purge, lock=True)
-    if not may_modify(memory, caller):
-        raise Forbidden(f"only the owner or an admin may forget memory {memory_id!r}")
-    _, change_seq = bump_change_seq(session, tenant_id=caller.tenant_id)
-    strip_memory_refs(
-        session, tenant_id=caller.tenant_id, memory_id=memory_id, change_seq=change_seq, changed_by=caller.user
-    )
-    if purge:
-        doc_id = memory_ref(memory_id)
-        session.execute(delete(Embedding).where(Embedding.canonical_id == doc_id))
-        session.execute(delete(MemoryVersion).where(MemoryVersion.memory_id == memory_id))
-        session.execute(
-            delete(Association).where((Association.source_id == memory_id) | (Association.target_id == memory_id))
-        )
-        session.execute(delete(Memory).where(Memory.id == memory_id).execution_options(synchronize_session=False))
-        stmt = pg_insert(Tombstone).values(tenant_id=caller.tenant_id, doc_id=doc_id, change_seq=change_seq)
-        session.execute(
-            stmt.on_conflict_do_update(index_elements=["tenant_id", "doc_id"], set_={"change_seq": change_seq})
-        )
-        return {"memory_id": memory_id, "status": "purged"}
-    memory.status = "forgotten"
-    memory.forget_reason = reason
-    memory.forgotten_by, memory.forgotten_at = caller.user, datetime.now(UTC)
-    memory.change_seq = change_seq
-    memory.updated_at = datetime.now(UTC)
-    return {"memory_id": memory_id, "status": "forgotten"}
+    return select(*CURRENT_COLUMNS).where(*visible_by_id(caller, include_forgotten))
 
 
 def set_statement_timeout(session: Session, *, milliseconds: int) -> None:

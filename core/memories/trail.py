@@ -2,10 +2,11 @@
 
 Everything here runs in the write's own transaction (the route's ``tenant_session``), so both commit or roll
 back with the change. A save or a batch writes its entries and events in the save's own statement (from
-:data:`SAVED_ENTRIES` and :data:`SAVED_EVENTS`: the statement alone knows the ids it reserves); a patch, a
-forget or an import in one statement of entries and events, whatever its size. Each saved item has an entry
-(`memory.save`) and a `memory.created` event, or `memory.updated` when it upserted a memory that existed.
-Events name the memory and who wrote it (and a save's kind and category), never its content.
+:data:`SAVED_ENTRIES` and :data:`SAVED_EVENTS`: the statement alone knows the ids it reserves); a patch or a
+forget sends one statement of its entry and event with its other statements (:func:`updated_query`,
+:func:`forgotten_query`); an import writes one statement of entries and events, whatever its size. Each saved
+item has an entry (`memory.save`) and a `memory.created` event, or `memory.updated` when it upserted a memory
+that existed. Events name the memory and who wrote it (and a save's kind and category), never its content.
 """
 
 from __future__ import annotations
@@ -15,10 +16,11 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
+from core import sql
 from core.audit.service import INSERT_CTES, INSERT_SQL, actor_params, entries_ctes, insert_params
 from core.refs import MEMORY_PREFIX, memory_ref
 from core.tenancy.context import Caller
-from core.webhooks.service import Companion, emit_many, event_params, events_ctes, subscribed
+from core.webhooks.service import Companion, emit_many, emit_statement, event_params, events_ctes, subscribed
 
 # save_memories leaves the ids it upserted (they existed before) here, in the session's info.
 UPDATED_IDS = "memories_upserted"
@@ -63,16 +65,27 @@ def saved_params(caller: Caller, *, action: str, count: int) -> dict[str, Any]:
     return {**actor_params(caller), **event_params(), "action": action, "count": count}
 
 
-def memory_updated(session: Session, *, caller: Caller, memory_id: str) -> None:
-    entries = [("memory.update", memory_ref(memory_id))]
-    _write(session, caller=caller, entries=entries, events=[("memory.updated", _event(caller, memory_id))])
+def updated_query(caller: Caller, memory_id: str) -> sql.Query:
+    """A patch's entry (`memory.update`) and event (`memory.updated`), as a statement the patch sends with its
+    others (core.memories.edits); its rows are the webhook jobs it queued, for the session's outbox."""
+    return _query(caller, "memory.update", "memory.updated", memory_id)
 
 
-def memory_forgotten(session: Session, *, caller: Caller, memory_id: str, purged: bool) -> None:
+def forgotten_query(caller: Caller, memory_id: str, *, purged: bool) -> sql.Query:
+    """A forget's entry and event (`memory.forget` / `memory.forgotten`, or `memory.purge` / `memory.purged`),
+    as :func:`updated_query`."""
     action, event = ("memory.purge", "memory.purged") if purged else ("memory.forget", "memory.forgotten")
-    _write(
-        session, caller=caller, entries=[(action, memory_ref(memory_id))], events=[(event, _event(caller, memory_id))]
+    return _query(caller, action, event, memory_id)
+
+
+def _query(caller: Caller, action: str, event: str, memory_id: str) -> sql.Query:
+    params = insert_params(caller_or_actor=caller, entries=[(action, memory_ref(memory_id))])
+    companion = Companion(ctes=INSERT_CTES, statement=INSERT_SQL, params=params)
+    statement, values = emit_statement(
+        tenant_id=caller.tenant_id, events=[(event, _event(caller, memory_id))], companion=companion
     )
+    # One entry and one event, whatever their values: planned once per connection (core.sql).
+    return sql.Query(("memory-trail",), lambda: statement, values, generic=True)
 
 
 def memories_imported(session: Session, *, caller: Caller, memory_ids: Sequence[str]) -> None:

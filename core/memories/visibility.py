@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import ColumnElement, and_, bindparam, or_, true
+from sqlalchemy import BigInteger, ColumnElement, Text, and_, bindparam, or_, true
 
+from core.errors import Invalid, NotFound
+from core.memories.ids import validate_memory_id
 from core.memories.models import Memory
 from core.tenancy.context import Caller
 
@@ -55,3 +57,25 @@ def is_visible(memory: Memory, caller: Caller) -> bool:
 
 def may_modify(memory: Memory, caller: Caller) -> bool:
     return caller.is_admin or memory.created_by == caller.user
+
+
+def possible_id(memory_id: str) -> None:
+    """NotFound for an id no memory can have."""
+    try:
+        validate_memory_id(memory_id)
+    except Invalid:  # no memory can have an id outside the charset (e.g. a NUL byte from the URL)
+        raise NotFound(f"memory {memory_id[:200]!r} not found") from None
+
+
+def visible_by_id(caller: Caller, include_forgotten: bool) -> list[ColumnElement[bool]]:
+    """Where the memory ``id`` of the tenant is, if a caller of ``caller``'s shape sees it (a forgotten one only
+    when asked for): the conditions of the generic statements that read or lock one memory (parameters: tenant,
+    id, the caller's: :func:`visible_values`)."""
+    conditions = [
+        Memory.tenant_id == bindparam("tenant", type_=BigInteger),
+        Memory.id == bindparam("id", type_=Text),
+        visible_clause(caller, bound=True),
+    ]
+    if not include_forgotten:
+        conditions.append(Memory.status != "forgotten")
+    return conditions

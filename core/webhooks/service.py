@@ -137,9 +137,7 @@ def emit_many(
         return
     if not events:
         return
-    for event_type, _ in events:
-        if event_type not in EVENT_TYPES:
-            raise ValueError(f"unknown webhook event type {event_type!r}")
+    _check_types(events)
     if len(events) > _PRECHECK_OVER:
         # A bulk write: ask first which types anyone listens to (most tenants: none), so the events nobody
         # wants are never serialised and sent.
@@ -149,6 +147,19 @@ def emit_many(
             if companion is not None:
                 session.execute(text(companion.statement), companion.params)
             return
+    statement, params = emit_statement(tenant_id=tenant_id, events=events, companion=companion)
+    ids = list(session.execute(statement, params).scalars())
+    if ids:
+        outbox_add(session, ids)
+
+
+def emit_statement(
+    *, tenant_id: int, events: Sequence[tuple[str, dict[str, Any]]], companion: Companion | None = None
+) -> tuple[TextClause, dict[str, Any]]:
+    """The statement :func:`emit_many` runs for ``events`` (at least one) and ``companion``, with its
+    parameters: for a write that sends it with its other statements (core.sql). Its rows are the ids of the
+    webhook jobs it queued, for the session's outbox."""
+    _check_types(events)
     context = job_context()
     extra = {"context": context} if context else {}
     params = {
@@ -157,14 +168,15 @@ def emit_many(
         "events": json.dumps([[event_type, data] for event_type, data in events]),
         "extra": json.dumps(extra),
     }
-    statement = _EMIT
-    if companion is not None:
-        statement = _emit_with(companion.ctes)
-        params = {**companion.params, **params}
-    job_ids = session.execute(statement, params).scalars()
-    ids = list(job_ids)
-    if ids:
-        outbox_add(session, ids)
+    if companion is None:
+        return _EMIT, params
+    return _emit_with(companion.ctes), {**companion.params, **params}
+
+
+def _check_types(events: Sequence[tuple[str, dict[str, Any]]]) -> None:
+    for event_type, _ in events:
+        if event_type not in EVENT_TYPES:
+            raise ValueError(f"unknown webhook event type {event_type!r}")
 
 
 def new_secret() -> str:
