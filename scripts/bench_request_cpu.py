@@ -1,5 +1,6 @@
 """CPU of the API process per request, through the ASGI app in-process, at a tenant of 10k memories: a save,
-a get by id, a search, a listing page of 20 and a hydration of 4,000 bytes, each timed over `--calls` calls
+a get by id, a search, a listing page of 20, a hydration of 4,000 bytes, a patch of a memory's content, its
+history and a forget (soft delete, each of another memory), each timed over `--calls` calls
 after a warm-up (the figures engram's metering, quotas and audit must not move by more than a few percent).
 
 Run it for two trees in turns to compare them (each on its own throwaway embedded stack):
@@ -157,6 +158,8 @@ def main() -> None:
                     ]
                     client.post("/v1/memories:batch", json={"items": items}, headers=headers)
                 probe = str(args.memories // 2)
+                revised = str(args.memories // 3)
+                forgotten = iter(range(1, args.memories + 1))
 
                 def save() -> Any:
                     return client.post("/v1/memories", json={"content": f"note {uuid.uuid4().hex}"}, headers=headers)
@@ -173,6 +176,21 @@ def main() -> None:
                     _timed(
                         "hydrate_4000",
                         lambda: client.post("/v1/hydrate", json={"budget_bytes": 4000}, headers=headers),
+                        args.calls,
+                    ),
+                    _timed(
+                        "patch",
+                        lambda: client.patch(
+                            f"/v1/memories/{revised}", json={"content": f"revised {uuid.uuid4().hex}"}, headers=headers
+                        ),
+                        args.calls,
+                    ),
+                    _timed(
+                        "history", lambda: client.get(f"/v1/memories/{revised}/history", headers=headers), args.calls
+                    ),
+                    _timed(
+                        "forget",
+                        lambda: client.delete(f"/v1/memories/{next(forgotten)}", headers=headers),
                         args.calls,
                     ),
                 ]
