@@ -12,7 +12,8 @@ the tenant transaction, the route's work, serialisation, the access log and metr
 what a request costs in the kernel (system calls, thread switches) and in cache misses: count system calls
 apart (`strace -c -f -p <engram api pid>`) and confirm with `scripts/ab_request_cpu.py`.
 
-Ops: `get` (GET /v1/memories/{id}), `save` (POST /v1/memories), `get404` (GET /v1/memories/{bad id}: the
+Ops: `get` (GET /v1/memories/{id}), `save` (POST /v1/memories), `patch` (PATCH /v1/memories/{id}, new
+content), `forget` (DELETE /v1/memories/{id}, each of another memory), `get404` (GET /v1/memories/{bad id}: the
 whole keyed path without a statement), `healthz`. The key's rate limit is off (its lease from Redis depends
 on the request rate, which valgrind slows 50-fold) and PYTHONHASHSEED fixed, so runs repeat to ~0.5%.
 """
@@ -93,17 +94,23 @@ async def _child(op: str, memories: int, calls: int) -> None:
     gc.collect()
     gc.freeze()  # as api.main does
     auth = [(b"authorization", f"Bearer {key}".encode())]
-    first = ""
+    ids: list[str] = []
     for start in range(0, memories, 1000):
         notes = range(start, start + 1000)
         items = [{"content": f"note {i} about orders and invoices in region {i % 50}"} for i in notes]
         saved = await _call(app, "POST", "/v1/memories:batch", auth, json.dumps({"items": items}).encode())
-        first = first or json.loads(saved["body"])["results"][0]["memory_id"]
+        ids += [result["memory_id"] for result in json.loads(saved["body"])["results"]]
+    first = ids[0]
+    forgotten = iter(ids[1:])  # (a forget needs a memory not forgotten yet: --memories above 50 + --calls)
     requests = {
         "get": lambda: _call(app, "GET", f"/v1/memories/{first}", auth),
         "save": lambda: _call(
             app, "POST", "/v1/memories", auth, json.dumps({"content": f"note {uuid.uuid4().hex}"}).encode()
         ),
+        "patch": lambda: _call(
+            app, "PATCH", f"/v1/memories/{first}", auth, json.dumps({"content": f"note {uuid.uuid4().hex}"}).encode()
+        ),
+        "forget": lambda: _call(app, "DELETE", f"/v1/memories/{next(forgotten)}", auth),
         "get404": lambda: _call(app, "GET", "/v1/memories/a:b", auth),
         "healthz": lambda: _call(app, "GET", "/healthz", []),
     }

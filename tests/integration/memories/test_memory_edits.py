@@ -163,3 +163,39 @@ def test_a_purge_removes_the_row_its_revisions_vectors_and_links_and_leaves_a_to
     seq = _rows("SELECT change_seq FROM tenants WHERE id = :t", t=tenant.tenant_id)[0][0]
     assert _rows("SELECT change_seq FROM tombstones WHERE tenant_id = :t AND doc_id = :doc", **params) == [(seq,)]
     assert _rows("SELECT 1 FROM memories WHERE tenant_id = :t AND id = :id", t=tenant.tenant_id, id=target) == [(1,)]
+
+
+def test_a_patch_of_links_and_associations_resolves_and_checks_them_between_the_round_trips(client, tenant, tmp_path):
+    """Entities (an inline example query here) are resolved as on a save, a stale memory they re-link is active
+    again, and associations replace the memory's own after their targets are checked."""
+    import sqlite3
+
+    db = tmp_path / "shop.db"
+    sqlite3.connect(db).close()
+    headers = tenant.headers()
+    assert client.post("/v1/datasources", json={"name": "shop", "url": f"sqlite:///{db}"}, headers=headers).is_success
+    columns = {"columns": [{"name": "amount", "type": "INTEGER"}, {"name": "status", "type": "TEXT"}]}
+    assert client.put("/v1/models/shop/orders", json=columns, headers=headers).is_success
+    by_status = {"source_model": "orders", "dimensions": ["status"]}
+    mid = save(client, tenant, {"content": "orders by status", "linked_entities": by_status})
+    other = save(client, tenant, {"content": "a neighbour"})
+    assert client.patch("/v1/models/shop/orders", json={"remove_columns": ["status"]}, headers=headers).is_success
+    assert client.get(f"/v1/memories/{mid}", headers=headers).json()["status"] == "stale"
+
+    query = {"source_model": "orders", "measures": [{"formula": "amount:sum"}]}
+    response = client.patch(f"/v1/memories/{mid}", json={"linked_entities": query}, headers=headers)
+    assert response.status_code == 200, response.text
+    out = response.json()
+    assert (out["status"], out["stale_reason"], out["query"]) == ("active", None, query)
+    assert set(out["entities"]) == {"shop.orders", "shop.orders.amount"}
+
+    links = [{"target_id": other, "relation_type": "related_to", "weight": 0.7}]
+    response = client.patch(f"/v1/memories/{mid}", json={"associations": links}, headers=headers)
+    assert response.status_code == 200, response.text
+    assert response.json()["associations"] == [{"target_id": other, "relation_type": "related_to", "weight": 0.7}]
+    missing = [{"target_id": "no-such", "relation_type": "related_to"}]
+    response = client.patch(f"/v1/memories/{mid}", json={"associations": missing, "content": "x"}, headers=headers)
+    assert response.status_code == 422 and response.json()["error"]["field"] == "associations.0.target_id"
+    kept = client.get(f"/v1/memories/{mid}", headers=headers).json()
+    assert kept["content"] == "orders by status"
+    assert kept["associations"] == [{"target_id": other, "relation_type": "related_to", "weight": 0.7}]
