@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Hashable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -27,6 +27,9 @@ import numpy as np
 if TYPE_CHECKING:
     from core.search.fulltext import DocChange
 
+# How many searches' scores a delta keeps (see Delta.search): a question's searches of each doc kind follow
+# one another, so a few cover the searches running at once.
+_SCORED_KEPT = 8
 # tantivy's BM25 constants.
 K1 = np.float32(1.2)
 B = np.float32(0.75)
@@ -110,6 +113,8 @@ class Delta:
     # How many of the docs the committed reader also holds (an older version): a search asks the reader
     # for that many more hits, since those are dropped from its ranking.
     shadowed: int = 0
+    # Scores of every kind per (reader, terms, statistics, exact id), the last few searches' (see search).
+    _scored: dict[Hashable, dict[str, float]] = field(default_factory=dict, compare=False, repr=False)
 
     def __len__(self) -> int:
         return len(self.docs)
@@ -194,11 +199,36 @@ class Delta:
         stats: Bm25Stats,
         doc_kinds: frozenset[str] | set[str] | None,
         exact_id: tuple[str, float, int] | None = None,
+        reader: Hashable | None = None,
     ) -> list[tuple[str, float]]:
-        """The delta's docs matching any of ``terms`` (or whose id is ``exact_id``'s: the id, its boost and
-        its document frequency in the reader), scored as tantivy scores a boolean OR of term queries: the
-        sum of each matching term's BM25 in float32, plus the exact id clause (its boost times the id's idf).
-        ``doc_freq`` is a term's document frequency in the reader."""
+        """The delta's docs of ``doc_kinds`` matching any of ``terms`` (or whose id is ``exact_id``'s: the id, its
+        boost and its document frequency in the reader), scored as tantivy scores a boolean OR of term queries:
+        the sum of each matching term's BM25 in float32, plus the exact id clause (its boost times the id's idf).
+        ``doc_freq`` is a term's document frequency in the reader.
+
+        ``reader`` names the reader ``doc_freq`` and ``stats`` come from: the scores of every kind are then kept
+        with the delta, so the searches of one question for each doc kind score its docs once."""
+        key = None if reader is None else (reader, tuple(terms), stats, exact_id)
+        scores = None if key is None else self._scored.get(key)
+        if scores is None:
+            scores = self._scores(terms, doc_freq=doc_freq, stats=stats, exact_id=exact_id)
+            if key is not None:
+                if len(self._scored) >= _SCORED_KEPT:
+                    self._scored.clear()
+                self._scored[key] = scores
+        if doc_kinds is None:
+            return list(scores.items())
+        docs = self.docs
+        return [(doc_id, score) for doc_id, score in scores.items() if docs[doc_id].change.doc_kind in doc_kinds]
+
+    def _scores(
+        self,
+        terms: list[str],
+        *,
+        doc_freq: Callable[[str], int],
+        stats: Bm25Stats,
+        exact_id: tuple[str, float, int] | None,
+    ) -> dict[str, float]:
         average = np.float32(stats.average_length)
         scores: dict[str, np.float32] = {}
         for term in terms:
@@ -207,20 +237,16 @@ class Delta:
                 continue
             weight = idf(doc_freq(term), stats.docs) * (_ONE + K1)
             for doc_id, tf in found.items():
-                doc = self.docs[doc_id]
-                if doc_kinds is not None and doc.change.doc_kind not in doc_kinds:
-                    continue
-                norm = K1 * (_ONE - B + B * np.float32(fieldnorm(doc.length)) / average)
+                norm = K1 * (_ONE - B + B * np.float32(fieldnorm(self.docs[doc_id].length)) / average)
                 freq = np.float32(tf)
                 scores[doc_id] = scores.get(doc_id, np.float32(0.0)) + weight * (freq / (freq + norm))
         if exact_id is not None:
             doc_id, boost, id_freq = exact_id
             named = self.docs.get(doc_id)
             if named is not None and not named.change.deleted:
-                if doc_kinds is None or named.change.doc_kind in doc_kinds:
-                    # One doc_id token per doc: its length factor is exactly 1, its score idf x (1 + K1) x
-                    # 1 / (1 + K1), boosted.
-                    weight = idf(id_freq, stats.docs) * (_ONE + K1) * np.float32(boost)
-                    exact = weight * (_ONE / (_ONE + K1))
-                    scores[doc_id] = scores.get(doc_id, np.float32(0.0)) + exact
-        return [(doc_id, float(score)) for doc_id, score in scores.items()]
+                # One doc_id token per doc: its length factor is exactly 1, its score idf x (1 + K1) x
+                # 1 / (1 + K1), boosted.
+                weight = idf(id_freq, stats.docs) * (_ONE + K1) * np.float32(boost)
+                exact = weight * (_ONE / (_ONE + K1))
+                scores[doc_id] = scores.get(doc_id, np.float32(0.0)) + exact
+        return {doc_id: float(score) for doc_id, score in scores.items()}

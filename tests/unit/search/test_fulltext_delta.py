@@ -324,3 +324,41 @@ def test_a_bulk_of_changes_is_committed_without_being_analysed_for_memory(
     assert held.num_docs == 1402
     assert [d for d, _ in held.search("puffin", limit=2)] == ["memory:kept"]
     assert [d for d, _ in held.search("shag", limit=2)] == ["memory:moved"] and not held.search("gannet", limit=2)
+
+
+def test_the_searches_of_one_question_for_each_kind_score_the_held_docs_once(
+    base: tuple[Path, Log, random.Random], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Rule: a question's searches of each doc kind (one per search bucket) answer what they answered when each
+    scored the held docs itself, while the held docs are scored once per reader and question."""
+    from core.search.delta import Delta
+
+    path, log, rng = base
+    held = FulltextIndex(path)
+    for n in range(30):
+        kind = ("memory", "example_query", "datasource")[n % 3]
+        log.add(_upsert(f"memory:held{n}", _text(rng), seq=log.seq + 1, kind=kind))
+    held.catch_up(log.fetch, current_seq=log.seq)
+    assert len(held._delta) == 30  # held, not committed
+    delta, stats = held._delta, Bm25Stats(docs=400, average_length=40.0)
+    terms = ["refunds", "supplier", "ledger", "weekly"]
+
+    def doc_freq(term: str) -> int:
+        return 17
+
+    kinds: list[frozenset[str] | None] = [frozenset({"memory"}), frozenset({"example_query"}), None]
+    alone = [sorted(delta.search(terms, doc_freq=doc_freq, stats=stats, doc_kinds=k)) for k in kinds]
+    assert all(alone) and len(alone[2]) > len(alone[0]) + len(alone[1])
+    scored: list[int] = []
+    real = Delta._scores
+    monkeypatch.setattr(Delta, "_scores", lambda self, *a, **kw: (scored.append(1), real(self, *a, **kw))[1])
+    together = [sorted(delta.search(terms, doc_freq=doc_freq, stats=stats, doc_kinds=k, reader=1)) for k in kinds]
+    assert together == alone and len(scored) == 1
+    # Another reader (or other statistics) scores afresh.
+    delta.search(terms, doc_freq=doc_freq, stats=stats, doc_kinds=kinds[0], reader=2)
+    assert len(scored) == 2
+    # Through the index, whose reader names itself: one scoring for a question's searches of each kind.
+    scored.clear()
+    for k in kinds:
+        assert held.search("refunds supplier ledger weekly", limit=500, doc_kinds=k)
+    assert len(scored) == 1
