@@ -172,7 +172,8 @@ _LAYOUT_CHANGES = text(
 def _still_holds(session: Session, layout: _Layout, *, tenant_id: int) -> bool:
     """Whether no memory written since ``layout`` was or now is one of the memories it is made from (a plain
     note saved or edited leaves it as it is)."""
-    changed = session.execute(_LAYOUT_CHANGES, {"tenant": tenant_id, "since": layout.change_seq}).all()
+    values = {"tenant": tenant_id, "since": layout.change_seq}
+    changed = sql.run(session, sql.Query("layout-changes", lambda: _LAYOUT_CHANGES, values))
     return not any(member or memory_id in layout.members for memory_id, member in changed)
 
 
