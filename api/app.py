@@ -170,17 +170,25 @@ class BodyGuard:
         if scope["type"] != "http" or scope["method"] not in _BODY_METHODS:
             await self.app(scope, receive, send)
             return
-        headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
-        length = headers.get("content-length")
+        # The three headers it reads (names come lower-cased; the last of a repeated one counts), not all of them.
+        length = kind = None
+        chunked = False
+        for name, value in scope["headers"]:
+            if name == b"content-length":
+                length = value.decode("latin-1")
+            elif name == b"content-type":
+                kind = value.decode("latin-1")
+            elif name == b"transfer-encoding":
+                chunked = True
         declared = _declared_length(length)
         limit = body_limit(scope["path"])
         rejection = None
         if declared is not None and declared > limit:
             rejection = _too_large(limit, scope["path"])
         else:
-            media = headers.get("content-type", "").split(";")[0].strip().lower()
+            media = (kind or "").split(";")[0].strip().lower()
             is_json = media == "application/json" or media.endswith("+json")
-            has_body = (length is not None and length != "0") or "transfer-encoding" in headers
+            has_body = (length is not None and length != "0") or chunked
             if has_body and not is_json and not _accepts_other_media(scope["path"]):
                 rejection = error_response(415, "send JSON with 'Content-Type: application/json'")
         if rejection is not None:
