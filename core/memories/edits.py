@@ -103,18 +103,14 @@ def forget_memory(
     change_seq, current = _locked(session, caller=caller, memory_id=memory_id, include_forgotten=purge)
     if not may_modify(cast(Memory, current), caller):
         raise Forbidden(f"only the owner or an admin may forget memory {memory_id!r}")
-    values = {
-        "tenant": caller.tenant_id,
-        "id": memory_id,
-        "doc": memory_ref(memory_id),
-        "change_seq": change_seq,
-        "now": datetime.now(UTC),
-        "changed_by": caller.user,
-        "reason": reason,
-        "user": caller.user,
-    }
-    steps = ("strip", *(_PURGE if purge else ("forget",)))
-    queries = [_query(step, values) for step in steps]
+    queries = removal_queries(
+        tenant_id=caller.tenant_id,
+        memory_ids=[memory_id],
+        change_seq=change_seq,
+        changed_by=caller.user,
+        reason=reason,
+        purge=purge,
+    )
     queries.append(trail.forgotten_query(caller, memory_id, purged=purge))
     sql.run_many(session, queries, commit=True, before_commit=lambda rows: _queued(session, [], rows[-1]))
     return {"memory_id": memory_id, "status": "purged" if purge else "forgotten"}
@@ -158,28 +154,66 @@ def _revise_statement(columns: tuple[str, ...]) -> Executable:
     return select(*revised.c, links_column(bindparam("tenant", type_=BigInteger), revised.c.id))
 
 
-# A forget's statements (parameters: tenant, id, doc = memory:<id>, change_seq, now, changed_by, reason, user).
+def removal_queries(
+    *, tenant_id: int, memory_ids: Sequence[str], change_seq: int, changed_by: str, reason: str | None, purge: bool
+) -> list[sql.Query]:
+    """The statements that forget ``memory_ids`` (distinct) of the tenant at ``change_seq``, or purge them: every
+    reference to them stripped from the other memories (a revision each), then either their status, or their
+    vectors, revisions, associations, rows, and tombstones so derived indexes drop them. ``changed_by`` is who
+    the revisions and a forget are recorded as. The rows of the statement at :func:`removed_at` are the memories
+    removed. For one memory (a DELETE) and for many (core.lifecycle.removal)."""
+    refs = [memory_ref(memory_id) for memory_id in memory_ids]
+    values = {
+        "tenant": tenant_id,
+        "ids": list(memory_ids),
+        "refs": refs,
+        "change_seq": change_seq,
+        "now": datetime.now(UTC),
+        "changed_by": changed_by,
+        "reason": reason,
+    }
+    return [_query(step, values) for step in _steps(purge)]
+
+
+def removed_at(*, purge: bool) -> int:
+    """Where among :func:`removal_queries` the statement answering one row per memory removed is."""
+    return _steps(purge).index("drop_memory" if purge else "forget")
+
+
+def _steps(purge: bool) -> tuple[str, ...]:
+    return ("strip", *(_PURGE if purge else ("forget",)))
+
+
+_REFS = "CAST(:refs AS text[])"
+_IDS = "CAST(:ids AS text[])"
+# The statements of removal_queries (parameters: tenant, ids, refs = their memory:<id>, change_seq, now, changed_by,
+# reason).
 _STATEMENTS = {
-    # Every memory naming this one loses the reference, kept as a revision each (from the rows it changed).
-    "strip": """
+    # Every memory naming one of them loses the references, kept as a revision each (from the rows it changed).
+    "strip": f"""
         WITH stripped AS (
-            UPDATE memories SET entities = array_remove(entities, CAST(:doc AS text)), change_seq = :change_seq,
-                                updated_at = :now
-            WHERE tenant_id = :tenant AND entities @> ARRAY[CAST(:doc AS text)]
+            UPDATE memories
+            SET entities = array(SELECT e FROM unnest(memories.entities) AS e WHERE e <> ALL({_REFS})),
+                change_seq = :change_seq, updated_at = :now
+            WHERE tenant_id = :tenant AND entities && {_REFS}
             RETURNING tenant_id, id, change_seq, content, kind, category, tags, importance, entities, updated_at
         )"""
     + RECORD_FROM.format(source="stripped"),
-    "forget": """
-        UPDATE memories SET status = 'forgotten', forget_reason = :reason, forgotten_by = :user, forgotten_at = :now,
-                            change_seq = :change_seq, updated_at = :now
-        WHERE tenant_id = :tenant AND id = :id""",
-    "drop_vectors": "DELETE FROM embeddings WHERE tenant_id = :tenant AND canonical_id = :doc",
-    "drop_versions": "DELETE FROM memory_versions WHERE tenant_id = :tenant AND memory_id = :id",
-    "drop_links": "DELETE FROM associations WHERE tenant_id = :tenant AND (source_id = :id OR target_id = :id)",
-    "drop_memory": "DELETE FROM memories WHERE tenant_id = :tenant AND id = :id",
-    # Derived indexes past this change seq delete the doc.
-    "tombstone": """
-        INSERT INTO tombstones (tenant_id, doc_id, change_seq) VALUES (:tenant, :doc, :change_seq)
+    "forget": f"""
+        UPDATE memories SET status = 'forgotten', forget_reason = :reason, forgotten_by = :changed_by,
+                            forgotten_at = :now, change_seq = :change_seq, updated_at = :now
+        WHERE tenant_id = :tenant AND id = ANY({_IDS}) AND status <> 'forgotten'
+        RETURNING id""",
+    "drop_vectors": f"DELETE FROM embeddings WHERE tenant_id = :tenant AND canonical_id = ANY({_REFS})",
+    "drop_versions": f"DELETE FROM memory_versions WHERE tenant_id = :tenant AND memory_id = ANY({_IDS})",
+    "drop_links": (
+        f"DELETE FROM associations WHERE tenant_id = :tenant AND (source_id = ANY({_IDS}) OR target_id = ANY({_IDS}))"
+    ),
+    "drop_memory": f"DELETE FROM memories WHERE tenant_id = :tenant AND id = ANY({_IDS}) RETURNING id",
+    # Derived indexes past this change seq delete the docs.
+    "tombstone": f"""
+        INSERT INTO tombstones (tenant_id, doc_id, change_seq)
+        SELECT :tenant, ref, :change_seq FROM unnest({_REFS}) AS ref
         ON CONFLICT (tenant_id, doc_id) DO UPDATE SET change_seq = excluded.change_seq""",
 }
 _PURGE = ("drop_vectors", "drop_versions", "drop_links", "drop_memory", "tombstone")

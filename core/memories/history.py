@@ -36,7 +36,7 @@ RECORD_FROM = """
         importance = excluded.importance, entities = excluded.entities, changed_by = excluded.changed_by,
         changed_at = excluded.changed_at
 """
-# Snapshot the named memories as they are now, as one revision each (after a patch or a ref strip).
+# Snapshot the named memories as they are now, as one revision each (after a patch).
 _RECORD = text(RECORD_FROM.format(source="memories WHERE tenant_id = :tenant_id AND id = ANY(:ids)"))
 
 
@@ -56,17 +56,10 @@ class VersionIn(BaseModel):
 
 
 def versions_query(*, tenant_id: int, memory_ids: Sequence[str], changed_by: str) -> sql.Query:
-    """:func:`record_versions` as a statement a write sends with its others (core.sql), after the statements
-    that change those memories."""
+    """Keep the current state of ``memory_ids`` as their newest revision (rows must carry this write's change_seq):
+    a statement a write sends with its others (core.sql), after the statements that change those memories."""
     values = {"tenant_id": tenant_id, "ids": list(memory_ids), "changed_by": changed_by}
     return sql.Query(("record-versions",), lambda: _RECORD, values, generic=True)
-
-
-def record_versions(session: Session, *, tenant_id: int, memory_ids: Sequence[str], changed_by: str) -> None:
-    """Keep the current state of `memory_ids` as their newest revision (rows must carry this write's change_seq)."""
-    if memory_ids:
-        session.flush()
-        session.execute(_RECORD, {"tenant_id": tenant_id, "ids": list(memory_ids), "changed_by": changed_by})
 
 
 def _version_dict(
