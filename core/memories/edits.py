@@ -31,7 +31,7 @@ from core.memories.links import LinkResolver, Links
 from core.memories.models import Memory
 from core.memories.schemas import DEFAULT_IMPORTANCE, PatchMemoryIn, SaveMemoryIn
 from core.memories.service import Planned, precheck, replace_associations
-from core.memories.views import VIEW_COLUMNS, MemoryView, links_column, view_to_dict
+from core.memories.views import VIEW_COLUMNS, MemoryView, answered_with_links, view_to_dict
 from core.memories.visibility import may_modify, possible_id, visible_by_id, visible_shape, visible_values
 from core.refs import memory_ref
 from core.tenancy.context import Caller
@@ -151,7 +151,7 @@ def _revise_statement(columns: tuple[str, ...]) -> Executable:
         .returning(*VIEW_COLUMNS)
         .cte("revised")
     )
-    return select(*revised.c, links_column(bindparam("tenant", type_=BigInteger), revised.c.id))
+    return answered_with_links(revised)
 
 
 def removal_queries(

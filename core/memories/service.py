@@ -17,10 +17,8 @@ from typing import Any
 
 import orjson
 from sqlalchemy import (
-    BigInteger,
     Executable,
     TextClause,
-    bindparam,
     delete,
     func,
     select,
@@ -39,7 +37,7 @@ from core.memories.ids import integer_value
 from core.memories.links import LinkResolver, Links
 from core.memories.models import Association, Memory
 from core.memories.schemas import DEFAULT_IMPORTANCE, SaveMemoryIn, SaveResult
-from core.memories.views import VIEW_COLUMNS, links_column, view_to_dict
+from core.memories.views import VIEW_COLUMNS, answered_with_links, view_to_dict
 from core.memories.views import memories_to_dicts as memories_to_dicts
 from core.memories.views import memory_to_dict as memory_to_dict
 from core.memories.visibility import (
@@ -491,7 +489,7 @@ def _recall_statement(caller: Caller, include_forgotten: bool) -> Executable:
         .returning(*VIEW_COLUMNS)
         .cte("counted")
     )
-    return select(*counted.c, links_column(bindparam("tenant", type_=BigInteger), counted.c.id))
+    return answered_with_links(counted)
 
 
 def memory_history(

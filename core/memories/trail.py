@@ -34,9 +34,13 @@ def _write(
     events: Sequence[tuple[str, dict[str, Any]]],
 ) -> None:
     """Entries and events in one statement (one round trip on a single save)."""
+    emit_many(session, tenant_id=caller.tenant_id, events=events, companion=_entries(caller, entries))
+
+
+def _entries(caller: Caller, entries: Sequence[tuple[str, str | None]]) -> Companion:
+    """The audit entries of a write, to run inside its event statement."""
     params = insert_params(caller_or_actor=caller, entries=entries)
-    companion = Companion(ctes=INSERT_CTES, statement=INSERT_SQL, params=params)
-    emit_many(session, tenant_id=caller.tenant_id, events=events, companion=companion)
+    return Companion(ctes=INSERT_CTES, statement=INSERT_SQL, params=params)
 
 
 def _event(caller: Caller, memory_id: str, **extra: Any) -> dict[str, Any]:
@@ -79,10 +83,9 @@ def forgotten_query(caller: Caller, memory_id: str, *, purged: bool) -> sql.Quer
 
 
 def _query(caller: Caller, action: str, event: str, memory_id: str) -> sql.Query:
-    params = insert_params(caller_or_actor=caller, entries=[(action, memory_ref(memory_id))])
-    companion = Companion(ctes=INSERT_CTES, statement=INSERT_SQL, params=params)
+    entries = _entries(caller, [(action, memory_ref(memory_id))])
     statement, values = emit_statement(
-        tenant_id=caller.tenant_id, events=[(event, _event(caller, memory_id))], companion=companion
+        tenant_id=caller.tenant_id, events=[(event, _event(caller, memory_id))], companion=entries
     )
     # One entry and one event, whatever their values: planned once per connection (core.sql).
     return sql.Query(("memory-trail",), lambda: statement, values, generic=True)

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any, NamedTuple, cast
 
-from sqlalchemy import ColumnElement, ScalarSelect, func, select
+from sqlalchemy import CTE, BigInteger, ColumnElement, ScalarSelect, Select, bindparam, func, select
 from sqlalchemy.dialects.postgresql import aggregate_order_by
 from sqlalchemy.orm import Session
 
@@ -34,6 +34,12 @@ def links_column(tenant: ColumnElement[Any], source_id: Any) -> ScalarSelect[Any
         .where(Association.tenant_id == tenant, Association.source_id == source_id)
         .scalar_subquery()
     )
+
+
+def answered_with_links(changed: CTE) -> Select[Any]:
+    """The rows of ``changed`` (a write's CTE returning :data:`VIEW_COLUMNS`) with each memory's associations
+    beside them, as :func:`view_to_dict` takes them (parameter: tenant)."""
+    return select(*changed.c, links_column(bindparam("tenant", type_=BigInteger), changed.c.id))
 
 
 def _association(target_id: str, relation_type: str, weight: float) -> dict[str, Any]:

@@ -147,7 +147,7 @@ def emit_many(
             if companion is not None:
                 session.execute(text(companion.statement), companion.params)
             return
-    statement, params = emit_statement(tenant_id=tenant_id, events=events, companion=companion)
+    statement, params = _emit(tenant_id=tenant_id, events=events, companion=companion)
     ids = list(session.execute(statement, params).scalars())
     if ids:
         outbox_add(session, ids)
@@ -160,6 +160,12 @@ def emit_statement(
     parameters: for a write that sends it with its other statements (core.sql). Its rows are the ids of the
     webhook jobs it queued, for the session's outbox."""
     _check_types(events)
+    return _emit(tenant_id=tenant_id, events=events, companion=companion)
+
+
+def _emit(
+    *, tenant_id: int, events: Sequence[tuple[str, dict[str, Any]]], companion: Companion | None
+) -> tuple[TextClause, dict[str, Any]]:
     context = job_context()
     extra = {"context": context} if context else {}
     params = {
