@@ -425,6 +425,7 @@ def _pipelined(
     slots: list[tuple[str, Any, Any]] = []
     stale = driver.stale_statements
     pgconn = driver.pgconn
+    aside: BaseException | None = None  # what ``meanwhile`` raised: raised after the statements' bookkeeping
     pgconn.enter_pipeline_mode()
     try:
         for opens in opening:
@@ -455,11 +456,12 @@ def _pipelined(
             slots.append(("set", None, None))
         pgconn.pipeline_sync()
         driver.wait(generators.send(pgconn))
-        try:
-            if meanwhile is not None:
+        if meanwhile is not None:
+            try:
                 meanwhile()
-        finally:
-            results = _pipeline_results(driver, len(slots))
+            except BaseException as error:
+                aside = error
+        results = _pipeline_results(driver, len(slots))
         pgconn.exit_pipeline_mode()
     except AnswerTimeout:
         raise  # (the connection is closed)
@@ -486,6 +488,8 @@ def _pipelined(
         elif kind == "rows" and first_error is None:
             transformer.set_pgresult(result)
             rows[value] = transformer.load_rows(0, result.ntuples, tuple)
+    if aside is not None:  # (the names it prepared are known, or the next PREPARE of one would fail)
+        raise aside
     if first_error is not None:
         raise psycopg.errors.error_from_result(first_error, encoding=driver.info.encoding)
     return rows
