@@ -98,6 +98,7 @@ class DeltaDoc:
     change: DocChange
     length: int  # analysed tokens of its text
     terms: frozenset[str]  # its distinct terms
+    norm: int  # the length BM25 sees (fieldnorm)
 
 
 @dataclass(frozen=True)
@@ -166,7 +167,9 @@ class Delta:
             counts: dict[str, int] = {}
             for term in tokens:
                 counts[term] = counts.get(term, 0) + 1
-            docs[doc_id] = DeltaDoc(change=change, length=len(tokens), terms=frozenset(counts))
+            docs[doc_id] = DeltaDoc(
+                change=change, length=len(tokens), terms=frozenset(counts), norm=fieldnorm(len(tokens))
+            )
             for term, tf in counts.items():
                 writable(term)[doc_id] = tf
         for term, found in copied.items():
@@ -229,17 +232,35 @@ class Delta:
         stats: Bm25Stats,
         exact_id: tuple[str, float, int] | None,
     ) -> dict[str, float]:
-        average = np.float32(stats.average_length)
-        scores: dict[str, np.float32] = {}
+        # Every (term, doc) pair matched, term by term, scored in float32 arrays: each operation rounds to
+        # float32 as tantivy's own arithmetic does, and each doc's terms are summed in the query's order.
+        ids: list[str] = []
+        freqs: list[int] = []
+        weights: list[np.float32] = []
+        counts: list[int] = []
         for term in terms:
             found = self.postings.get(term)
             if not found:
                 continue
-            weight = idf(doc_freq(term), stats.docs) * (_ONE + K1)
-            for doc_id, tf in found.items():
-                norm = K1 * (_ONE - B + B * np.float32(fieldnorm(self.docs[doc_id].length)) / average)
-                freq = np.float32(tf)
-                scores[doc_id] = scores.get(doc_id, np.float32(0.0)) + weight * (freq / (freq + norm))
+            weights.append(idf(doc_freq(term), stats.docs) * (_ONE + K1))
+            counts.append(len(found))
+            ids.extend(found)
+            freqs.extend(found.values())
+        at: dict[str, int] = {}
+        scores = np.zeros(0, dtype=np.float32)
+        if ids:
+            docs = self.docs
+            freq = np.array(freqs, dtype=np.float32)
+            lengths = np.array([docs[doc_id].norm for doc_id in ids], dtype=np.float32)
+            norm = K1 * ((_ONE - B) + (B * lengths) / np.float32(stats.average_length))
+            matched = np.repeat(np.array(weights, dtype=np.float32), counts) * (freq / (freq + norm))
+            where = np.array([at.setdefault(doc_id, len(at)) for doc_id in ids], dtype=np.intp)
+            scores = np.zeros(len(at), dtype=np.float32)
+            start = 0
+            for count in counts:  # term by term (a doc once per term): a doc's first term lands on 0, exactly
+                end = start + count
+                scores[where[start:end]] += matched[start:end]
+                start = end
         if exact_id is not None:
             doc_id, boost, id_freq = exact_id
             named = self.docs.get(doc_id)
@@ -248,5 +269,9 @@ class Delta:
                 # 1 / (1 + K1), boosted.
                 weight = idf(id_freq, stats.docs) * (_ONE + K1) * np.float32(boost)
                 exact = weight * (_ONE / (_ONE + K1))
-                scores[doc_id] = scores.get(doc_id, np.float32(0.0)) + exact
-        return {doc_id: float(score) for doc_id, score in scores.items()}
+                if doc_id in at:
+                    scores[at[doc_id]] += exact
+                else:
+                    at[doc_id] = len(at)
+                    scores = np.append(scores, exact)
+        return dict(zip(at, scores.tolist(), strict=True))

@@ -8,10 +8,11 @@ import random
 import threading
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from core.search import fulltext
-from core.search.delta import Bm25Stats, fieldnorm
+from core.search.delta import K1, B, Bm25Stats, Delta, fieldnorm, idf
 from core.search.fulltext import DocChange, FulltextIndex
 
 WORDS = (
@@ -74,6 +75,37 @@ def test_fieldnorm_is_the_one_byte_length_scale(length: int) -> None:
     down), so it never exceeds the true length and loses at most an eighth of it."""
     stored = fieldnorm(length)
     assert stored == length if length < 24 else length * 7 / 8 <= stored <= length
+
+
+def _scalar_scores(delta: Delta, terms: list[str], doc_freq, stats: Bm25Stats) -> dict[str, float]:  # type: ignore[no-untyped-def]
+    """BM25 of a boolean OR of terms, one float32 operation at a time, in tantivy's order."""
+    one, average, scores = np.float32(1.0), np.float32(stats.average_length), {}
+    for term in terms:
+        weight = idf(doc_freq(term), stats.docs) * (one + K1)
+        for doc_id, tf in delta.postings.get(term, {}).items():
+            norm = K1 * (one - B + B * np.float32(fieldnorm(delta.docs[doc_id].length)) / average)
+            freq = np.float32(tf)
+            scores[doc_id] = scores.get(doc_id, np.float32(0.0)) + weight * (freq / (freq + norm))
+    return {doc_id: float(score) for doc_id, score in scores.items()}
+
+
+def test_held_docs_are_scored_in_float32_one_operation_at_a_time() -> None:
+    """The held docs' scores, computed over arrays, are bit for bit those of float32 arithmetic one operation
+    at a time (each doc's terms summed in the query's order), whatever the lengths, frequencies and statistics."""
+    rng = random.Random(5)
+    for _ in range(60):
+        changes = [
+            DocChange(doc_id=f"memory:{n}", doc_kind="memory", text=_text(rng), deleted=rng.random() < 0.05, seq=n + 1)
+            for n in range(rng.randrange(1, 300))
+        ]
+        delta = Delta(0, 0).merged(changes, upto_seq=len(changes), analyze=str.split, in_reader=lambda _: False)
+        terms = [w + "," for w in rng.sample(WORDS, rng.randrange(1, 6))] + rng.sample(WORDS, 2)
+        freqs = {term: rng.randrange(0, 4000) for term in terms}
+        stats = Bm25Stats(docs=rng.randrange(300, 90_000), average_length=rng.uniform(2.0, 250.0))
+        scored = delta._scores(terms, doc_freq=freqs.__getitem__, stats=stats, exact_id=None)
+        expected = _scalar_scores(delta, terms, freqs.__getitem__, stats)
+        assert scored and list(scored) == list(expected)
+        assert all(scored[doc_id] == score for doc_id, score in expected.items())
 
 
 def test_a_held_doc_scores_exactly_as_the_reader_scores_the_same_text(base: tuple[Path, Log, random.Random]) -> None:
