@@ -44,6 +44,14 @@ MEMOS = 64
 CATCH_UP_WAIT_SECONDS = 2.0
 
 
+class Fed(NamedTuple):
+    """The rows of a change feed's statements after ``since`` (this module's :func:`feed_queries`, the full-text
+    index's), read ahead in a search's first round trip, in the snapshot its head came from."""
+
+    since: int
+    rows: list[Sequence[Any]]
+
+
 class Fact(NamedTuple):
     status: str
     persona: str | None
@@ -86,8 +94,9 @@ class TenantFacts:
     def get(self, memory_id: str) -> Fact | None:
         return self.rows.get(memory_id)
 
-    def catch_up(self, session: Session, *, current_seq: int) -> bool:
-        """Apply the changes up to ``current_seq``, read in ``session`` (whose snapshot saw that seq).
+    def catch_up(self, session: Session, *, current_seq: int, fed: Fed | None = None) -> bool:
+        """Apply the changes up to ``current_seq``, read in ``session`` (whose snapshot saw that seq), or read
+        ahead in it already (``fed``, used when it starts where these facts stand).
 
         False when another search of the tenant held the facts longer than CATCH_UP_WAIT_SECONDS: the
         caller, which holds a connection and a transaction, judges eligibility in SQL instead of waiting on.
@@ -100,14 +109,10 @@ class TenantFacts:
             if self.seq >= current_seq:
                 return True
             since = self.seq
-            values = {"tenant": self.tenant_id, "since": since}
-            changed, gone = sql.run_many(
-                session,
-                [
-                    sql.Query("facts", lambda: text(_FACT_SQL), values),
-                    sql.Query("facts-gone", lambda: text(_GONE_SQL), values),
-                ],
-            )
+            if fed is not None and fed.since == since:
+                changed, gone = fed.rows
+            else:
+                changed, gone = sql.run_many(session, feed_queries(self.tenant_id, since))
             self._apply(changed, gone)
             if changed or gone:
                 self._memos = OrderedDict()
@@ -166,9 +171,27 @@ _held = 0
 _registry_lock = threading.Lock()
 
 
-def tenant_facts(session: Session, *, tenant_id: int, current_seq: int, memories: int) -> TenantFacts | None:
-    """The tenant's facts caught up to ``current_seq``, or None when the tenant (``memories`` active or
-    stale memories) is too large to keep: its eligibility is then asked of the database."""
+def feed_queries(tenant_id: int, since: int) -> list[sql.Query]:
+    """The memories changed after ``since`` and those purged, for :func:`core.sql.run_many`."""
+    values = {"tenant": tenant_id, "since": since}
+    return [
+        sql.Query("facts", lambda: text(_FACT_SQL), values),
+        sql.Query("facts-gone", lambda: text(_GONE_SQL), values),
+    ]
+
+
+def held_seq(tenant_id: int) -> int | None:
+    """The change seq of the tenant's facts this process holds (None: none loaded)."""
+    facts = _tenants.get(tenant_id)
+    return None if facts is None or facts.seq < 0 else facts.seq
+
+
+def tenant_facts(
+    session: Session, *, tenant_id: int, current_seq: int, memories: int, fed: Fed | None = None
+) -> TenantFacts | None:
+    """The tenant's facts caught up to ``current_seq`` (from ``fed`` when that starts where they stand), or None
+    when the tenant (``memories`` active or stale memories) is too large to keep: its eligibility is then asked
+    of the database."""
     global _held
     budget = get_settings().search_facts_max_memories
     if memories > budget:
@@ -193,7 +216,7 @@ def tenant_facts(session: Session, *, tenant_id: int, current_seq: int, memories
             _publish()  # (the gauges only move with a tenant's size or the tenants held)
     if evictions:
         CACHE_EVICTIONS.labels(_CACHE).inc(evictions)
-    return facts if facts.catch_up(session, current_seq=current_seq) else None
+    return facts if facts.catch_up(session, current_seq=current_seq, fed=fed) else None
 
 
 def forget_tenant(tenant_id: int) -> None:

@@ -485,9 +485,14 @@ class FulltextIndex:
                 if state.applied_seq > self._reader_seq:
                     self._refresh_reader_locked(state.applied_seq)
 
+    @property
+    def may_hold(self) -> bool:
+        """Whether the reader is large enough for changes to stay in memory (:meth:`catch_up_in_memory`)."""
+        return self._reader_docs >= self.delta_min_docs
+
     def _holds_delta(self) -> bool:
         """Whether changes may stay in memory: the reader is large enough and reflects the committed index."""
-        if self._reader_docs < self.delta_min_docs:
+        if not self.may_hold:
             return False
         state = self._read_state()
         return state is not None and state.generation == self._generation and state.applied_seq == self._reader_seq

@@ -45,6 +45,7 @@ from core.entities.render import render_memory_content
 from core.memories.models import Memory, Tombstone
 from core.refs import MEMORY_PREFIX
 from core.search.catalog import catalog_changes
+from core.search.facts import Fed
 from core.search.filters import any_of, has_query
 from core.search.fulltext import DocChange, FulltextIndex
 
@@ -135,22 +136,29 @@ def fetch_changes(tenant_id: int, since: int) -> tuple[list[DocChange], int]:
         return _changes_in(session, tenant_id=tenant_id, since=since)
 
 
-def _changes_in(session: Session, *, tenant_id: int, since: int) -> tuple[list[DocChange], int]:
+def feed_queries(tenant_id: int, since: int) -> list[sql.Query]:
+    """The change seq, the changed memories, the tombstones and whether the tenant has a catalog, after
+    ``since``: the statements of a catch-up's first read, for :func:`core.sql.run_many` (driver SQL)."""
+    values = {"tenant": tenant_id, "since": since}
+    return [
+        sql.Query("feed-seq", lambda: _SEQ_SQL, values),
+        sql.Query("feed-memories", _changed_memories, values),
+        sql.Query("feed-tombstones", _changed_tombstones, values),
+        sql.Query("feed-has-catalog", _has_catalog, values),
+    ]
+
+
+def _changes_in(session: Session, *, tenant_id: int, since: int, fed: Fed | None = None) -> tuple[list[DocChange], int]:
     """The changes after ``since`` as the session's snapshot sees them, and its change seq.
 
-    The change seq, the changed memories, the tombstones and whether the tenant has a catalog go to the
-    database together (one round trip, driver SQL: core.sql); a tenant with a catalog then reads
-    the catalog's changes too."""
-    values = {"tenant": tenant_id, "since": since}
-    seq_rows, memory_rows, tombstones, catalogs = sql.run_many(
-        session,
-        [
-            sql.Query("feed-seq", lambda: _SEQ_SQL, values),
-            sql.Query("feed-memories", _changed_memories, values),
-            sql.Query("feed-tombstones", _changed_tombstones, values),
-            sql.Query("feed-has-catalog", _has_catalog, values),
-        ],
-    )
+    :func:`feed_queries` go to the database together (one round trip), unless ``fed`` holds their rows read
+    after the same ``since`` in the session's snapshot; a tenant with a catalog then reads the catalog's
+    changes too."""
+    if fed is not None and fed.since == since:
+        rows = fed.rows
+    else:
+        rows = sql.run_many(session, feed_queries(tenant_id, since))
+    seq_rows, memory_rows, tombstones, catalogs = rows
     high_water = int(seq_rows[0][0] or 0) if seq_rows else 0
     changes = _memory_changes(session, changed=[_MemoryRow(*row) for row in memory_rows])
     changes.extend(
@@ -318,19 +326,28 @@ def catch_up_before_search(tenant_id: int) -> FulltextIndex:
     return index
 
 
-def catch_up_in(session: Session, tenant_id: int, *, current_seq: int | None = None) -> bool:
+def held_seq(tenant_id: int) -> int | None:
+    """The change seq this process's open index of the tenant reflects, where :func:`catch_up_in` would read
+    the feed from; None when it would not read it (the index is not open here, or too small to hold changes
+    in memory)."""
+    index = _open_index(tenant_id)
+    return index.seq if index is not None and index.may_hold else None
+
+
+def catch_up_in(session: Session, tenant_id: int, *, current_seq: int | None = None, fed: Fed | None = None) -> bool:
     """Bring the tenant's index up to the session's snapshot from inside its transaction, when that needs
     no waiting (core.search.fulltext.FulltextIndex.catch_up_in_memory): the changes are read in the
     session itself. False when it would have to wait: the caller then ends its transaction and calls
     :func:`catch_up_before_search`, as it does when the process has not opened the tenant's index yet
     (opening may wait for the index lock). ``current_seq``: the tenant's change seq in the session's
-    snapshot when the caller read it already (else it is read here)."""
+    snapshot when the caller read it already (else it is read here); ``fed``: the feed read with it, used when
+    it starts where the index stands."""
     index = _open_index(tenant_id)
     if index is None:
         return False
     current = _change_seq(session, tenant_id) if current_seq is None else current_seq
     return index.catch_up_in_memory(
-        lambda since: _changes_in(session, tenant_id=tenant_id, since=since), current_seq=current
+        lambda since: _changes_in(session, tenant_id=tenant_id, since=since, fed=fed), current_seq=current
     )
 
 

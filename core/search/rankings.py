@@ -9,7 +9,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import text
-from sqlalchemy.orm import Session
 
 from core import sql
 from core.refs import MEMORY_PREFIX
@@ -127,10 +126,6 @@ def head_from_rows(rows: Sequence[Any], *, model: str | None) -> Head:
         embeddings=EmbeddingStats(model=model, docs=int(docs or 0), version=int(version or 0)),
         memories=int(memories or 0),
     )
-
-
-def read_head(session: Session, *, tenant_id: int, model: str | None) -> Head:
-    return head_from_rows(sql.run(session, head_query(tenant_id=tenant_id, model=model)), model=model)
 
 
 class FulltextRankings:

@@ -40,6 +40,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from itertools import chain
 from operator import itemgetter
+from typing import Any
 
 from sqlalchemy.orm import Session
 
@@ -59,7 +60,7 @@ from core.search.dense import ENTITIES, DenseSearch, DenseUnavailable, dense_mod
 from core.search.filters import EXAMPLE_QUERIES, MEMORIES, Eligibility, MemoryFilter
 from core.search.fulltext import ENTITY_KINDS
 from core.search.fusion import relevance, with_hops
-from core.search.index import catch_up_before_search, catch_up_in, is_open
+from core.search.index import catch_up_before_search, catch_up_in, feed_queries, held_seq, is_open
 from core.search.modes import ordered_buckets
 from core.search.names import question_names, with_names
 from core.search.rankings import (
@@ -76,7 +77,6 @@ from core.search.rankings import (
     filtered_ranking,
     head_from_rows,
     head_query,
-    read_head,
 )
 from core.search.schemas import SearchRequest, SearchResponse
 from core.tenancy.context import Caller
@@ -91,6 +91,11 @@ FALLBACK_WARNING = "no entities, query or question given; returning the most rec
 
 # The head this process read last per tenant: what full-text may start from before the head comes back.
 _last_heads: dict[int, Head] = {}
+# The tenants whose last head read here had moved since the one before (their writes stream in): their next
+# search reads its caches' change feeds ahead, in the head's round trip (see _head_queries).
+_moving: set[int] = set()
+# Read the change feeds ahead with the head while a tenant's writes stream in (False: each in its own round trip).
+READ_AHEAD = True
 # Run full-text while the head and entity queries are out (False: after them, as the head requires).
 EARLY_FULLTEXT = True
 
@@ -146,6 +151,10 @@ class SearchState:
     loaded: dict[str, Memory] = field(default_factory=dict)
     # Whether the full-text index is to be caught up to the head's change seq when the head is read (see search).
     catch_up: bool = False
+    # The change feeds read ahead with the head (see _head_queries): "fulltext", "facts".
+    fed: dict[str, facts.Fed] = field(default_factory=dict)
+    # The feeds the head's statement is sent with: (name, since, its statements' count).
+    ahead: list[tuple[str, int, int]] = field(default_factory=list)
 
     def warn(self, message: str) -> None:
         if message not in self.response.warnings:
@@ -190,18 +199,50 @@ def new_state(
 
 def head_of(state: SearchState) -> Head:
     if state.head is None:
-        _head_read(state, read_head(state.session, tenant_id=state.caller.tenant_id, model=state.model))
+        _head_read(state, sql.run_many(state.session, _head_queries(state)))
     assert state.head is not None
     return state.head
 
 
-def _head_read(state: SearchState, head: Head) -> None:
-    """Record the head the search read; catch the full-text index up to its change seq when asked to."""
-    state.head = head
-    _last_heads[state.caller.tenant_id] = head
+def _head_queries(state: SearchState) -> list[sql.Query]:
+    """The head's statement; while the tenant's writes stream in, also the change feeds of the caches the search
+    catches up to the head (the full-text index, when this search does, and the tenant's facts), each after
+    where this process's copy stands: what their catch-ups would read next, in this round trip instead of one
+    each. Each checks that a feed starts where it stands before it uses it; with no write since, they come
+    back empty."""
+    tenant_id = state.caller.tenant_id
+    queries = [head_query(tenant_id=tenant_id, model=state.model)]
+    state.ahead = []
+    if READ_AHEAD and tenant_id in _moving:
+        for name, since, feed in (
+            ("fulltext", held_seq(tenant_id) if state.catch_up else None, feed_queries),
+            ("facts", facts.held_seq(tenant_id), facts.feed_queries),
+        ):
+            if since is not None:
+                statements = feed(tenant_id, since)
+                state.ahead.append((name, since, len(statements)))
+                queries.extend(statements)
+    return queries
+
+
+def _head_read(state: SearchState, results: list[Sequence[Any]]) -> None:
+    """Record the head the search read (``results``: those of :func:`_head_queries`, in order) and the feeds
+    read with it; catch the full-text index up to its change seq when asked to."""
+    tenant_id = state.caller.tenant_id
+    state.head = head = head_from_rows(results[0], model=state.model)
+    at = 1
+    for name, since, count in state.ahead:
+        state.fed[name] = facts.Fed(since, list(results[at : at + count]))
+        at += count
+    previous = _last_heads.get(tenant_id)
+    _last_heads[tenant_id] = head
+    if previous is not None and head.change_seq != previous.change_seq:
+        _moving.add(tenant_id)
+    else:
+        _moving.discard(tenant_id)
     if state.catch_up:
         state.catch_up = False
-        if not catch_up_in(state.session, state.caller.tenant_id, current_seq=head.change_seq):
+        if not catch_up_in(state.session, tenant_id, current_seq=head.change_seq, fed=state.fed.get("fulltext")):
             raise CatchUpFirst
 
 
@@ -215,7 +256,11 @@ def snapshot_of(state: SearchState) -> CatalogSnapshot:
 def _facts(state: SearchState) -> facts.TenantFacts | None:
     head = head_of(state)
     return facts.tenant_facts(
-        state.session, tenant_id=state.caller.tenant_id, current_seq=head.change_seq, memories=head.memories
+        state.session,
+        tenant_id=state.caller.tenant_id,
+        current_seq=head.change_seq,
+        memories=head.memories,
+        fed=state.fed.get("facts"),
     )
 
 
@@ -438,18 +483,17 @@ def _entity_bm25(
     """Channel 1's ranking; the head, when not read yet, comes in the same round trip (and ``meanwhile`` runs
     while that round trip is out). Second: the head read, when it shows the guessed snapshot was wrong."""
     tenant_id, eligibility, first = state.caller.tenant_id, state.eligibility, state.head is None
-    queries: list[sql.Query] = []
-    if first:
-        queries.append(head_query(tenant_id=tenant_id, model=state.model))
+    queries = _head_queries(state) if first else []
+    ahead = len(queries)
     if tokens:
         queries.append(entity_channel.query(tenant_id=tenant_id, query_entities=tokens, eligibility=eligibility))
     results = sql.run_many(state.session, queries, meanwhile=meanwhile) if queries else []
     if first:
-        head = head_from_rows(results.pop(0), model=state.model)
-        _head_read(state, head)
+        _head_read(state, results[:ahead])
+        head = head_of(state)
         if state.guessed_version is not None and head.catalog_version != state.guessed_version:
             return [], head
-    ranking = entity_channel.from_rows(results[0] if results else [], query_entities=tokens, eligibility=eligibility)
+    ranking = entity_channel.from_rows(results[ahead] if tokens else [], query_entities=tokens, eligibility=eligibility)
     return ranking, None
 
 

@@ -1,0 +1,103 @@
+"""While a tenant's writes stream in, a search reads the change feeds of its caches (the full-text index, the
+tenant's facts) ahead, with its head, instead of in a round trip each after it (core.search.service's
+_head_queries); a feed that does not start where a cache stands is left unused."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import pytest
+
+from core import sql
+from core.db import read_one_snapshot, tenant_session
+from core.search import facts, index
+from tests.helpers.api import ids, save, search
+
+FEEDS = {"feed-seq", "feed-memories", "feed-tombstones", "feed-has-catalog", "facts", "facts-gone"}
+QUESTION = {"question": "which harbour ships the zinc crates"}
+
+
+@contextmanager
+def calls() -> Iterator[list[list[Any]]]:
+    """The keys of each core.sql call's statements, in order."""
+    seen: list[list[Any]] = []
+    real = sql._exchange
+
+    def exchange(driver, queries, *rest):  # type: ignore[no-untyped-def]
+        seen.append([q.key for q in queries])
+        return real(driver, queries, *rest)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(sql, "_exchange", exchange)
+        yield seen
+
+
+def _feeds(keys: list[Any]) -> set[str]:
+    return {key for key in keys if isinstance(key, str) and key in FEEDS}
+
+
+def _filled(client, tenant) -> None:  # type: ignore[no-untyped-def]
+    # Enough memories for the index to hold changes in memory (core.search.fulltext's DELTA_MIN_READER_DOCS).
+    items = [{"content": f"ledger line {n}: the inland depot ships crates"} for n in range(300)]
+    response = client.post("/v1/memories:batch", json={"items": items}, headers=tenant.headers())
+    assert response.status_code == 200, response.text
+    search(client, tenant, QUESTION)  # (the index opened, the facts loaded)
+
+
+def test_a_search_under_writes_reads_the_feeds_with_its_head_and_finds_the_write(client, tenant):
+    _filled(client, tenant)
+    save(client, tenant, {"content": "a first write of the stream"})
+    search(client, tenant, QUESTION)  # the head moved: the tenant's writes stream in
+    fresh = save(client, tenant, {"content": "the harbour ships the zinc crates on Fridays"})
+    with calls() as seen:
+        found = search(client, tenant, QUESTION)
+    assert ids(found["memories"])[0] == fresh  # read-your-writes, through the feeds read ahead
+    first, *rest = seen
+    assert "head" in first and _feeds(first) == FEEDS
+    assert all(not _feeds(keys) for keys in rest), seen  # neither catch-up read a feed of its own
+    seq = facts.held_seq(tenant.tenant_id)
+    assert seq is not None and index.held_seq(tenant.tenant_id) == seq  # both caught up to the same head
+
+    with calls() as seen:  # no write since: the feeds come back empty, and the next search stops reading them
+        search(client, tenant, QUESTION)
+    assert _feeds(seen[0]) == FEEDS
+    with calls() as seen:
+        again = search(client, tenant, QUESTION)
+    assert not any(_feeds(keys) for keys in seen), seen
+    assert ids(again["memories"])[0] == fresh
+
+
+def test_a_quiet_tenants_search_reads_no_feed(client, tenant):
+    _filled(client, tenant)
+    with calls() as seen:
+        search(client, tenant, QUESTION)
+        search(client, tenant, QUESTION)
+    assert not any(_feeds(keys) for keys in seen), seen
+
+
+def test_a_feed_read_after_another_seq_is_left_unused(client, tenant):
+    """Rows read ahead from another point than where the cache stands (another search caught it up meanwhile)
+    are not applied: the cache reads its own."""
+    _filled(client, tenant)
+    tenant_id = tenant.tenant_id
+    kept = save(client, tenant, {"content": "a memory both caches must hold"})
+    facts_seq, index_seq = facts.held_seq(tenant_id), index.held_seq(tenant_id)
+    assert facts_seq is not None and index_seq is not None
+    bogus = [("bogus", "active", None, None, "core", "fact", None, False, [], [])]
+    with tenant_session(tenant_id) as session:
+        read_one_snapshot(session)
+        current = index._change_seq(session, tenant_id)
+        held = facts.tenant_facts(
+            session,
+            tenant_id=tenant_id,
+            current_seq=current,
+            memories=301,
+            fed=facts.Fed(facts_seq - 1, [bogus, []]),
+        )
+        assert held is not None and held.get("bogus") is None and held.get(kept) is not None
+        assert index.catch_up_in(
+            session, tenant_id, current_seq=current, fed=facts.Fed(index_seq - 1, [[(current,)], [], [], []])
+        )
+    assert ids(search(client, tenant, {"question": "a memory both caches must hold"})["memories"])[0] == kept
