@@ -151,6 +151,8 @@ class SearchState:
     loaded: dict[str, Memory] = field(default_factory=dict)
     # Whether the full-text index is to be caught up to the head's change seq when the head is read (see search).
     catch_up: bool = False
+    # Whether the search's transaction has ended (its COMMIT sent with the graph's query; see fuse).
+    ended: bool = False
     # The change feeds read ahead with the head (see _head_queries): "fulltext", "facts".
     fed: dict[str, facts.Fed] = field(default_factory=dict)
     # The feeds the head's statement is sent with: (name, since, its statements' count).
@@ -619,6 +621,13 @@ def fuse(state: SearchState) -> dict[str, Ranking]:
     out: dict[str, Ranking] = {bucket: [] for bucket in state.caps}
     live = list(state.eligible)
     fused = _fused_buckets(state, live)
+    # The entities bucket owes nothing to the graph: ranked and rendered first, so that the graph's round trip
+    # can end the transaction (below).
+    blind = {}
+    if state.dense is not None and "dense" in state.entity_rankings:
+        blind["dense"] = state.dense.blind(ENTITIES, [])
+    state.entities = above(relevance(state.entity_rankings, blind=blind), request.min_score)[: request.max_entities]
+    _entity_hits(state)
     if live and state.response.channels.graph:
         depths = {bucket: bucket_depth(state.caps[bucket]) for bucket in live}
         # Every channel ranked every live bucket, so the seeds are the fused ranking's first.
@@ -636,6 +645,8 @@ def fuse(state: SearchState) -> dict[str, Ranking]:
         asking_ids = {bucket: [d for d, _ in ranking] for bucket, ranking in asking.items()}
         tenant_id = state.caller.tenant_id
         with state.clock.timing("graph"):
+            # The search's last statements, as a rule: its COMMIT goes with them. Hits the graph's hops or the
+            # names lift that were not loaded here are read after, in a transaction of their own (_load).
             edges, rows, answered = sql.run_many(
                 state.session,
                 [
@@ -643,7 +654,9 @@ def fuse(state: SearchState) -> dict[str, Ranking]:
                     hits.memories_query(tenant_id=tenant_id, memory_ids=likely),
                     replies.query(tenant_id=tenant_id, seeds=asking_ids),
                 ],
+                commit=True,
             )
+            state.ended = True
             hops = graph.from_rows(edges, seeds=seeds, eligibility=eligibility, seed_scores=seed_scores)
             answers = replies.from_rows(
                 answered, seeds=asking_ids, seed_scores={bucket: dict(ranking) for bucket, ranking in asking.items()}
@@ -659,11 +672,19 @@ def fuse(state: SearchState) -> dict[str, Ranking]:
     for bucket in live:
         out[bucket] = above(fused[bucket], request.min_score)[: state.caps[bucket]]
     state.buckets = out
-    blind = {}
-    if state.dense is not None and "dense" in state.entity_rankings:
-        blind["dense"] = state.dense.blind(ENTITIES, [])
-    state.entities = above(relevance(state.entity_rankings, blind=blind), request.min_score)[: request.max_entities]
     return out
+
+
+def _load(state: SearchState, memory_ids: list[str]) -> dict[str, Memory]:
+    """The hit columns of memories not loaded with the graph's query. Once the search's transaction has ended,
+    they are read in a new one, which sees only what the caller may see and is not forgotten now (a memory
+    edited or forgotten since the search's snapshot is shown as it is now, or dropped)."""
+    if not memory_ids:
+        return {}
+    if not state.ended:
+        return hits.load_memories(state.session, tenant_id=state.caller.tenant_id, memory_ids=memory_ids)
+    query = hits.visible_memories_query(caller=state.caller, memory_ids=memory_ids)
+    return hits.memories_from_rows(sql.run(state.session, query))
 
 
 def _rerank_by_names(
@@ -673,8 +694,7 @@ def _rerank_by_names(
     (core.search.names); the texts not loaded yet (graph hops that rose into them) are read in one query."""
     pools = {bucket: fused[bucket][: depths[bucket]] for bucket in fused}
     missing = [d for pool in pools.values() for d, _ in pool if d not in state.loaded]
-    if missing:
-        state.loaded.update(hits.load_memories(state.session, tenant_id=state.caller.tenant_id, memory_ids=missing))
+    state.loaded.update(_load(state, missing))
     loaded = state.loaded
 
     def text_of(memory_id: str) -> str | None:
@@ -729,6 +749,11 @@ def ordered(state: SearchState, mode: str) -> None:
 def hydrate(state: SearchState) -> SearchResponse:
     """The fused rankings made into the response's hits."""
     _hydrate_memories(state, tokens=state.inputs.bm25_tokens)
+    return state.response
+
+
+def _entity_hits(state: SearchState) -> None:
+    """The entities bucket's hits (its catalog docs rendered, in the search's snapshot)."""
     if state.entities:
         state.response.entities = hits.entity_hits(
             state.session,
@@ -737,7 +762,6 @@ def hydrate(state: SearchState) -> SearchResponse:
             tenant_id=state.caller.tenant_id,
             version=head_of(state).catalog_version,
         )
-    return state.response
 
 
 def _hydrate_memories(state: SearchState, *, tokens: list[str]) -> None:
@@ -745,7 +769,7 @@ def _hydrate_memories(state: SearchState, *, tokens: list[str]) -> None:
     ids = [doc_id for ranking in buckets.values() for doc_id, _ in ranking]
     memories = {memory_id: state.loaded[memory_id] for memory_id in ids if memory_id in state.loaded}
     missing = [memory_id for memory_id in ids if memory_id not in memories]
-    memories.update(hits.load_memories(state.session, tenant_id=state.caller.tenant_id, memory_ids=missing))
+    memories.update(_load(state, missing))
     matched = {
         memory_id: [t for t in tokens if t in (memory.entities or []) or t == MEMORY_PREFIX + memory_id]
         for memory_id, memory in memories.items()
