@@ -28,11 +28,12 @@ def recorded(tenant_id: int) -> Iterator[dict[str, list[Any]]]:
     """The keys of each core.sql call's statements, the ORM statements the tenant's sessions run, and the outbox
     at each commit (the app's background work, such as usage metering, has sessions of its own)."""
     seen: dict[str, list[Any]] = {"calls": [], "orm": [], "outbox": []}
-    real = sql._exchange
+    real = sql.run_many
 
-    def exchange(driver, queries, *rest):  # type: ignore[no-untyped-def]
-        seen["calls"].append([q.key if q.key[0] != "edit-lock" else "edit-lock" for q in queries])
-        return real(driver, queries, *rest)
+    def run_many(session, queries, **given):  # type: ignore[no-untyped-def]
+        if session.info.get("tenant_id") == tenant_id:  # (threads of other tests may run meanwhile)
+            seen["calls"].append([q.key if q.key[0] != "edit-lock" else "edit-lock" for q in queries])
+        return real(session, queries, **given)
 
     def orm(state: Any) -> None:
         if state.session.info.get("tenant_id") == tenant_id:
@@ -42,7 +43,7 @@ def recorded(tenant_id: int) -> Iterator[dict[str, list[Any]]]:
         seen["outbox"].append(list(session.info.get("outbox", [])))
 
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(sql, "_exchange", exchange)
+        patch.setattr(sql, "run_many", run_many)
         event.listen(Session, "do_orm_execute", orm)
         event.listen(Session, "before_commit", committing)
         try:

@@ -20,17 +20,19 @@ QUESTION = {"question": "which harbour ships the zinc crates"}
 
 
 @contextmanager
-def calls() -> Iterator[list[list[Any]]]:
-    """The keys of each core.sql call's statements, in order."""
+def calls(tenant_id: int) -> Iterator[list[list[Any]]]:
+    """The keys of the statements of each core.sql call of the tenant's sessions, in order (threads of other
+    tests may run meanwhile)."""
     seen: list[list[Any]] = []
-    real = sql._exchange
+    real = sql.run_many
 
-    def exchange(driver, queries, *rest):  # type: ignore[no-untyped-def]
-        seen.append([q.key for q in queries])
-        return real(driver, queries, *rest)
+    def run_many(session, queries, **given):  # type: ignore[no-untyped-def]
+        if session.info.get("tenant_id") == tenant_id:
+            seen.append([q.key for q in queries])
+        return real(session, queries, **given)
 
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(sql, "_exchange", exchange)
+        patch.setattr(sql, "run_many", run_many)
         yield seen
 
 
@@ -39,7 +41,7 @@ def _feeds(keys: list[Any]) -> set[str]:
 
 
 def _split(seen: list[list[Any]]) -> tuple[list[Any], list[list[Any]]]:
-    """The search's call holding its head, and every other call (threads of other tests' may run meanwhile)."""
+    """The search's call holding its head, and every other call."""
     (first,) = [keys for keys in seen if "head" in keys]
     return first, [keys for keys in seen if keys is not first]
 
@@ -57,7 +59,7 @@ def test_a_search_under_writes_reads_the_feeds_with_its_head_and_finds_the_write
     save(client, tenant, {"content": "a first write of the stream"})
     search(client, tenant, QUESTION)  # the head moved: the tenant's writes stream in
     fresh = save(client, tenant, {"content": "the harbour ships the zinc crates on Fridays"})
-    with calls() as seen:
+    with calls(tenant.tenant_id) as seen:
         found = search(client, tenant, QUESTION)
     assert ids(found["memories"])[0] == fresh  # read-your-writes, through the feeds read ahead
     first, rest = _split(seen)
@@ -66,10 +68,11 @@ def test_a_search_under_writes_reads_the_feeds_with_its_head_and_finds_the_write
     seq = facts.held_seq(tenant.tenant_id)
     assert seq is not None and index.held_seq(tenant.tenant_id) == seq  # both caught up to the same head
 
-    with calls() as seen:  # no write since: the feeds come back empty, and the next search stops reading them
+    # No write since: the feeds come back empty, and the next search stops reading them.
+    with calls(tenant.tenant_id) as seen:
         search(client, tenant, QUESTION)
     assert _feeds(_split(seen)[0]) == FEEDS
-    with calls() as seen:
+    with calls(tenant.tenant_id) as seen:
         again = search(client, tenant, QUESTION)
     assert not any(_feeds(keys) for keys in seen), seen
     assert ids(again["memories"])[0] == fresh
@@ -77,7 +80,7 @@ def test_a_search_under_writes_reads_the_feeds_with_its_head_and_finds_the_write
 
 def test_a_quiet_tenants_search_reads_no_feed(client, tenant):
     _filled(client, tenant)
-    with calls() as seen:
+    with calls(tenant.tenant_id) as seen:
         search(client, tenant, QUESTION)
         search(client, tenant, QUESTION)
     assert not any(_feeds(keys) for keys in seen), seen
