@@ -8,11 +8,12 @@ from contextlib import contextmanager
 from typing import Any
 
 import pytest
-from sqlalchemy import event, text
+from sqlalchemy import text
 from sqlalchemy.orm import Session
 
 from core import sql
 from core.db import system_session
+from tests.helpers.events import listening
 
 LOCK = [("advance-change-seq",), "edit-lock"]
 
@@ -42,15 +43,9 @@ def recorded(tenant_id: int) -> Iterator[dict[str, list[Any]]]:
     def committing(session: Session) -> None:
         seen["outbox"].append(list(session.info.get("outbox", [])))
 
-    with pytest.MonkeyPatch.context() as patch:
+    with pytest.MonkeyPatch.context() as patch, listening(Session, do_orm_execute=orm, before_commit=committing):
         patch.setattr(sql, "run_many", run_many)
-        event.listen(Session, "do_orm_execute", orm)
-        event.listen(Session, "before_commit", committing)
-        try:
-            yield seen
-        finally:
-            event.remove(Session, "do_orm_execute", orm)
-            event.remove(Session, "before_commit", committing)
+        yield seen
 
 
 def _rows(statement: str, **params: Any) -> list[Any]:

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from tests.helpers.api import assert_error, save
+from tests.helpers.events import listening
 
 
 def listed(client, tenant, **params):  # type: ignore[no-untyped-def]
@@ -169,7 +170,6 @@ def test_memory_refs_inside_a_search_query_are_looked_up_or_dropped(client, tena
 def test_a_listing_page_is_one_statement_with_its_associations_whatever_the_filters(client, tenant):
     """Every filter at once, paged in every sort: the pages hold exactly the memories the filters keep, in the
     sort's order, each with its associations, and each page is one core.sql statement (no ORM query)."""
-    from sqlalchemy import event
     from sqlalchemy.orm import Session
 
     from core import sql
@@ -204,8 +204,7 @@ def test_a_listing_page_is_one_statement_with_its_associations_whatever_the_filt
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(sql, "run_many", counted)
-        event.listen(Session, "do_orm_execute", through_the_orm)
-        try:
+        with listening(Session, do_orm_execute=through_the_orm):
             for sort in ("recent", "importance", "most_accessed"):
                 page = listed(client, tenant, sort=sort, limit=3, **filters)
                 seen = list(page["memories"])
@@ -217,6 +216,4 @@ def test_a_listing_page_is_one_statement_with_its_associations_whatever_the_filt
                 links = {m["id"]: m["associations"] for m in seen}
                 assert links[kept[3]] == [{"target_id": kept[0], "relation_type": "updates", "weight": 0.5}]
                 assert links[kept[1]] == []
-        finally:
-            event.remove(Session, "do_orm_execute", through_the_orm)
     assert orm == [] and calls == [1] * 9  # three pages a sort, one statement a page

@@ -10,6 +10,7 @@ from sqlalchemy import any_, select, text
 from core import sql
 from core.db import tenant_session
 from core.memories.models import Memory
+from tests.helpers.events import listening
 
 AWKWARD = ["plain", 'quote " inside', "back\\slash", 'both \\" mixed', "", "NULL", "{a,b}", "comma, space", "ünïcödé"]
 
@@ -395,7 +396,6 @@ def test_a_search_reads_one_snapshot_opened_with_its_first_statement(client, ten
 def test_a_unit_of_work_whose_statement_committed_is_not_committed_again(client, tenant):
     """tenant_session commits what is left to commit: after a call that carried the COMMIT, nothing (its
     commit hooks ran once, with that commit); a unit of work with a transaction open is committed as ever."""
-    from sqlalchemy import event
     from sqlalchemy.orm import Session
 
     commits: list[int] = []
@@ -403,8 +403,7 @@ def test_a_unit_of_work_whose_statement_committed_is_not_committed_again(client,
     def counted(session: Session) -> None:
         commits.append(session.info["tenant_id"])
 
-    event.listen(Session, "after_commit", counted)
-    try:
+    with listening(Session, after_commit=counted):
         with tenant_session(tenant.tenant_id) as session:
             sql.run(session, _tenant_query(), commit=True)
         assert commits == [tenant.tenant_id]
@@ -412,15 +411,12 @@ def test_a_unit_of_work_whose_statement_committed_is_not_committed_again(client,
             sql.run(session, _tenant_query())
             assert session.in_transaction()
         assert commits == [tenant.tenant_id] * 2
-    finally:
-        event.remove(Session, "after_commit", counted)
 
 
 @pytest.mark.parametrize("mode", ["recent", "important", "typed"])
 def test_an_ordered_search_reads_its_buckets_and_their_hits_in_one_round_trip(client, tenant, mode):
     """The ordered modes read both buckets, with the columns their hits show, in one core.sql call: no ORM
     statement, no query of the hits' own."""
-    from sqlalchemy import event
     from sqlalchemy.orm import Session
 
     from core.search import service
@@ -445,13 +441,10 @@ def test_an_ordered_search_reads_its_buckets_and_their_hits_in_one_round_trip(cl
             "_exchange",
             lambda driver, queries, *rest: (calls.append([q.key[0] for q in queries]), real(driver, queries, *rest))[1],
         )
-        event.listen(Session, "do_orm_execute", through_the_orm)
-        try:
+        with listening(Session, do_orm_execute=through_the_orm):
             with tenant_session(tenant.tenant_id) as session:
                 request = SearchRequest(mode=mode, kind="fact" if mode == "typed" else None)
                 response = service.search(session, caller=caller, request=request)
-        finally:
-            event.remove(Session, "do_orm_execute", through_the_orm)
     # (The catalog's snapshot is read after them, for the example queries' stale-entity warnings.)
     assert calls[0] == ["ordered", "ordered"] and not any("hits" in keys for keys in calls) and orm == []
     # Newest first, or weightiest first: the same order here, and the hits' text read with their ids.

@@ -11,11 +11,12 @@ from typing import Any
 
 import pytest
 from psycopg import pq
-from sqlalchemy import event, text
+from sqlalchemy import text
 
 from core import sql
 from core.db import get_engine, system_session
 from tests.helpers.api import ids, save, search
+from tests.helpers.events import listening
 
 
 @contextmanager
@@ -34,13 +35,10 @@ def traced(tenant_id: int) -> Iterator[list[list[str]]]:
     def checkin(dbapi_connection: Any, _record: Any) -> None:
         dbapi_connection.pgconn.untrace()
 
-    event.listen(engine, "checkout", checkout)
-    event.listen(engine, "checkin", checkin)
     try:
-        yield trips
+        with listening(engine, checkout=checkout, checkin=checkin):
+            yield trips
     finally:
-        event.remove(engine, "checkout", checkout)
-        event.remove(engine, "checkin", checkin)
         for handle in files:
             handle.seek(0)
             sent: list[list[str]] = []
