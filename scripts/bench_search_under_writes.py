@@ -1,7 +1,7 @@
 """A search right after a save, in a loop: what a search costs while its tenant's writes stream in (the full-text
 index, the eligibility facts and the dense layout each catch up with the save before the search answers).
 
-At a tenant of `--memories` memories, in-process through the ASGI app on a throwaway embedded stack (no
+At a tenant of `--memories` memories, in-process through the ASGI app on a throwaway stack (api.bench.stack; no
 Celery worker: the saves are not embedded, so the dense channel sees only the loaded memories), each pair is
 one save and one question search; `--rounds` rounds of `--pairs` pairs after a warm-up. Printed per round: the
 process's CPU per pair (`time.process_time`: the app, its threads and the test client, not PostgreSQL's), the
@@ -15,13 +15,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import shutil
 import statistics
-import tempfile
 import time
 import uuid
-from pathlib import Path
 from typing import Any
 
 QUESTIONS = ("invoices in region 7", "orders of region 12", "what about note 55", "region 3 invoices and orders")
@@ -33,83 +29,61 @@ def main() -> None:
     parser.add_argument("--pairs", type=int, default=300)
     parser.add_argument("--rounds", type=int, default=4)
     args = parser.parse_args()
-    base = Path(tempfile.mkdtemp(prefix="engram-under-writes-", dir="/tmp"))
-    base.chmod(0o755)
-    try:
-        from api.serve.embedded import embedded_services
+    from fastapi.testclient import TestClient
+    from sqlalchemy import text
 
-        with embedded_services(base, durable=False) as (database_url, redis_url):
-            os.environ.update(
-                ENGRAM_DATABASE_URL=database_url,
-                ENGRAM_REDIS_URL=redis_url,
-                ENGRAM_HOME=str(base / "home"),
-                ENGRAM_OPERATOR_KEY="egop_" + uuid.uuid4().hex,
-            )
-            (base / "home").mkdir()
-            from core.config import reset_settings_cache
+    from api.app import create_app
+    from api.bench.stack import bench_stack
+    from core import sql
+    from core.db import system_session
+    from core.tenancy.service import create_tenant
 
-            reset_settings_cache()
-            from core.migrate import upgrade
+    with bench_stack(), TestClient(create_app()) as client:
+        with system_session() as session:
+            headers = {"Authorization": f"Bearer {create_tenant(session, name='bench').api_key}"}
+        contents = [f"note {i} about orders and invoices in region {i % 50}" for i in range(args.memories)]
+        for start in range(0, args.memories, 1000):
+            items = [{"content": content} for content in contents[start : start + 1000]]
+            client.post("/v1/memories:batch", json={"items": items}, headers=headers)
+        with system_session() as session:
+            session.execute(text("ANALYZE"))  # (the state autovacuum brings a loaded table to)
+        calls = [0]
+        real = sql._exchange
 
-            upgrade()
-            from fastapi.testclient import TestClient
-            from sqlalchemy import text
+        def counted(*given: Any) -> Any:
+            calls[0] += 1
+            return real(*given)
 
-            from api.app import create_app
-            from core import sql
-            from core.db import system_session
-            from core.tenancy.service import create_tenant
+        sql._exchange = counted  # type: ignore[assignment]
+        count = iter(range(10**9))
 
-            with system_session() as session:
-                headers = {"Authorization": f"Bearer {create_tenant(session, name='bench').api_key}"}
-            with TestClient(create_app()) as client:
-                for start in range(0, args.memories, 1000):
-                    items = [
-                        {"content": f"note {i} about orders and invoices in region {i % 50}"}
-                        for i in range(start, min(start + 1000, args.memories))
-                    ]
-                    client.post("/v1/memories:batch", json={"items": items}, headers=headers)
-                with system_session() as session:
-                    session.execute(text("ANALYZE"))  # (the state autovacuum brings a loaded table to)
-                calls = [0]
-                real = sql._exchange
+        def pair() -> int:
+            n = next(count)
+            body = {"content": f"note {uuid.uuid4().hex} about region {n % 50}"}
+            assert client.post("/v1/memories", json=body, headers=headers).status_code == 201
+            before = calls[0]
+            response = client.post("/v1/search", json={"question": QUESTIONS[n % 4]}, headers=headers)
+            assert response.status_code == 200, response.text
+            return calls[0] - before
 
-                def counted(*given: Any) -> Any:
-                    calls[0] += 1
-                    return real(*given)
-
-                sql._exchange = counted  # type: ignore[assignment]
-                count = iter(range(10**9))
-
-                def pair() -> int:
-                    n = next(count)
-                    body = {"content": f"note {uuid.uuid4().hex} about region {n % 50}"}
-                    assert client.post("/v1/memories", json=body, headers=headers).status_code == 201
-                    before = calls[0]
-                    response = client.post("/v1/search", json={"question": QUESTIONS[n % 4]}, headers=headers)
-                    assert response.status_code == 200, response.text
-                    return calls[0] - before
-
-                for _ in range(50):
-                    pair()
-                for round_ in range(args.rounds):
-                    walls: list[float] = []
-                    trips: list[int] = []
-                    cpu_start = time.process_time()
-                    for _ in range(args.pairs):
-                        started = time.perf_counter()
-                        trips.append(pair())
-                        walls.append((time.perf_counter() - started) * 1000)
-                    cpu_ms = (time.process_time() - cpu_start) * 1000 / args.pairs
-                    figure = {
-                        "round": round_,
-                        "cpu_ms_per_pair": round(cpu_ms, 3),
-                        "wall_p50_ms": round(statistics.median(walls), 3),
-                        "search_sql_calls": statistics.median(trips),
-                    }
-                    print(json.dumps(figure), flush=True)
-    finally:
-        shutil.rmtree(base, ignore_errors=True)
+        for _ in range(50):
+            pair()
+        for round_ in range(args.rounds):
+            walls: list[float] = []
+            trips: list[int] = []
+            cpu_start = time.process_time()
+            for _ in range(args.pairs):
+                started = time.perf_counter()
+                trips.append(pair())
+                walls.append((time.perf_counter() - started) * 1000)
+            cpu_ms = (time.process_time() - cpu_start) * 1000 / args.pairs
+            figure = {
+                "round": round_,
+                "cpu_ms_per_pair": round(cpu_ms, 3),
+                "wall_p50_ms": round(statistics.median(walls), 3),
+                "search_sql_calls": statistics.median(trips),
+            }
+            print(json.dumps(figure), flush=True)
 
 
 if __name__ == "__main__":
