@@ -35,7 +35,7 @@ HIT_COLUMNS = (
 
 
 def memories_query(*, tenant_id: int, memory_ids: Sequence[str]) -> sql.Query:
-    """The statement of :func:`load_memories`, for :func:`core.sql.run_many`."""
+    """The hit columns of these memories of the tenant (:func:`memories_from_rows`), for :func:`core.sql.run_many`."""
 
     def build() -> Executable:
         return select(*HIT_COLUMNS).where(Memory.tenant_id == tenant_id, Memory.id == any_(sql.text_array("ids")))
@@ -80,13 +80,6 @@ def memories_from_rows(rows: Sequence[Any]) -> dict[str, Memory]:
     """The hit columns of each row, by id, readable as a :class:`Memory` (a plain tuple: building ORM objects
     cost more than the query, and these are never written)."""
     return {row[0]: cast(Memory, HitMemory._make(row)) for row in rows}
-
-
-def load_memories(session: Session, *, tenant_id: int, memory_ids: Sequence[str]) -> dict[str, Memory]:
-    """The hit columns of these memories of the tenant, by id."""
-    if not memory_ids:
-        return {}
-    return memories_from_rows(sql.run(session, memories_query(tenant_id=tenant_id, memory_ids=memory_ids)))
 
 
 def _iso(value: datetime) -> str:

@@ -628,6 +628,8 @@ def fuse(state: SearchState) -> dict[str, Ranking]:
         blind["dense"] = state.dense.blind(ENTITIES, [])
     state.entities = above(relevance(state.entity_rankings, blind=blind), request.min_score)[: request.max_entities]
     _entity_hits(state)
+    if EXAMPLE_QUERIES in live:
+        snapshot_of(state)  # (the hits' stale-query warnings read it: in the search's snapshot, before its end)
     if live and state.response.channels.graph:
         depths = {bucket: bucket_depth(state.caps[bucket]) for bucket in live}
         # Every channel ranked every live bucket, so the seeds are the fused ranking's first.
@@ -675,16 +677,20 @@ def fuse(state: SearchState) -> dict[str, Ranking]:
     return out
 
 
-def _load(state: SearchState, memory_ids: list[str]) -> dict[str, Memory]:
-    """The hit columns of memories not loaded with the graph's query. Once the search's transaction has ended,
-    they are read in a new one, which sees only what the caller may see and is not forgotten now (a memory
-    edited or forgotten since the search's snapshot is shown as it is now, or dropped)."""
+def _load(state: SearchState, memory_ids: list[str], *, last: bool = False) -> dict[str, Memory]:
+    """The hit columns of memories not loaded yet; ``last``: the search reads nothing after them, so its COMMIT
+    goes with them. Once the search's transaction has ended (with the graph's query), they are read in a new
+    one, which sees only what the caller may see and is not forgotten now (a memory edited or forgotten since
+    the search's snapshot is shown as it is now, or dropped)."""
     if not memory_ids:
         return {}
-    if not state.ended:
-        return hits.load_memories(state.session, tenant_id=state.caller.tenant_id, memory_ids=memory_ids)
-    query = hits.visible_memories_query(caller=state.caller, memory_ids=memory_ids)
-    return hits.memories_from_rows(sql.run(state.session, query))
+    if state.ended:
+        query = hits.visible_memories_query(caller=state.caller, memory_ids=memory_ids)
+    else:
+        query = hits.memories_query(tenant_id=state.caller.tenant_id, memory_ids=memory_ids)
+    rows = sql.run(state.session, query, commit=last)
+    state.ended = state.ended or last
+    return hits.memories_from_rows(rows)
 
 
 def _rerank_by_names(
@@ -769,7 +775,9 @@ def _hydrate_memories(state: SearchState, *, tokens: list[str]) -> None:
     ids = [doc_id for ranking in buckets.values() for doc_id, _ in ranking]
     memories = {memory_id: state.loaded[memory_id] for memory_id in ids if memory_id in state.loaded}
     missing = [memory_id for memory_id in ids if memory_id not in memories]
-    memories.update(_load(state, missing))
+    if buckets.get(EXAMPLE_QUERIES):
+        snapshot_of(state)  # (read in the search's snapshot, before its last statement: the warnings below)
+    memories.update(_load(state, missing, last=True))
     matched = {
         memory_id: [t for t in tokens if t in (memory.entities or []) or t == MEMORY_PREFIX + memory_id]
         for memory_id, memory in memories.items()

@@ -98,3 +98,17 @@ def test_a_hop_read_after_the_search_ended_is_read_as_the_caller_sees_it_then(cl
         patch.setattr(sql, "_exchange", forget_after_the_graph)
         found = search(client, tenant, question)
     assert seed in ids(found["memories"]) and linked not in ids(found["memories"])
+
+
+def test_an_entity_search_is_two_round_trips_its_commit_with_the_hits(client, catalog):
+    """Entities only (no graph): the entity channel with the head, then the hits' columns with the COMMIT."""
+    tenant = catalog
+    noted = save(client, tenant, {"content": "amounts are in cents", "linked_entities": ["shop.orders.amount"]})
+    body = {"entities": ["shop.orders.amount"]}
+    for _ in range(2):
+        search(client, tenant, body)
+    with traced(tenant.tenant_id) as trips:
+        found = search(client, tenant, body)
+    assert ids(found["memories"]) == [noted]
+    assert len(trips) == 2, trips
+    assert any('"COMMIT"' in message for message in trips[-1]), trips[-1]
