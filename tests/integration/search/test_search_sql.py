@@ -3,6 +3,9 @@ PostgreSQL parses from it is the list itself, whatever the strings hold, and a q
 
 from __future__ import annotations
 
+import threading
+from typing import Any
+
 import psycopg
 import pytest
 from sqlalchemy import any_, select, text
@@ -371,16 +374,26 @@ def test_a_search_reads_one_snapshot_opened_with_its_first_statement(client, ten
     save(client, tenant, {"content": "the orders table keeps amounts in cents"})
     client.post("/v1/search", json={"question": "orders amounts"}, headers=tenant.headers())  # warm: index open
     caller = Caller(tenant_id=tenant.tenant_id, tenant_name=tenant.name, user="u", role="admin", key_id="k")
+    # Recorded from this thread only, where the searches run (threads of other tests may run meanwhile).
+    here = threading.get_ident()
     alone: list[str] = []
     real = core.db.run_simple
-    monkeypatch.setattr(
-        core.db, "run_simple", lambda driver, statement: (alone.append(statement), real(driver, statement))
-    )
+
+    def run_simple(driver, statement):  # type: ignore[no-untyped-def]
+        if threading.get_ident() == here:
+            alone.append(statement)
+        return real(driver, statement)
+
     openings: list[bytes] = []  # what each core.sql call opened its transaction with
     exchange = sql._exchange
-    monkeypatch.setattr(
-        sql, "_exchange", lambda driver, queries, *rest: (openings.extend(rest[1]), exchange(driver, queries, *rest))[1]
-    )
+
+    def opened(driver, queries, meanwhile, opening, commit):  # type: ignore[no-untyped-def]
+        if threading.get_ident() == here:
+            openings.extend(opening)
+        return exchange(driver, queries, meanwhile, opening, commit)
+
+    monkeypatch.setattr(core.db, "run_simple", run_simple)
+    monkeypatch.setattr(sql, "_exchange", opened)
     for request in (SearchRequest(question="orders amounts"), SearchRequest(question="orders", entities=["x.y"])):
         with tenant_session(tenant.tenant_id) as session:
             response = service.search(session, caller=caller, request=request)
@@ -431,16 +444,19 @@ def test_an_ordered_search_reads_its_buckets_and_their_hits_in_one_round_trip(cl
     calls: list[list[object]] = []
     orm: list[object] = []
     real = sql._exchange
+    here = threading.get_ident()  # (the search runs in this thread; other tests' threads may run meanwhile)
 
-    def through_the_orm(state: object) -> None:
-        orm.append(state)
+    def through_the_orm(state: Any) -> None:
+        if threading.get_ident() == here:
+            orm.append(state)
+
+    def exchange(driver, queries, *rest):  # type: ignore[no-untyped-def]
+        if threading.get_ident() == here:
+            calls.append([q.key[0] for q in queries])
+        return real(driver, queries, *rest)
 
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(
-            sql,
-            "_exchange",
-            lambda driver, queries, *rest: (calls.append([q.key[0] for q in queries]), real(driver, queries, *rest))[1],
-        )
+        patch.setattr(sql, "_exchange", exchange)
         with listening(Session, do_orm_execute=through_the_orm):
             with tenant_session(tenant.tenant_id) as session:
                 request = SearchRequest(mode=mode, kind="fact" if mode == "typed" else None)
