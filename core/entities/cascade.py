@@ -18,7 +18,6 @@ from typing import Any
 
 from sqlalchemy import Text, bindparam, delete, func, select, text, tuple_, update
 from sqlalchemy.dialects.postgresql import ARRAY
-from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.orm import Session
 
 from core.entities.canonical import entity_matches_cascade, split_canonical
@@ -30,7 +29,7 @@ from core.entities.models import (
     Datasource,
 )
 from core.entities.store import datasource_doc_ids, touch_catalog
-from core.memories.models import Memory, Tombstone
+from core.memories.models import Memory
 from core.vectors import Embedding
 
 LEAF_TABLES = {"column": CatalogColumn, "measure": CatalogMeasure, "aggregation": CatalogAggregation}
@@ -160,13 +159,19 @@ def remove_entities(session: Session, *, tenant_id: int, removal: Removal, chang
     return result
 
 
+# Docs gone for good at a change seq, which derived indexes past it delete (parameters: tenant, refs = the doc
+# ids, distinct, change_seq). For a catalog removal here and a memory's purge (core.memories.edits).
+TOMBSTONES_SQL = """
+    INSERT INTO tombstones (tenant_id, doc_id, change_seq)
+    SELECT :tenant, ref, :change_seq FROM unnest(CAST(:refs AS text[])) AS ref
+    ON CONFLICT (tenant_id, doc_id) DO UPDATE SET change_seq = excluded.change_seq"""
+_TOMBSTONES = text(TOMBSTONES_SQL)
+
+
 def write_tombstones(session: Session, *, tenant_id: int, doc_ids: Iterable[str], change_seq: int) -> None:
-    rows = [{"tenant_id": tenant_id, "doc_id": d, "change_seq": change_seq} for d in dict.fromkeys(doc_ids)]
-    if rows:
-        stmt = pg_insert(Tombstone).values(rows)
-        session.execute(
-            stmt.on_conflict_do_update(index_elements=["tenant_id", "doc_id"], set_={"change_seq": change_seq})
-        )
+    refs = list(dict.fromkeys(doc_ids))
+    if refs:
+        session.execute(_TOMBSTONES, {"tenant": tenant_id, "refs": refs, "change_seq": change_seq})
 
 
 def _doc_ids_under(session: Session, *, removal: Removal) -> list[str]:

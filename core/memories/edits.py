@@ -23,6 +23,7 @@ from sqlalchemy.orm import Session
 
 from core import sql
 from core.changes import advance_query, advanced
+from core.entities.cascade import TOMBSTONES_SQL
 from core.errors import Forbidden, Invalid, NotFound
 from core.jobs.service import enqueue_query, outbox_add
 from core.memories import trail
@@ -211,10 +212,7 @@ _STATEMENTS = {
     ),
     "drop_memory": f"DELETE FROM memories WHERE tenant_id = :tenant AND id = ANY({_IDS}) RETURNING id",
     # Derived indexes past this change seq delete the docs.
-    "tombstone": f"""
-        INSERT INTO tombstones (tenant_id, doc_id, change_seq)
-        SELECT :tenant, ref, :change_seq FROM unnest({_REFS}) AS ref
-        ON CONFLICT (tenant_id, doc_id) DO UPDATE SET change_seq = excluded.change_seq""",
+    "tombstone": TOMBSTONES_SQL,
 }
 _PURGE = ("drop_vectors", "drop_versions", "drop_links", "drop_memory", "tombstone")
 _TEXTS = {name: text(statement) for name, statement in _STATEMENTS.items()}
