@@ -38,6 +38,9 @@ from core.search.filters import HAS_QUERY_SQL
 
 # Filters (caller, statuses, kind, ...) whose verdicts a tenant's facts remember, least recent out first.
 MEMOS = 64
+# How many of them (the most recently used) a catch-up carries over, less the memories it changed; the others
+# start empty again. Carrying one copies its dict: a few filters are worth it, 64 large ones would not be.
+MEMOS_KEPT = 4
 
 
 # How long a search waits for another search of the same tenant to finish catching its facts up.
@@ -115,7 +118,9 @@ class TenantFacts:
                 changed, gone = sql.run_many(session, feed_queries(self.tenant_id, since))
             self._apply(changed, gone)
             if changed or gone:
-                self._memos = OrderedDict()
+                self._memos = self._memos_less(
+                    [row[0] for row in changed] + [doc_id[len(MEMORY_PREFIX) :] for (doc_id,) in gone]
+                )
             self.seq = current_seq
             return True
         finally:
@@ -133,6 +138,22 @@ class TenantFacts:
             else:
                 memos.move_to_end(key)
             return found
+
+    def _memos_less(self, memory_ids: list[str]) -> OrderedDict[Hashable, dict[str, str | None]]:
+        """The memos to keep after a catch-up: the most recent MEMOS_KEPT, copied without ``memory_ids``.
+
+        A verdict depends on nothing but its memory's facts and the filter, so the others' stay true. Copies,
+        not the dicts themselves: a search that took a memo before this catch-up may still add a verdict it
+        judged from a memory's old facts, into the old dict, which no later search reads.
+        """
+        kept: OrderedDict[Hashable, dict[str, str | None]] = OrderedDict()
+        memos = self._memos
+        for key in list(memos)[-MEMOS_KEPT:]:
+            memo = memos[key].copy()
+            for memory_id in memory_ids:
+                memo.pop(memory_id, None)
+            kept[key] = memo
+        return kept
 
     def _apply(self, changed: Sequence[Any], gone: Sequence[Any]) -> None:
         rows, share = self.rows, self._share

@@ -7,6 +7,7 @@ from datetime import UTC, datetime, timedelta
 
 from core.config import get_settings
 from core.search import facts
+from core.search.filters import MemoryFilter
 from tests.helpers.api import ids, save, search
 
 AGENTS = (None, "a", "b")
@@ -88,6 +89,118 @@ def test_fact_verdicts_equal_the_sql_predicate(stack, tenant):
             assert {m: in_process.bucket(m) for m in memory_ids} == expected, (case, memory_filter)
             narrowed = memory_filter.datasource or memory_filter.occurred_after or memory_filter.tags
             assert any(expected.values()) or narrowed
+
+
+def _random_filter(rng: random.Random, tenant) -> MemoryFilter:  # type: ignore[no-untyped-def]
+    from core.tenancy.context import Caller
+
+    caller = Caller(
+        tenant_id=tenant.tenant_id,
+        tenant_name=tenant.name,
+        user="u@example.com",
+        role=rng.choice(("member", "member", "admin")),
+        key_id="k",
+        agent_id=rng.choice(AGENTS),
+        persona=rng.choice(PERSONAS),
+    )
+    return MemoryFilter(
+        caller=caller,
+        include_stale=rng.random() < 0.5,
+        kind=rng.choice((None, None, *KINDS)),
+        category=rng.choice((None, None, *CATEGORIES)),
+        datasource=rng.choice((None, None, "shop", "crm")),
+        tags=tuple(sorted(rng.sample(TAGS, rng.choice((0, 0, 1))))),
+    )
+
+
+def test_remembered_verdicts_outlive_a_catch_up_but_not_for_the_memories_it_changed(stack, tenant):
+    """A catch-up keeps the most recent filters' verdicts on memories it did not change; those it changed
+    (edited, forgotten, purged, created) are judged again: after rounds of random writes every verdict is still
+    the database's."""
+    from sqlalchemy import text
+
+    from core.db import tenant_session
+    from core.entities.cascade import write_tombstones
+    from core.memories.models import Memory
+    from core.search.filters import Eligibility
+
+    rng = random.Random(11)
+    memory_ids = _fill(tenant.tenant_id, rng, 300)
+    asked = [*memory_ids, *(f"m{n}" for n in range(300, 320))]  # ids created in later rounds
+    filters = [_random_filter(rng, tenant) for _ in range(facts.MEMOS_KEPT + 2)]
+    loaded = facts.TenantFacts(tenant.tenant_id)
+    seq, created = 300, 300
+
+    def judged_alike(session) -> None:  # type: ignore[no-untyped-def]
+        for memory_filter in filters:
+            in_sql = Eligibility(session=session, memory_filter=memory_filter)
+            in_sql.check(asked)
+            in_process = Eligibility(session=session, memory_filter=memory_filter, facts_source=lambda: loaded)
+            in_process.check(asked)
+            assert {m: in_process.bucket(m) for m in asked} == {m: in_sql.bucket(m) for m in asked}, memory_filter
+
+    with tenant_session(tenant.tenant_id) as session:
+        loaded.catch_up(session, current_seq=seq)
+        judged_alike(session)
+    for _ in range(6):
+        with tenant_session(tenant.tenant_id) as session:
+            changed = set(rng.sample(memory_ids, 12))
+            for memory_id in sorted(changed):
+                seq += 1
+                session.execute(
+                    text(
+                        "UPDATE memories SET kind = :kind, status = :status, persona = :persona, tags = :tags, "
+                        "change_seq = :seq WHERE tenant_id = :tenant AND id = :id"
+                    ),
+                    {
+                        "kind": rng.choice(KINDS),
+                        "status": rng.choice(STATUSES),
+                        "persona": rng.choice(PERSONAS),
+                        "tags": rng.sample(TAGS, rng.randrange(3)),
+                        "seq": seq,
+                        "tenant": tenant.tenant_id,
+                        "id": memory_id,
+                    },
+                )
+            purged = rng.choice(sorted(set(memory_ids) - changed))
+            seq += 1
+            session.execute(
+                text("DELETE FROM memories WHERE tenant_id = :tenant AND id = :id"),
+                {"tenant": tenant.tenant_id, "id": purged},
+            )
+            write_tombstones(session, tenant_id=tenant.tenant_id, doc_ids=[f"memory:{purged}"], change_seq=seq)
+            memory_ids.remove(purged)
+        if created < 320:
+            seq += 1
+            with tenant_session(tenant.tenant_id) as session:
+                session.add(
+                    Memory(
+                        id=f"m{created}",
+                        tenant_id=tenant.tenant_id,
+                        content="new",
+                        kind="fact",
+                        category="core",
+                        importance=0.5,
+                        occurred_at=BASE,
+                        tags=[],
+                        entities=["shop.orders"],
+                        status="active",
+                        created_by="test@example.com",
+                        change_seq=seq,
+                    )
+                )
+            memory_ids.append(f"m{created}")
+            created += 1
+        with tenant_session(tenant.tenant_id) as session:
+            before = {f: loaded.memo(f) for f in filters[-facts.MEMOS_KEPT :]}
+            assert loaded.catch_up(session, current_seq=seq)
+            for memory_filter, old in before.items():
+                kept = loaded.memo(memory_filter)
+                assert kept is not old  # a search still holding the old dict adds to it, not to this one
+                unchanged = set(old) - changed - {purged, f"m{created - 1}"}
+                assert unchanged and unchanged <= set(kept), memory_filter
+                assert not (changed & set(kept))
+            judged_alike(session)
 
 
 def test_facts_follow_every_kind_of_write(client, tenant):
