@@ -88,7 +88,7 @@ class TenantFacts:
         self.lock = threading.Lock()
         # Repeated values (statuses, agents, root sets) are shared, not stored once per memory.
         self._shared: dict[Any, Any] = {}
-        # Verdicts already reached per filter (caller and search filters), until the facts change.
+        # Verdicts already reached per filter (caller and search filters); a catch-up drops those of what it changed.
         self._memos: OrderedDict[Hashable, dict[str, str | None]] = OrderedDict()
 
     def __len__(self) -> int:
