@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Callable, Hashable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -101,21 +101,44 @@ class DeltaDoc:
     norm: int  # the length BM25 sees (fieldnorm)
 
 
+# Small integer codes of doc kinds (a handful in all), so a search filters its held hits by kind in numpy.
+_KIND_CODES: dict[str, int] = {}
+
+
+def _kind_code(kind: str) -> int:
+    return _KIND_CODES.setdefault(kind, len(_KIND_CODES))
+
+
+_NO_NORMS = np.zeros(0, dtype=np.float32)
+_NO_KINDS = np.zeros(0, dtype=np.int16)
+
+
 @dataclass(frozen=True)
 class Delta:
     """The changes after ``base_seq`` (the reader's seq) up to ``seq``, latest per doc; immutable (a search
-    holds the one it started with while catch-ups publish new ones)."""
+    holds the one it started with while catch-ups publish new ones).
+
+    Each doc keeps a slot (its place in ``order``, ``norms`` and ``kinds``) until the delta is folded, and the
+    postings name docs by slot: a search scores and filters its matches over arrays, with no Python per doc."""
 
     base_seq: int
     seq: int
     docs: Mapping[str, DeltaDoc] = field(default_factory=dict)
-    # term -> {doc_id: term frequency}, over the docs that are not deleted.
-    postings: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
+    # term -> {slot: term frequency}, over the docs that are not deleted.
+    postings: Mapping[str, Mapping[int, int]] = field(default_factory=dict)
     # How many of the docs the committed reader also holds (an older version): a search asks the reader
     # for that many more hits, since those are dropped from its ranking.
     shadowed: int = 0
-    # Scores of every kind per (reader, terms, statistics, exact id), the last few searches' (see search).
-    _scored: dict[Hashable, dict[str, float]] = field(default_factory=dict, compare=False, repr=False)
+    # doc id -> slot; slot -> doc id; per slot, the length BM25 sees and the doc kind's code.
+    slots: Mapping[str, int] = field(default_factory=dict)
+    order: tuple[str, ...] = ()
+    norms: np.ndarray = field(default_factory=lambda: _NO_NORMS, compare=False, repr=False)
+    kinds: np.ndarray = field(default_factory=lambda: _NO_KINDS, compare=False, repr=False)
+    # The doc kinds among the docs (or once among them): a search of other kinds has nothing to score here.
+    kind_names: frozenset[str] = frozenset()
+    # Scores per (reader, terms, statistics, exact id), the last few searches' (see search): the slots of the
+    # matched docs and every slot's score.
+    _scored: dict[Hashable, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict, compare=False, repr=False)
 
     def __len__(self) -> int:
         return len(self.docs)
@@ -142,13 +165,18 @@ class Delta:
             if previous is None or change.seq >= previous.seq:
                 latest[change.doc_id] = change
         if not latest:
-            return Delta(self.base_seq, max(self.seq, upto_seq), self.docs, self.postings, self.shadowed)
+            return replace(self, seq=max(self.seq, upto_seq), _scored={})
         docs = dict(self.docs)
+        slots = dict(self.slots)
+        order = list(self.order)
+        added = sum(1 for doc_id in latest if doc_id not in slots)
+        norms = np.concatenate((self.norms, np.zeros(added, dtype=np.float32)))
+        kinds = np.concatenate((self.kinds, np.zeros(added, dtype=np.int16)))
         # Copy on write: the postings of the terms these changes touch are copied, the rest shared.
         postings = dict(self.postings)
-        copied: dict[str, dict[str, int]] = {}
+        copied: dict[str, dict[int, int]] = {}
 
-        def writable(term: str) -> dict[str, int]:
+        def writable(term: str) -> dict[int, int]:
             found = copied.get(term)
             if found is None:
                 found = copied[term] = dict(postings.get(term, {}))
@@ -158,38 +186,70 @@ class Delta:
         shadowed = self.shadowed
         for doc_id, change in latest.items():
             old = docs.get(doc_id)
+            slot = slots.get(doc_id)
+            if slot is None:
+                slot = slots[doc_id] = len(order)
+                order.append(doc_id)
             if old is not None:
                 for term in old.terms:
-                    writable(term).pop(doc_id, None)
+                    writable(term).pop(slot, None)
             else:
                 shadowed += 1 if in_reader(doc_id) else 0
             tokens = [] if change.deleted else analyze(change.text or "")
             counts: dict[str, int] = {}
             for term in tokens:
                 counts[term] = counts.get(term, 0) + 1
-            docs[doc_id] = DeltaDoc(
+            doc = docs[doc_id] = DeltaDoc(
                 change=change, length=len(tokens), terms=frozenset(counts), norm=fieldnorm(len(tokens))
             )
+            norms[slot] = doc.norm
+            kinds[slot] = _kind_code(change.doc_kind)
             for term, tf in counts.items():
-                writable(term)[doc_id] = tf
+                writable(term)[slot] = tf
         for term, found in copied.items():
             if not found:
                 del postings[term]
-        return Delta(self.base_seq, max(self.seq, upto_seq), docs, postings, shadowed)
+        return Delta(
+            self.base_seq,
+            max(self.seq, upto_seq),
+            docs,
+            postings,
+            shadowed,
+            slots,
+            tuple(order),
+            norms,
+            kinds,
+            self.kind_names.union(change.doc_kind for change in latest.values()),
+        )
 
     def after(self, seq: int, *, in_reader: Callable[[str], bool]) -> Delta:
         """What is left once the reader reflects ``seq`` (a commit, here or by another process): the docs
         changed after it."""
         if seq <= self.base_seq:
             return self
-        kept = {doc_id: doc for doc_id, doc in self.docs.items() if doc.change.seq > seq}
-        postings: dict[str, dict[str, int]] = {}
+        order = tuple(doc_id for doc_id in self.order if self.docs[doc_id].change.seq > seq)
+        slots = {doc_id: slot for slot, doc_id in enumerate(order)}
+        kept = {doc_id: self.docs[doc_id] for doc_id in order}
+        moved = {self.slots[doc_id]: slot for doc_id, slot in slots.items()}
+        postings: dict[str, dict[int, int]] = {}
         for term, found in self.postings.items():
-            still = {doc_id: tf for doc_id, tf in found.items() if doc_id in kept}
+            still = {moved[old]: tf for old, tf in found.items() if old in moved}
             if still:
                 postings[term] = still
+        old_slots = np.array([self.slots[doc_id] for doc_id in order], dtype=np.intp)
         shadowed = sum(1 for doc_id in kept if in_reader(doc_id))
-        return Delta(seq, max(self.seq, seq), kept, postings, shadowed)
+        return Delta(
+            seq,
+            max(self.seq, seq),
+            kept,
+            postings,
+            shadowed,
+            slots,
+            order,
+            self.norms[old_slots],
+            self.kinds[old_slots],
+            frozenset(doc.change.doc_kind for doc in kept.values()),
+        )
 
     def changes(self) -> list[DocChange]:
         return [doc.change for doc in self.docs.values()]
@@ -203,26 +263,36 @@ class Delta:
         doc_kinds: frozenset[str] | set[str] | None,
         exact_id: tuple[str, float, int] | None = None,
         reader: Hashable | None = None,
+        limit: int | None = None,
     ) -> list[tuple[str, float]]:
         """The delta's docs of ``doc_kinds`` matching any of ``terms`` (or whose id is ``exact_id``'s: the id, its
         boost and its document frequency in the reader), scored as tantivy scores a boolean OR of term queries:
         the sum of each matching term's BM25 in float32, plus the exact id clause (its boost times the id's idf).
-        ``doc_freq`` is a term's document frequency in the reader.
+        ``doc_freq`` is a term's document frequency in the reader. In no particular order; with ``limit``, docs
+        scoring below the ``limit``-th best are left out (they cannot be among the best ``limit``).
 
         ``reader`` names the reader ``doc_freq`` and ``stats`` come from: the scores of every kind are then kept
         with the delta, so the searches of one question for each doc kind score its docs once."""
+        if doc_kinds is not None and self.kind_names.isdisjoint(doc_kinds):
+            return []
         key = None if reader is None else (reader, tuple(terms), stats, exact_id)
-        scores = None if key is None else self._scored.get(key)
-        if scores is None:
-            scores = self._scores(terms, doc_freq=doc_freq, stats=stats, exact_id=exact_id)
+        scored = None if key is None else self._scored.get(key)
+        if scored is None:
+            scored = self._scores(terms, doc_freq=doc_freq, stats=stats, exact_id=exact_id)
             if key is not None:
                 if len(self._scored) >= _SCORED_KEPT:
                     self._scored.clear()
-                self._scored[key] = scores
-        if doc_kinds is None:
-            return list(scores.items())
-        docs = self.docs
-        return [(doc_id, score) for doc_id, score in scores.items() if docs[doc_id].change.doc_kind in doc_kinds]
+                self._scored[key] = scored
+        matched, scores = scored
+        if doc_kinds is not None and not self.kind_names <= doc_kinds:
+            wanted = np.zeros(len(_KIND_CODES), dtype=bool)
+            wanted[[_KIND_CODES[kind] for kind in doc_kinds if kind in _KIND_CODES]] = True
+            matched = matched[wanted[self.kinds[matched]]]
+        found = scores[matched]
+        if limit is not None and len(found) > limit:
+            kept = found >= np.partition(found, len(found) - limit)[len(found) - limit]
+            matched, found = matched[kept], found[kept]
+        return list(zip(map(self.order.__getitem__, matched.tolist()), found.tolist(), strict=True))
 
     def _scores(
         self,
@@ -231,11 +301,14 @@ class Delta:
         doc_freq: Callable[[str], int],
         stats: Bm25Stats,
         exact_id: tuple[str, float, int] | None,
-    ) -> dict[str, float]:
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """The slots of the docs matched (ascending) and every slot's score (0 where none matched)."""
         # Every (term, doc) pair matched, term by term, scored in float32 arrays: each operation rounds to
         # float32 as tantivy's own arithmetic does, and each doc's terms are summed in the query's order.
-        ids: list[str] = []
-        freqs: list[int] = []
+        scores = np.zeros(len(self.order), dtype=np.float32)
+        hit = np.zeros(len(self.order), dtype=bool)
+        slots: list[np.ndarray] = []
+        freqs: list[np.ndarray] = []
         weights: list[np.float32] = []
         counts: list[int] = []
         for term in terms:
@@ -244,23 +317,19 @@ class Delta:
                 continue
             weights.append(idf(doc_freq(term), stats.docs) * (_ONE + K1))
             counts.append(len(found))
-            ids.extend(found)
-            freqs.extend(found.values())
-        at: dict[str, int] = {}
-        scores = np.zeros(0, dtype=np.float32)
-        if ids:
-            docs = self.docs
-            freq = np.array(freqs, dtype=np.float32)
-            lengths = np.array([docs[doc_id].norm for doc_id in ids], dtype=np.float32)
-            norm = K1 * ((_ONE - B) + (B * lengths) / np.float32(stats.average_length))
+            slots.append(np.fromiter(found.keys(), dtype=np.intp, count=len(found)))
+            freqs.append(np.fromiter(found.values(), dtype=np.float32, count=len(found)))
+        if counts:
+            where = np.concatenate(slots)
+            freq = np.concatenate(freqs)
+            norm = K1 * ((_ONE - B) + (B * self.norms[where]) / np.float32(stats.average_length))
             matched = np.repeat(np.array(weights, dtype=np.float32), counts) * (freq / (freq + norm))
-            where = np.array([at.setdefault(doc_id, len(at)) for doc_id in ids], dtype=np.intp)
-            scores = np.zeros(len(at), dtype=np.float32)
             start = 0
-            for count in counts:  # term by term (a doc once per term): a doc's first term lands on 0, exactly
-                end = start + count
-                scores[where[start:end]] += matched[start:end]
+            for term_slots in slots:  # term by term (a doc once per term): a doc's first term lands on 0, exactly
+                end = start + len(term_slots)
+                scores[term_slots] += matched[start:end]
                 start = end
+            hit[where] = True
         if exact_id is not None:
             doc_id, boost, id_freq = exact_id
             named = self.docs.get(doc_id)
@@ -268,10 +337,7 @@ class Delta:
                 # One doc_id token per doc: its length factor is exactly 1, its score idf x (1 + K1) x
                 # 1 / (1 + K1), boosted.
                 weight = idf(id_freq, stats.docs) * (_ONE + K1) * np.float32(boost)
-                exact = weight * (_ONE / (_ONE + K1))
-                if doc_id in at:
-                    scores[at[doc_id]] += exact
-                else:
-                    at[doc_id] = len(at)
-                    scores = np.append(scores, exact)
-        return dict(zip(at, scores.tolist(), strict=True))
+                slot = self.slots[doc_id]
+                scores[slot] += weight * (_ONE / (_ONE + K1))
+                hit[slot] = True
+        return np.flatnonzero(hit), scores

@@ -607,6 +607,7 @@ class FulltextIndex:
                 doc_kinds=doc_kinds,
                 exact_id=(literal, EXACT_ID_BOOST, searcher.doc_freq("doc_id", literal)) if exact_match else None,
                 reader=moves,
+                limit=limit,
             )
         # Best first, ties by doc id: by id, then stably by score (two sorts in C instead of a key per hit).
         hits.sort(key=_doc_id_of)

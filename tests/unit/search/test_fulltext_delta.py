@@ -82,7 +82,8 @@ def _scalar_scores(delta: Delta, terms: list[str], doc_freq, stats: Bm25Stats) -
     one, average, scores = np.float32(1.0), np.float32(stats.average_length), {}
     for term in terms:
         weight = idf(doc_freq(term), stats.docs) * (one + K1)
-        for doc_id, tf in delta.postings.get(term, {}).items():
+        for slot, tf in delta.postings.get(term, {}).items():
+            doc_id = delta.order[slot]
             norm = K1 * (one - B + B * np.float32(fieldnorm(delta.docs[doc_id].length)) / average)
             freq = np.float32(tf)
             scores[doc_id] = scores.get(doc_id, np.float32(0.0)) + weight * (freq / (freq + norm))
@@ -102,10 +103,77 @@ def test_held_docs_are_scored_in_float32_one_operation_at_a_time() -> None:
         terms = [w + "," for w in rng.sample(WORDS, rng.randrange(1, 6))] + rng.sample(WORDS, 2)
         freqs = {term: rng.randrange(0, 4000) for term in terms}
         stats = Bm25Stats(docs=rng.randrange(300, 90_000), average_length=rng.uniform(2.0, 250.0))
-        scored = delta._scores(terms, doc_freq=freqs.__getitem__, stats=stats, exact_id=None)
+        matched, scores = delta._scores(terms, doc_freq=freqs.__getitem__, stats=stats, exact_id=None)
+        scored = {delta.order[slot]: float(scores[slot]) for slot in matched}
         expected = _scalar_scores(delta, terms, freqs.__getitem__, stats)
-        assert scored and list(scored) == list(expected)
+        assert scored and set(scored) == set(expected)
         assert all(scored[doc_id] == score for doc_id, score in expected.items())
+
+
+def _ranked(hits: list[tuple[str, float]]) -> list[tuple[str, float]]:
+    return sorted(hits, key=lambda hit: (-hit[1], hit[0]))
+
+
+def test_a_delta_merged_and_folded_in_steps_scores_as_one_built_from_its_latest_changes() -> None:
+    """Docs keep their slots through merges (changed again, deleted, written back) and are renumbered by a
+    fold: at every step each held doc scores, and is of the kind, it would be in a delta built at once from
+    the same latest changes."""
+    rng = random.Random(23)
+    kinds = ("memory", "example_query", "datasource")
+    stats = Bm25Stats(docs=5000, average_length=37.0)
+    terms = ["orders,", "refunds,", "margin,", "ledger,"]  # (split on spaces, a text's words keep their commas)
+    for _ in range(20):
+        delta, seq, latest = Delta(0, 0), 0, {}
+        for _ in range(rng.randrange(2, 8)):
+            changes = []
+            for _ in range(rng.randrange(1, 40)):
+                seq += 1
+                doc_id = f"memory:{rng.randrange(60)}"
+                if rng.random() < 0.15:
+                    change = DocChange(doc_id=doc_id, doc_kind="memory", text=None, deleted=True, seq=seq)
+                else:
+                    change = DocChange(
+                        doc_id=doc_id, doc_kind=rng.choice(kinds), text=_text(rng), deleted=False, seq=seq
+                    )
+                changes.append(change)
+            rng.shuffle(changes)  # the latest of a doc wins, whatever the order they come in
+            delta = delta.merged(changes, upto_seq=seq, analyze=str.split, in_reader=lambda _: False)
+            latest.update({c.doc_id: c for c in sorted(changes, key=lambda c: c.seq)})
+            if rng.random() < 0.4:
+                folded = rng.randrange(delta.base_seq, seq + 1)
+                delta = delta.after(folded, in_reader=lambda _: False)
+                latest = {doc_id: c for doc_id, c in latest.items() if c.seq > folded}
+            fresh = Delta(0, 0).merged(
+                list(latest.values()), upto_seq=seq, analyze=str.split, in_reader=lambda _: False
+            )
+            assert set(delta.docs) == set(fresh.docs) == set(latest)
+            for doc_kinds in (None, frozenset({"memory"}), frozenset({"example_query", "datasource"})):
+                exact = (rng.choice(list(latest)), 5.0, 3) if latest else None
+                found = delta.search(terms, doc_freq=lambda _: 40, stats=stats, doc_kinds=doc_kinds, exact_id=exact)
+                wanted = fresh.search(terms, doc_freq=lambda _: 40, stats=stats, doc_kinds=doc_kinds, exact_id=exact)
+                assert _ranked(found) == _ranked(wanted)
+                if doc_kinds is not None:
+                    assert all(latest[doc_id].doc_kind in doc_kinds for doc_id, _ in found)
+
+
+def test_a_limited_search_of_a_delta_keeps_every_doc_that_can_rank_in_the_limit() -> None:
+    """With ``limit``, what the delta leaves out scores below its ``limit``-th best: the best ``limit`` of the
+    held docs (ties by id) are the same as without it, however many tie."""
+    rng = random.Random(29)
+    stats = Bm25Stats(docs=5000, average_length=37.0)
+    for _ in range(40):
+        # Few distinct texts, so many docs tie on their score.
+        texts = [_text(rng) for _ in range(rng.randrange(1, 6))]
+        changes = [_upsert(f"memory:{n}", rng.choice(texts), seq=n + 1) for n in range(rng.randrange(1, 200))]
+        delta = Delta(0, 0).merged(changes, upto_seq=len(changes), analyze=str.split, in_reader=lambda _: False)
+        terms = [word + "," for word in rng.sample(WORDS, 3)]
+        everything = _ranked(delta.search(terms, doc_freq=lambda _: 40, stats=stats, doc_kinds=None))
+        for limit in (1, 5, 30, 500):
+            limited = delta.search(terms, doc_freq=lambda _: 40, stats=stats, doc_kinds=None, limit=limit)
+            assert _ranked(limited)[:limit] == everything[:limit]
+            assert len(limited) <= len(everything)
+            if len(everything) > limit and everything[limit - 1][1] > everything[-1][1]:
+                assert len(limited) < len(everything)  # something was left out
 
 
 def test_a_held_doc_scores_exactly_as_the_reader_scores_the_same_text(base: tuple[Path, Log, random.Random]) -> None:
