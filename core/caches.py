@@ -62,6 +62,11 @@ class BoundedCache(Generic[V]):
         (self._hits if hit is not None else self._misses).inc()
         return None if hit is None else hit[0]
 
+    def peek(self, key: Hashable) -> V | None:
+        """The cached value, as :meth:`get` but neither counted as a lookup nor moved up the LRU order."""
+        hit = self._items.get(key)  # (one dict lookup: atomic under the GIL)
+        return None if hit is None else hit[0]
+
     def put(self, key: Hashable, value: V) -> None:
         weight = self._weigh(value) if self._weigh is not None else 0
         evicted: list[tuple[Hashable, V]] = []

@@ -49,6 +49,7 @@ from core.embeddings.providers import Embedder, EmbeddingProviderError, get_embe
 from core.memories.models import Memory
 from core.native import single_threaded_blas
 from core.refs import MEMORY_PREFIX
+from core.search.facts import Fed
 from core.search.filters import EXAMPLE_QUERIES, HAS_QUERY_SQL, MEMORIES, has_query
 from core.search.index import CONTEXT_TURNS, episode_of
 
@@ -169,15 +170,32 @@ _LAYOUT_CHANGES = text(
 )
 
 
-def _still_holds(session: Session, layout: _Layout, *, tenant_id: int) -> bool:
+def layout_feed_queries(tenant_id: int, since: int) -> list[sql.Query]:
+    """The memories written after ``since`` (each with whether a layout is made from it), for
+    :func:`core.sql.run_many`: what a search asks when the tenant's layout is older than its head."""
+    return [sql.Query("layout-changes", lambda: _LAYOUT_CHANGES, {"tenant": tenant_id, "since": since})]
+
+
+def held_layout_seq(tenant_id: int, model: str) -> int | None:
+    """The change seq of the tenant's layout this process holds for ``model`` (None: none)."""
+    hit = _layouts.peek((tenant_id, model))
+    return None if hit is None else hit.change_seq
+
+
+def _still_holds(session: Session, layout: _Layout, *, tenant_id: int, fed: Fed | None = None) -> bool:
     """Whether no memory written since ``layout`` was or now is one of the memories it is made from (a plain
-    note saved or edited leaves it as it is)."""
-    values = {"tenant": tenant_id, "since": layout.change_seq}
-    changed = sql.run(session, sql.Query("layout-changes", lambda: _LAYOUT_CHANGES, values))
+    note saved or edited leaves it as it is); from ``fed`` (:func:`layout_feed_queries`' rows, read with the
+    search's head) when it starts where the layout stands."""
+    if fed is not None and fed.since == layout.change_seq:
+        (changed,) = fed.rows
+    else:
+        (changed,) = sql.run_many(session, layout_feed_queries(tenant_id, layout.change_seq))
     return not any(member or memory_id in layout.members for memory_id, member in changed)
 
 
-def _layout(session: Session, *, tenant_id: int, model: str, matrix: TenantMatrix, change_seq: int) -> _Layout:
+def _layout(
+    session: Session, *, tenant_id: int, model: str, matrix: TenantMatrix, change_seq: int, fed: Fed | None = None
+) -> _Layout:
     """The matrix's memory layout, from one query, cached per (embeddings version, change seq); a newer
     change seq whose writes touch none of its memories keeps it, and rows added since of plain memories
     extend it."""
@@ -192,7 +210,7 @@ def _layout(session: Session, *, tenant_id: int, model: str, matrix: TenantMatri
         and hit.n <= side.n
         and hit.change_seq <= change_seq
         and not any(memory_id in hit.members for memory_id in side.memory_ids[hit.n :])
-        and (hit.change_seq == change_seq or _still_holds(session, hit, tenant_id=tenant_id))
+        and (hit.change_seq == change_seq or _still_holds(session, hit, tenant_id=tenant_id, fed=fed))
     ):
         # Every row it lacks is a plain memory (no member of it, and no member changed since): extended in
         # place of being rebuilt, as under a stream of plain saves whose vectors keep landing.
@@ -328,6 +346,7 @@ class DenseSearch:
         question: str,
         change_seq: int | None = None,
         stats: EmbeddingStats | None = None,
+        fed: Fed | None = None,
     ) -> None:
         settings = get_settings()
         model_name = settings.embedding_model
@@ -339,6 +358,7 @@ class DenseSearch:
         except EmbeddingProviderError as exc:
             raise DenseUnavailable(f"dense channel skipped: embedding model unavailable ({exc})") from None
         self._session = session
+        self._fed = fed
         self._tenant_id = tenant_id
         self._model = embedder.name
         self._dims = int(self._query.shape[0])
@@ -447,6 +467,7 @@ class DenseSearch:
             model=self._model,
             matrix=self._matrix,
             change_seq=self.change_seq,
+            fed=self._fed,
         )
         cached = self._bucket_scores.get(bucket)
         if cached is None or cached.feedback != feedback:

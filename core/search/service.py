@@ -56,7 +56,14 @@ from core.refs import MEMORY_PREFIX
 from core.search import entity_channel, facts, graph, hits, replies
 from core.search.catalog import last_snapshot, load_snapshot, snapshot_memo
 from core.search.clock import ChannelClock
-from core.search.dense import ENTITIES, DenseSearch, DenseUnavailable, dense_model
+from core.search.dense import (
+    ENTITIES,
+    DenseSearch,
+    DenseUnavailable,
+    dense_model,
+    held_layout_seq,
+    layout_feed_queries,
+)
 from core.search.filters import EXAMPLE_QUERIES, MEMORIES, Eligibility, MemoryFilter
 from core.search.fulltext import ENTITY_KINDS
 from core.search.fusion import relevance, with_hops
@@ -208,17 +215,19 @@ def head_of(state: SearchState) -> Head:
 
 def _head_queries(state: SearchState) -> list[sql.Query]:
     """The head's statement; while the tenant's writes stream in, also the change feeds of the caches the search
-    catches up to the head (the full-text index, when this search does, and the tenant's facts), each after
-    where this process's copy stands: what their catch-ups would read next, in this round trip instead of one
-    each. Each checks that a feed starts where it stands before it uses it; with no write since, they come
-    back empty."""
+    catches up to the head (the full-text index, when this search does, the tenant's facts and its dense
+    layout), each after where this process's copy stands: what their catch-ups would read next, in this round
+    trip instead of one each. Each checks that a feed starts where it stands before it uses it; with no write
+    since, they come back empty."""
     tenant_id = state.caller.tenant_id
     queries = [head_query(tenant_id=tenant_id, model=state.model)]
     state.ahead = []
     if READ_AHEAD and tenant_id in _moving:
+        layout_seq = None if state.model is None else held_layout_seq(tenant_id, state.model)
         for name, since, feed in (
             ("fulltext", held_seq(tenant_id) if state.catch_up else None, feed_queries),
             ("facts", facts.held_seq(tenant_id), facts.feed_queries),
+            ("dense", layout_seq, layout_feed_queries),
         ):
             if since is not None:
                 statements = feed(tenant_id, since)
@@ -427,6 +436,7 @@ def open_channels(state: SearchState) -> Head | None:
                 question=question,
                 change_seq=head.change_seq,
                 stats=head.embeddings,
+                fed=state.fed.get("dense"),
             )
     except DenseUnavailable as exc:
         state.warn(str(exc))

@@ -1,5 +1,5 @@
 """While a tenant's writes stream in, a search reads the change feeds of its caches (the full-text index, the
-tenant's facts) ahead, with its head, instead of in a round trip each after it (core.search.service's
+tenant's facts, the dense layout) ahead, with its head, instead of in a round trip each after it (core.search.service's
 _head_queries); a feed that does not start where a cache stands is left unused."""
 
 from __future__ import annotations
@@ -110,3 +110,42 @@ def test_a_feed_read_after_another_seq_is_left_unused(client, tenant):
             session, tenant_id, current_seq=current, fed=facts.Fed(index_seq - 1, [[(current,)], [], [], []])
         )
     assert ids(search(client, tenant, {"question": "a memory both caches must hold"})["memories"])[0] == kept
+
+
+def test_the_dense_layouts_changes_are_read_with_the_head_under_writes(client, tenant):
+    """The dense channel's layout (core.search.dense) checks the memories written since it against those it is
+    made from: under writes that check's rows come with the head, and a member written is still seen."""
+    from core.search import dense
+
+    _filled(client, tenant)
+    for n in range(4):
+        save(client, tenant, {"content": f"the zinc crates leave harbour {n}", "run_id": "r", "sync_embed": True})
+    search(client, tenant, QUESTION)
+
+    def layout() -> dense._Layout:
+        return next(v for k, v in dense._layouts.items() if k[0] == tenant.tenant_id)  # type: ignore[index]
+
+    save(client, tenant, {"content": "a plain note"})
+    search(client, tenant, QUESTION)  # the head moved: the tenant's writes stream in
+    built = layout()
+    save(client, tenant, {"content": "another plain note"})
+    with calls(tenant.tenant_id) as seen:
+        search(client, tenant, QUESTION)
+    first, rest = _split(seen)
+    assert "layout-changes" in first and not any("layout-changes" in keys for keys in rest), seen
+    assert layout().rows is built.rows and layout().change_seq > built.change_seq  # kept: no member written
+    joined = save(client, tenant, {"content": "the zinc crates leave harbour 9", "run_id": "r", "sync_embed": True})
+    with calls(tenant.tenant_id) as seen:
+        found = search(client, tenant, QUESTION)
+    first, rest = _split(seen)
+    assert "layout-changes" in first and not any("layout-changes" in keys for keys in rest), seen
+    assert joined in layout().members and joined in ids(found["memories"])
+
+    # Rows read from another point than where the layout stands are not used: it reads its own.
+    held = layout()
+    with tenant_session(tenant.tenant_id) as session:
+        read_one_snapshot(session)
+        bogus = facts.Fed(held.change_seq - 1, [[("not-a-member", False)]])
+        assert dense._still_holds(session, held, tenant_id=tenant.tenant_id, fed=bogus)
+        member = facts.Fed(held.change_seq, [[(sorted(held.members)[0], True)]])
+        assert not dense._still_holds(session, held, tenant_id=tenant.tenant_id, fed=member)
