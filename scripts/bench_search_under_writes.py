@@ -5,7 +5,10 @@ At a tenant of `--memories` memories, in-process through the ASGI app on a throw
 Celery worker: the saves are not embedded, so the dense channel sees only the loaded memories), each pair is
 one save and one question search; `--rounds` rounds of `--pairs` pairs after a warm-up. Printed per round: the
 process's CPU per pair (`time.process_time`: the app, its threads and the test client, not PostgreSQL's), the
-wall p50 of a pair, and the core.sql calls (round trips) a search made. Run it for two trees in turns:
+wall p50 of a pair, and the core.sql calls (round trips) a search made. With `--embed` the loaded memories get
+vectors (the bench's embedder, COPYed in as `engram bench search` loads them) and each save embeds before it
+answers (`sync_embed`), so the dense channel runs and catches its layout up with every save too. Run it for two
+trees in turns:
 
     PYTHONPATH=/path/to/other/tree python scripts/bench_search_under_writes.py
     python scripts/bench_search_under_writes.py
@@ -28,6 +31,7 @@ def main() -> None:
     parser.add_argument("--memories", type=int, default=10_000)
     parser.add_argument("--pairs", type=int, default=300)
     parser.add_argument("--rounds", type=int, default=4)
+    parser.add_argument("--embed", action="store_true", help="vectors for the memories, and saves that embed")
     args = parser.parse_args()
     from fastapi.testclient import TestClient
     from sqlalchemy import text
@@ -36,15 +40,27 @@ def main() -> None:
     from api.bench.stack import bench_stack
     from core import sql
     from core.db import system_session
+    from core.refs import memory_ref
     from core.tenancy.service import create_tenant
 
     with bench_stack(), TestClient(create_app()) as client:
         with system_session() as session:
             headers = {"Authorization": f"Bearer {create_tenant(session, name='bench').api_key}"}
         contents = [f"note {i} about orders and invoices in region {i % 50}" for i in range(args.memories)]
+        loaded: list[tuple[str, str, str]] = []
         for start in range(0, args.memories, 1000):
             items = [{"content": content} for content in contents[start : start + 1000]]
-            client.post("/v1/memories:batch", json={"items": items}, headers=headers)
+            answer = client.post("/v1/memories:batch", json={"items": items}, headers=headers).json()
+            loaded += [
+                (memory_ref(r["memory_id"]), "memory", c["content"])
+                for r, c in zip(answer["results"], items, strict=True)
+            ]
+        if args.embed:
+            from api.bench.corpus import load_embeddings
+
+            with system_session() as session:
+                tenant_id = session.execute(text("SELECT id FROM tenants WHERE name = 'bench'")).scalar_one()
+            load_embeddings(tenant_id=tenant_id, docs=loaded)
         with system_session() as session:
             session.execute(text("ANALYZE"))  # (the state autovacuum brings a loaded table to)
         calls = [0]
@@ -59,7 +75,7 @@ def main() -> None:
 
         def pair() -> int:
             n = next(count)
-            body = {"content": f"note {uuid.uuid4().hex} about region {n % 50}"}
+            body = {"content": f"note {uuid.uuid4().hex} about region {n % 50}", "sync_embed": args.embed}
             assert client.post("/v1/memories", json=body, headers=headers).status_code == 201
             before = calls[0]
             response = client.post("/v1/search", json={"question": QUESTIONS[n % 4]}, headers=headers)
