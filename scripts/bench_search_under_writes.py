@@ -8,7 +8,8 @@ process's CPU per pair (`time.process_time`: the app, its threads and the test c
 wall p50 of a pair, and the core.sql calls (round trips) a search made. With `--embed` the loaded memories get
 vectors (the bench's embedder, COPYed in as `engram bench search` loads them) and each save embeds before it
 answers (`sync_embed`), so the dense channel runs and catches its layout up with every save too. Run it for two
-trees in turns:
+trees in turns (`--steps` adds the thread CPU a pair spends in a few steps of the search: eligibility's checks,
+the facts' catch-up, full-text's searches and, inside them, the held docs'):
 
     PYTHONPATH=/path/to/other/tree python scripts/bench_search_under_writes.py
     python scripts/bench_search_under_writes.py
@@ -32,7 +33,9 @@ def main() -> None:
     parser.add_argument("--pairs", type=int, default=300)
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--embed", action="store_true", help="vectors for the memories, and saves that embed")
+    parser.add_argument("--steps", action="store_true", help="thread CPU per pair in a few steps of the search")
     args = parser.parse_args()
+    steps = _timed_steps() if args.steps else {}
     from fastapi.testclient import TestClient
     from sqlalchemy import text
 
@@ -88,6 +91,8 @@ def main() -> None:
             walls: list[float] = []
             trips: list[int] = []
             cpu_start = time.process_time()
+            for step in steps:
+                steps[step] = 0.0
             for _ in range(args.pairs):
                 started = time.perf_counter()
                 trips.append(pair())
@@ -98,8 +103,37 @@ def main() -> None:
                 "cpu_ms_per_pair": round(cpu_ms, 3),
                 "wall_p50_ms": round(statistics.median(walls), 3),
                 "search_sql_calls": statistics.median(trips),
+                **{f"{step}_ms": round(spent * 1000 / args.pairs, 3) for step, spent in steps.items()},
             }
             print(json.dumps(figure), flush=True)
+
+
+def _timed_steps() -> dict[str, float]:
+    """Wrap a few of the search's steps to add up the thread CPU spent in them (per step name, in seconds)."""
+    from core.search.delta import Delta
+    from core.search.facts import TenantFacts
+    from core.search.filters import Eligibility
+    from core.search.fulltext import FulltextIndex
+
+    spent: dict[str, float] = {}
+    for name, owner, attribute in (
+        ("eligibility", Eligibility, "check"),
+        ("facts_catch_up", TenantFacts, "catch_up"),
+        ("fulltext", FulltextIndex, "search"),
+        ("held_docs", Delta, "search"),
+    ):
+        spent[name] = 0.0
+        real = getattr(owner, attribute)
+
+        def timed(*given: Any, _real: Any = real, _name: str = name, **named: Any) -> Any:
+            started = time.thread_time()
+            try:
+                return _real(*given, **named)
+            finally:
+                spent[_name] += time.thread_time() - started
+
+        setattr(owner, attribute, timed)
+    return spent
 
 
 if __name__ == "__main__":
