@@ -48,11 +48,24 @@ def _fill(tenant_id: int, rng: random.Random, count: int) -> list[str]:
     return [f"m{n}" for n in range(count)]
 
 
+def _random_caller(rng: random.Random, tenant):  # type: ignore[no-untyped-def]
+    from core.tenancy.context import Caller
+
+    return Caller(
+        tenant_id=tenant.tenant_id,
+        tenant_name=tenant.name,
+        user="u@example.com",
+        role=rng.choice(("member", "member", "admin")),
+        key_id="k",
+        agent_id=rng.choice(AGENTS),
+        persona=rng.choice(PERSONAS),
+    )
+
+
 def test_fact_verdicts_equal_the_sql_predicate(stack, tenant):
     """On random memories, callers and filters, the in-process verdict is the database's, id by id."""
     from core.db import tenant_session
-    from core.search.filters import Eligibility, MemoryFilter
-    from core.tenancy.context import Caller
+    from core.search.filters import Eligibility
 
     rng = random.Random(7)
     memory_ids = _fill(tenant.tenant_id, rng, 300) + ["missing", "m1x"]
@@ -61,15 +74,7 @@ def test_fact_verdicts_equal_the_sql_predicate(stack, tenant):
         loaded.catch_up(session, current_seq=300)
         assert 0 < len(loaded) < 300  # forgotten ones are not kept
         for case in range(200):
-            caller = Caller(
-                tenant_id=tenant.tenant_id,
-                tenant_name=tenant.name,
-                user="u@example.com",
-                role=rng.choice(("member", "member", "admin")),
-                key_id="k",
-                agent_id=rng.choice(AGENTS),
-                persona=rng.choice(PERSONAS),
-            )
+            caller = _random_caller(rng, tenant)
             after = BASE + timedelta(days=rng.randrange(60)) if rng.random() < 0.5 else None
             memory_filter = MemoryFilter(
                 caller=caller,
@@ -92,19 +97,8 @@ def test_fact_verdicts_equal_the_sql_predicate(stack, tenant):
 
 
 def _random_filter(rng: random.Random, tenant) -> MemoryFilter:  # type: ignore[no-untyped-def]
-    from core.tenancy.context import Caller
-
-    caller = Caller(
-        tenant_id=tenant.tenant_id,
-        tenant_name=tenant.name,
-        user="u@example.com",
-        role=rng.choice(("member", "member", "admin")),
-        key_id="k",
-        agent_id=rng.choice(AGENTS),
-        persona=rng.choice(PERSONAS),
-    )
     return MemoryFilter(
-        caller=caller,
+        caller=_random_caller(rng, tenant),
         include_stale=rng.random() < 0.5,
         kind=rng.choice((None, None, *KINDS)),
         category=rng.choice((None, None, *CATEGORIES)),
