@@ -223,7 +223,8 @@ def _head_queries(state: SearchState) -> list[sql.Query]:
     queries = [head_query(tenant_id=tenant_id, model=state.model)]
     state.ahead = []
     if READ_AHEAD and tenant_id in _moving:
-        layout_seq = None if state.model is None else held_layout_seq(tenant_id, state.model)
+        model = state.model if state.request.question_text else None  # (dense runs only for a question)
+        layout_seq = None if model is None else held_layout_seq(tenant_id, model)
         for name, since, feed in (
             ("fulltext", held_seq(tenant_id) if state.catch_up else None, feed_queries),
             ("facts", facts.held_seq(tenant_id), facts.feed_queries),

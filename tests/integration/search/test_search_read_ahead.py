@@ -140,6 +140,11 @@ def test_the_dense_layouts_changes_are_read_with_the_head_under_writes(client, t
     first, rest = _split(seen)
     assert "layout-changes" in first and not any("layout-changes" in keys for keys in rest), seen
     assert joined in layout().members and joined in ids(found["memories"])
+    # A search without a question runs no dense channel: it does not ask for the layout's changes.
+    save(client, tenant, {"content": "a third plain note"})
+    with calls(tenant.tenant_id) as seen:
+        search(client, tenant, {"entities": [f"memory:{joined}"]})
+    assert any("head" in keys for keys in seen) and not any("layout-changes" in keys for keys in seen), seen
 
     # Rows read from another point than where the layout stands are not used: it reads its own.
     held = layout()
