@@ -103,6 +103,9 @@ _last_heads: dict[int, Head] = {}
 _moving: set[int] = set()
 # Read the change feeds ahead with the head while a tenant's writes stream in (False: each in its own round trip).
 READ_AHEAD = True
+# An entity search naming memories (``memory:<id>``) reads them with the head and the entity channel's query, its
+# tokens taken as if every named memory existed (see _named_with_the_head); off: in a round trip before them.
+NAMED_AHEAD = True
 # Run full-text while the head and entity queries are out (False: after them, as the head requires).
 EARLY_FULLTEXT = True
 
@@ -164,6 +167,8 @@ class SearchState:
     fed: dict[str, facts.Fed] = field(default_factory=dict)
     # The feeds the head's statement is sent with: (name, since, its statements' count).
     ahead: list[tuple[str, int, int]] = field(default_factory=list)
+    # The memory ids an entity search names, read with the head (see _named_with_the_head) and not yet resolved.
+    named_ahead: list[str] | None = None
 
     def warn(self, message: str) -> None:
         if message not in self.response.warnings:
@@ -318,7 +323,8 @@ def _run_steps(state: SearchState) -> Head | None:
     if request.has_entity_input:
         # The entity channel's query runs first and always: it confirms the guess (see guess_snapshot).
         guess_snapshot(state)
-    resolve_inputs(state)
+    if not _named_with_the_head(state):
+        resolve_inputs(state)
     if not request.has_entity_input and not request.question_text:
         state.warn(FALLBACK_WARNING)
         ordered(state, "recent")
@@ -337,14 +343,44 @@ def _run_steps(state: SearchState) -> Head | None:
 # -- inputs ---------------------------------------------------------------------------
 
 
-def resolve_inputs(state: SearchState) -> Inputs:
-    """The request's entities and query resolved against the catalog (and named memories), with warnings."""
+def _named_refs(request: SearchRequest) -> list[str]:
+    """The ids of the memories the request's entities name (``memory:<id>``)."""
+    return [memory_id_of(e) for e in request.entities or () if isinstance(e, str) and is_memory_ref(e)]
+
+
+def _needs_catalog(request: SearchRequest) -> bool:
+    return request.query is not None or any(
+        not (isinstance(e, str) and is_memory_ref(e)) for e in request.entities or ()
+    )
+
+
+def _named_with_the_head(state: SearchState) -> bool:
+    """Take the inputs of an entity search naming memories as if every named memory existed, and leave reading
+    them to the round trip of the head and the entity channel (:func:`_entity_bm25`, which resolves the inputs
+    then and ranks again in the rare case a named memory is not there): one round trip less. Only where the
+    named memories decide nothing but whether they exist (no datasource scope to check them against, no query
+    whose fields may name more) and the catalog the other entities resolve against is at hand."""
+    request = state.request
+    refs = _named_refs(request)
+    if not (NAMED_AHEAD and refs and state.head is None and request.datasource is None and request.query is None):
+        return False
+    if state.snapshot is None and _needs_catalog(request):
+        return False
+    snapshot = state.snapshot if state.snapshot is not None else CatalogSnapshot()
+    resolution = resolve_entities(snapshot, list(request.entities or []), strict=False, memory_exists=lambda _: True)
+    state.inputs = Inputs(bm25_tokens=list(resolution.entities))
+    state.named_ahead = refs
+    return True
+
+
+def resolve_inputs(state: SearchState, named: dict[str, Memory] | None = None) -> Inputs:
+    """The request's entities and query resolved against the catalog (and named memories, read here unless
+    given), with warnings."""
     request, inputs = state.request, Inputs()
     raw = list(request.entities or [])
-    refs = [memory_id_of(e) for e in raw if isinstance(e, str) and is_memory_ref(e)]
-    named = _named_memories(state, refs)
-    needs_catalog = request.query is not None or any(not (isinstance(e, str) and is_memory_ref(e)) for e in raw)
-    snapshot = snapshot_of(state) if needs_catalog else CatalogSnapshot()
+    if named is None:
+        named = _named_memories(state, _named_refs(request))
+    snapshot = snapshot_of(state) if _needs_catalog(request) else CatalogSnapshot()
     resolution = resolve_entities(snapshot, raw, strict=False, memory_exists=named.__contains__)
     for warning in resolution.warnings:
         state.warn(warning)
@@ -500,13 +536,25 @@ def _entity_bm25(
     ahead = len(queries)
     if tokens:
         queries.append(entity_channel.query(tenant_id=tenant_id, query_entities=tokens, eligibility=eligibility))
+    named_ahead, state.named_ahead = state.named_ahead, None
+    if named_ahead:
+        queries.append(hits.visible_memories_query(caller=state.caller, memory_ids=named_ahead))
     results = sql.run_many(state.session, queries, meanwhile=meanwhile) if queries else []
     if first:
         _head_read(state, results[:ahead])
         head = head_of(state)
         if state.guessed_version is not None and head.catalog_version != state.guessed_version:
             return [], head
-    ranking = entity_channel.from_rows(results[ahead] if tokens else [], query_entities=tokens, eligibility=eligibility)
+    rows = results[ahead] if tokens else []
+    if named_ahead:
+        # The inputs resolved with the named memories read (warnings and all, as resolve_inputs gives them); when
+        # one is missing its token goes, and the channel ranks again with those that are left.
+        resolve_inputs(state, named=hits.memories_from_rows(results[-1]))
+        if state.inputs.bm25_tokens != tokens:
+            tokens = state.inputs.bm25_tokens
+            query = entity_channel.query(tenant_id=tenant_id, query_entities=tokens, eligibility=eligibility)
+            rows = sql.run_many(state.session, [query])[0] if tokens else []
+    ranking = entity_channel.from_rows(rows, query_entities=tokens, eligibility=eligibility)
     return ranking, None
 
 
