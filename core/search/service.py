@@ -29,8 +29,9 @@ ranking function in ``open_channels``.
 
 Round trips: the head (tenant change seq, catalog version, embedding statistics) is one query, sent with
 the entity channel's query when there is one (inputs are then resolved with the tenant's last catalog
-snapshot, and ``run_search`` starts again with the head it read if that shows the catalog moved); the
-approximate dense query runs in PostgreSQL while full-text ranks in this process (``DenseSearch.overlapped``).
+snapshot, and ``run_search`` starts again with the head it read if that shows the catalog moved; the memories
+the entities name come in that round trip too, see ``_named_with_the_head``); the approximate dense query
+runs in PostgreSQL while full-text ranks in this process (``DenseSearch.overlapped``).
 """
 
 from __future__ import annotations
