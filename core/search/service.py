@@ -164,7 +164,7 @@ class SearchState:
     catch_up: bool = False
     # Whether the search's transaction has ended (its COMMIT sent with the graph's query; see fuse).
     ended: bool = False
-    # The change feeds read ahead with the head (see _head_queries): "fulltext", "facts".
+    # The change feeds read ahead with the head (see _head_queries): "fulltext", "facts", "dense".
     fed: dict[str, facts.Fed] = field(default_factory=dict)
     # The feeds the head's statement is sent with: (name, since, its statements' count).
     ahead: list[tuple[str, int, int]] = field(default_factory=list)
