@@ -4,31 +4,11 @@ exactly as when it read them in a round trip before, missing, forgotten and unse
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
-import pytest
-
-from core import sql
 from core.search import service
 from tests.helpers.api import save, search
-
-
-@contextmanager
-def calls(tenant_id: int) -> Iterator[list[list[Any]]]:
-    """The statement keys of each core.sql call of the tenant's sessions."""
-    seen: list[list[Any]] = []
-    real = sql.run_many
-
-    def run_many(session, queries, **given):  # type: ignore[no-untyped-def]
-        if session.info.get("tenant_id") == tenant_id:
-            seen.append([q.key for q in queries])
-        return real(session, queries, **given)
-
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(sql, "run_many", run_many)
-        yield seen
+from tests.helpers.events import sql_calls
 
 
 def test_named_memories_read_with_the_head_answer_as_when_read_before_it(client, tenant, monkeypatch):
@@ -66,10 +46,10 @@ def test_named_memories_read_with_the_head_answer_as_when_read_before_it(client,
     # One round trip less: the named memories go with the head and the entity channel's query.
     for ahead, trips in ((False, 3), (True, 2)):
         monkeypatch.setattr(service, "NAMED_AHEAD", ahead)
-        with calls(tenant.tenant_id) as seen:
+        with sql_calls(tenant.tenant_id) as seen:
             search(client, tenant, {"entities": [named["mine"]]})
         assert len(seen) == trips, seen
     # A named memory that is not there: its token goes and the channel ranks again (the round trip saved is spent).
-    with calls(tenant.tenant_id) as seen:
+    with sql_calls(tenant.tenant_id) as seen:
         out = search(client, tenant, {"entities": [named["mine"], "memory:nosuchmemory"]})
     assert len(seen) == 3 and out["resolved_input_entities"] == [named["mine"]]

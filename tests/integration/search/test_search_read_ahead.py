@@ -4,36 +4,15 @@ _head_queries); a feed that does not start where a cache stands is left unused."
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
-import pytest
-
-from core import sql
 from core.db import read_one_snapshot, tenant_session
 from core.search import facts, index
 from tests.helpers.api import ids, save, search
+from tests.helpers.events import sql_calls
 
 FEEDS = {"feed-seq", "feed-memories", "feed-tombstones", "feed-has-catalog", "facts", "facts-gone"}
 QUESTION = {"question": "which harbour ships the zinc crates"}
-
-
-@contextmanager
-def calls(tenant_id: int) -> Iterator[list[list[Any]]]:
-    """The keys of the statements of each core.sql call of the tenant's sessions, in order (threads of other
-    tests may run meanwhile)."""
-    seen: list[list[Any]] = []
-    real = sql.run_many
-
-    def run_many(session, queries, **given):  # type: ignore[no-untyped-def]
-        if session.info.get("tenant_id") == tenant_id:
-            seen.append([q.key for q in queries])
-        return real(session, queries, **given)
-
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(sql, "run_many", run_many)
-        yield seen
 
 
 def _feeds(keys: list[Any]) -> set[str]:
@@ -59,7 +38,7 @@ def test_a_search_under_writes_reads_the_feeds_with_its_head_and_finds_the_write
     save(client, tenant, {"content": "a first write of the stream"})
     search(client, tenant, QUESTION)  # the head moved: the tenant's writes stream in
     fresh = save(client, tenant, {"content": "the harbour ships the zinc crates on Fridays"})
-    with calls(tenant.tenant_id) as seen:
+    with sql_calls(tenant.tenant_id) as seen:
         found = search(client, tenant, QUESTION)
     assert ids(found["memories"])[0] == fresh  # read-your-writes, through the feeds read ahead
     first, rest = _split(seen)
@@ -69,10 +48,10 @@ def test_a_search_under_writes_reads_the_feeds_with_its_head_and_finds_the_write
     assert seq is not None and index.held_seq(tenant.tenant_id) == seq  # both caught up to the same head
 
     # No write since: the feeds come back empty, and the next search stops reading them.
-    with calls(tenant.tenant_id) as seen:
+    with sql_calls(tenant.tenant_id) as seen:
         search(client, tenant, QUESTION)
     assert _feeds(_split(seen)[0]) == FEEDS
-    with calls(tenant.tenant_id) as seen:
+    with sql_calls(tenant.tenant_id) as seen:
         again = search(client, tenant, QUESTION)
     assert not any(_feeds(keys) for keys in seen), seen
     assert ids(again["memories"])[0] == fresh
@@ -80,7 +59,7 @@ def test_a_search_under_writes_reads_the_feeds_with_its_head_and_finds_the_write
 
 def test_a_quiet_tenants_search_reads_no_feed(client, tenant):
     _filled(client, tenant)
-    with calls(tenant.tenant_id) as seen:
+    with sql_calls(tenant.tenant_id) as seen:
         search(client, tenant, QUESTION)
         search(client, tenant, QUESTION)
     assert not any(_feeds(keys) for keys in seen), seen
@@ -129,20 +108,20 @@ def test_the_dense_layouts_changes_are_read_with_the_head_under_writes(client, t
     search(client, tenant, QUESTION)  # the head moved: the tenant's writes stream in
     built = layout()
     save(client, tenant, {"content": "another plain note"})
-    with calls(tenant.tenant_id) as seen:
+    with sql_calls(tenant.tenant_id) as seen:
         search(client, tenant, QUESTION)
     first, rest = _split(seen)
     assert "layout-changes" in first and not any("layout-changes" in keys for keys in rest), seen
     assert layout().rows is built.rows and layout().change_seq > built.change_seq  # kept: no member written
     joined = save(client, tenant, {"content": "the zinc crates leave harbour 9", "run_id": "r", "sync_embed": True})
-    with calls(tenant.tenant_id) as seen:
+    with sql_calls(tenant.tenant_id) as seen:
         found = search(client, tenant, QUESTION)
     first, rest = _split(seen)
     assert "layout-changes" in first and not any("layout-changes" in keys for keys in rest), seen
     assert joined in layout().members and joined in ids(found["memories"])
     # A search without a question runs no dense channel: it does not ask for the layout's changes.
     save(client, tenant, {"content": "a third plain note"})
-    with calls(tenant.tenant_id) as seen:
+    with sql_calls(tenant.tenant_id) as seen:
         search(client, tenant, {"entities": [f"memory:{joined}"]})
     assert any("head" in keys for keys in seen) and not any("layout-changes" in keys for keys in seen), seen
 
