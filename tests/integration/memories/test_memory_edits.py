@@ -7,13 +7,11 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-import pytest
 from sqlalchemy import text
 from sqlalchemy.orm import Session
 
-from core import sql
 from core.db import system_session
-from tests.helpers.events import listening
+from tests.helpers.events import listening, sql_calls
 
 LOCK = [("advance-change-seq",), "edit-lock"]
 
@@ -29,12 +27,6 @@ def recorded(tenant_id: int) -> Iterator[dict[str, list[Any]]]:
     """The keys of each core.sql call's statements, the ORM statements the tenant's sessions run, and the outbox
     at each commit (the app's background work, such as usage metering, has sessions of its own)."""
     seen: dict[str, list[Any]] = {"calls": [], "orm": [], "outbox": []}
-    real = sql.run_many
-
-    def run_many(session, queries, **given):  # type: ignore[no-untyped-def]
-        if session.info.get("tenant_id") == tenant_id:  # (threads of other tests may run meanwhile)
-            seen["calls"].append([q.key if q.key[0] != "edit-lock" else "edit-lock" for q in queries])
-        return real(session, queries, **given)
 
     def orm(state: Any) -> None:
         if state.session.info.get("tenant_id") == tenant_id:
@@ -43,9 +35,9 @@ def recorded(tenant_id: int) -> Iterator[dict[str, list[Any]]]:
     def committing(session: Session) -> None:
         seen["outbox"].append(list(session.info.get("outbox", [])))
 
-    with pytest.MonkeyPatch.context() as patch, listening(Session, do_orm_execute=orm, before_commit=committing):
-        patch.setattr(sql, "run_many", run_many)
+    with sql_calls(tenant_id) as calls, listening(Session, do_orm_execute=orm, before_commit=committing):
         yield seen
+    seen["calls"] = [[key if key[0] != "edit-lock" else "edit-lock" for key in keys] for keys in calls]
 
 
 def _rows(statement: str, **params: Any) -> list[Any]:
