@@ -153,7 +153,11 @@ def _extended(layout: _Layout, *, n: int, version: int, change_seq: int) -> _Lay
     neighbours[MEMORIES] = np.concatenate(
         [layout.neighbours[MEMORIES], np.full((len(added), 2 * CONTEXT_TURNS), -1, dtype=np.int64)]
     )
-    return replace(layout, version=version, change_seq=change_seq, rows=rows, neighbours=neighbours, n=n)
+    # (The memories bucket's rows changed: its block, if it had one, is not its block any more.)
+    blocks = {bucket: held for bucket, held in layout.blocks.items() if bucket != MEMORIES}
+    return replace(
+        layout, version=version, change_seq=change_seq, rows=rows, neighbours=neighbours, n=n, blocks=blocks
+    )
 
 
 _layouts: BoundedCache[_Layout] = BoundedCache(

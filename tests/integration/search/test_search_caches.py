@@ -177,3 +177,37 @@ def test_a_tenant_without_a_catalog_sees_its_first_datasource_at_once(client, te
     after = search(client, tenant, {"entities": ["shop"], "question": "orders counted"})
     assert after["resolved_input_entities"] == ["shop"]
     assert "shop" in [hit["id"] for hit in search(client, tenant, {"question": "shop datasource"})["entities"]]
+
+
+def test_an_extended_layout_scores_the_memories_bucket_from_its_own_rows(client, tenant):
+    """When most memories carry a query, the memories bucket is scored from a copy of its few rows' vectors; a
+    plain note whose vector lands in the same matrix buffer extends the layout, and is scored with the rest
+    (not left out by the copy made before it)."""
+    from core.db import tenant_session
+    from core.embeddings import matrix as shared
+    from core.search import dense
+
+    for i in range(8):
+        body = {"content": f"lighthouse lamp maintenance report {i}", "query": {"measures": [f"lamp_hours_{i}"]}}
+        save(client, tenant, {**body, "sync_embed": True})
+    first = save(client, tenant, {"content": "lighthouse lamp maintenance notes", "sync_embed": True})
+    question = {"question": "lighthouse lamp maintenance", "max_memories": 8}
+    assert ids(search(client, tenant, question)["memories"]) == [first]
+    key = next(k for k in shared.cached_keys() if k[0] == tenant.tenant_id)  # type: ignore[index]
+    before = shared.cached(key)
+    layout = next(v for k, v in dense._layouts.items() if k[0] == tenant.tenant_id)  # type: ignore[index]
+    assert "memories" in layout.blocks  # the minority bucket's copy
+    second = save(client, tenant, {"content": "lighthouse lamp maintenance log", "sync_embed": True})
+    out = search(client, tenant, question)
+    after = shared.cached(key)
+    assert before is not None and after is not None
+    assert after.memories.matrix.base is before.memories.matrix.base  # the same buffer, one more row
+    assert sorted(ids(out["memories"])) == sorted([first, second])
+    extended = next(v for k, v in dense._layouts.items() if k[0] == tenant.tenant_id)  # type: ignore[index]
+    assert extended.n == layout.n + 1 and len(extended.rows["memories"]) == 2
+    held = extended.blocks.get("memories")
+    assert held is None or held[1].shape[1] == 2  # never the copy of the one row it had before
+    with tenant_session(tenant.tenant_id) as session:
+        searched = dense.DenseSearch(session, tenant_id=tenant.tenant_id, question=question["question"])
+        ranked = searched.rank("memories", 8)
+    assert sorted(doc_id for doc_id, _ in ranked) == sorted([first, second])
