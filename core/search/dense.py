@@ -125,6 +125,9 @@ class _Layout:
     # The matrix rows it covers: the first ``n`` of the memory side of ``lineage`` (core.embeddings.matrix).
     lineage: int = 0
     n: int = 0
+    # The change seq from which its members are those of ``change_seq``: no member was written in between, so
+    # it holds as well for a search whose snapshot is anywhere from there to ``change_seq``.
+    since: int = 0
     # Per bucket of a minority of the rows: (a weak reference to the matrix buffer, its rows' vectors copied
     # column by column), made by the first search that needs it (see DenseSearch._block).
     blocks: dict[str, tuple[weakref.ref[np.ndarray], np.ndarray]] = field(default_factory=dict, compare=False)
@@ -157,6 +160,30 @@ def _extended(layout: _Layout, *, n: int, version: int, change_seq: int) -> _Lay
     blocks = {bucket: held for bucket, held in layout.blocks.items() if bucket != MEMORIES}
     return replace(
         layout, version=version, change_seq=change_seq, rows=rows, neighbours=neighbours, n=n, blocks=blocks
+    )
+
+
+def _truncated(layout: _Layout, *, n: int, version: int, change_seq: int) -> _Layout:
+    """``layout`` over the first ``n`` of its rows (a search holding a matrix from before the rows past ``n``
+    were added): what reading it afresh against that matrix gives, since its members are the same. A member
+    whose row is past ``n`` has no vector in that matrix: in no bucket, and a neighbour of nobody (-1)."""
+    rows: dict[str, np.ndarray] = {}
+    neighbours: dict[str, np.ndarray] = {}
+    for bucket, bucket_rows in layout.rows.items():
+        held = bucket_rows < n
+        rows[bucket] = bucket_rows[held]
+        near = layout.neighbours[bucket][held]
+        neighbours[bucket] = np.where(near < n, near, -1)
+    has_context = any(bool((near >= 0).any()) for near in neighbours.values())
+    return replace(
+        layout,
+        version=version,
+        change_seq=change_seq,
+        rows=rows,
+        neighbours=neighbours,
+        has_context=has_context,
+        n=n,
+        blocks={},
     )
 
 
@@ -201,26 +228,31 @@ def _layout(
     session: Session, *, tenant_id: int, model: str, matrix: TenantMatrix, change_seq: int, fed: Fed | None = None
 ) -> _Layout:
     """The matrix's memory layout, from one query, cached per (embeddings version, change seq); a newer
-    change seq whose writes touch none of its memories keeps it, and rows added since of plain memories
-    extend it."""
+    change seq whose writes touch none of its members keeps it, and rows added since of plain memories
+    extend it. A search whose snapshot or matrix is older than the cached layout's (saves and vectors land
+    while it runs) takes it as it was then, when its members were already the same: cut to the search's
+    rows, not cached."""
     key = (tenant_id, model)
     side = matrix.memories
     hit = _layouts.get(key)
     if hit is not None and hit.version == matrix.version and hit.change_seq == change_seq:
         return hit
-    if (
-        hit is not None
-        and hit.lineage == side.lineage
-        and hit.n <= side.n
-        and hit.change_seq <= change_seq
-        and not any(memory_id in hit.members for memory_id in side.memory_ids[hit.n :])
-        and (hit.change_seq == change_seq or _still_holds(session, hit, tenant_id=tenant_id, fed=fed))
-    ):
-        # Every row it lacks is a plain memory (no member of it, and no member changed since): extended in
-        # place of being rebuilt, as under a stream of plain saves whose vectors keep landing.
-        kept = _extended(hit, n=side.n, version=matrix.version, change_seq=change_seq)
-        _layouts.put(key, kept)
-        return kept
+    if hit is not None and hit.lineage == side.lineage:
+        added_members = any(memory_id in hit.members for memory_id in side.memory_ids[hit.n :])
+        if not added_members and (
+            hit.since <= change_seq <= hit.change_seq
+            or (change_seq > hit.change_seq and _still_holds(session, hit, tenant_id=tenant_id, fed=fed))
+        ):
+            if side.n < hit.n:
+                if change_seq > hit.change_seq:  # (its members are those of this later state too)
+                    _layouts.put(key, replace(hit, change_seq=change_seq))
+                return _truncated(hit, n=side.n, version=matrix.version, change_seq=change_seq)
+            # Every row it lacks is a plain memory (no member of it, and no member changed since): extended in
+            # place of being rebuilt, as under a stream of plain saves whose vectors keep landing.
+            kept = _extended(hit, n=side.n, version=matrix.version, change_seq=change_seq)
+            if change_seq >= hit.change_seq:
+                _layouts.put(key, kept)
+            return kept
     found = session.execute(
         select(Memory.id, Memory.run_id, has_query(), Memory.occurred_at, Memory.created_at)
         .where(
@@ -249,19 +281,29 @@ def _layout(
                 if 0 <= k < len(run):
                     neighbours[row, slot] = run[k]
     rows = {MEMORIES: np.flatnonzero(~mask), EXAMPLE_QUERIES: np.flatnonzero(mask)}
+    members = frozenset(row[0] for row in found)
+    since = change_seq
+    if (
+        hit is not None
+        and hit.members == members
+        and hit.since <= change_seq
+        and (change_seq <= hit.change_seq or _still_holds(session, hit, tenant_id=tenant_id, fed=fed))
+    ):
+        since = hit.since  # (read again for a member's vector that landed: its members held all along)
     layout = _Layout(
         version=matrix.version,
         change_seq=change_seq,
         rows=rows,
         neighbours={bucket: neighbours[bucket_rows] for bucket, bucket_rows in rows.items()},
         has_context=bool((neighbours >= 0).any()),
-        members=frozenset(row[0] for row in found),
+        members=members,
         lineage=side.lineage,
         n=side.n,
+        since=since,
     )
     latest = _layouts.get(key)
-    if latest is None or latest.lineage != layout.lineage or latest.n <= layout.n:
-        _layouts.put(key, layout)  # never replaces one covering more rows of the same matrix
+    if latest is None or latest.lineage != layout.lineage or (latest.n <= layout.n and latest.change_seq <= change_seq):
+        _layouts.put(key, layout)  # never replaces one covering more rows of the same matrix, or a later state
     return layout
 
 

@@ -179,6 +179,80 @@ def test_a_tenant_without_a_catalog_sees_its_first_datasource_at_once(client, te
     assert "shop" in [hit["id"] for hit in search(client, tenant, {"question": "shop datasource"})["entities"]]
 
 
+def test_a_search_behind_the_cached_dense_layout_takes_it_as_it_was(client, tenant):
+    """While saves and vectors land, a search whose snapshot or matrix is older than the cached layout's takes
+    that layout, cut to its own matrix, without reading one afresh (each is what a fresh read gives); one older
+    than the layout's members rebuilds, and never replaces the cached layout with its older one."""
+    import numpy as np
+
+    from core.db import tenant_session
+    from core.embeddings import matrix as shared
+    from core.embeddings.providers import get_embedder
+    from core.embeddings.refresh import embed_docs
+    from core.search import dense
+
+    question = {"question": "quarry blasting schedule", "max_memories": 8}
+    for i in range(5):
+        body = {"content": f"turn {i} of the quarry blasting schedule", "run_id": "quarry", "sync_embed": True}
+        save(client, tenant, body)
+    # A member whose vector lands later: in the layout's runs from the start, in its matrix once embedded.
+    late = save(client, tenant, {"content": "turn 5 of the quarry blasting schedule", "run_id": "quarry"})
+    search(client, tenant, question)
+
+    def cached() -> dense._Layout:
+        return next(v for k, v in dense._layouts.items() if k[0] == tenant.tenant_id)  # type: ignore[index]
+
+    def layout_for(matrix: shared.TenantMatrix, change_seq: int) -> dense._Layout:
+        with tenant_session(tenant.tenant_id) as session:
+            return dense._layout(
+                session, tenant_id=tenant.tenant_id, model=model, matrix=matrix, change_seq=change_seq
+            )
+
+    def same(got: dense._Layout, want: dense._Layout) -> None:
+        assert got.n == want.n and got.has_context == want.has_context and got.members == want.members
+        for bucket in dense.MEMORY_BUCKETS:
+            assert np.array_equal(got.rows[bucket], want.rows[bucket]), bucket
+            assert np.array_equal(got.neighbours[bucket], want.neighbours[bucket]), bucket
+
+    key = next(k for k in shared.cached_keys() if k[0] == tenant.tenant_id)  # type: ignore[index]
+    model = key[1]
+    old_matrix = shared.cached(key)
+    assert old_matrix is not None
+    before = cached()
+    old_seq = before.change_seq
+    assert late in before.members and old_matrix.memories.row(f"memory:{late}") is None
+    with tenant_session(tenant.tenant_id) as session:
+        embed_docs(session, tenant_id=tenant.tenant_id, doc_ids=[f"memory:{late}"], embedder=get_embedder("local"))
+    for i in range(2):  # plain notes with vectors: rows past the late member's
+        save(client, tenant, {"content": f"a plain note {i} on blasting", "sync_embed": True})
+    search(client, tenant, question)
+    latest = cached()
+    assert latest.n == old_matrix.memories.n + 3 and latest.change_seq > old_seq
+    assert (latest.neighbours["memories"] == old_matrix.memories.n).any()  # the late member is a neighbour now
+
+    new_matrix = shared.cached(key)
+    assert new_matrix is not None
+    behind = layout_for(old_matrix, old_seq)  # the older snapshot and matrix of a search begun before
+    older_snapshot = layout_for(new_matrix, old_seq)  # the latest matrix, an older snapshot
+    # Both taken from the cached layout, not read, and the cached one left as it was.
+    assert behind.members is latest.members and older_snapshot.members is latest.members
+    assert cached() is latest
+    assert (behind.neighbours["memories"] < old_matrix.memories.n).all()
+    dense._layouts.clear()
+    same(behind, layout_for(old_matrix, old_seq))
+    dense._layouts.clear()
+    same(older_snapshot, layout_for(new_matrix, old_seq))
+
+    # A member written: the layout is read afresh from then on, and a search from before it reads its own.
+    dense._layouts.clear()
+    joined = save(client, tenant, {"content": "turn 6 of the quarry blasting schedule", "run_id": "quarry"})
+    search(client, tenant, question)
+    rebuilt = cached()
+    assert joined in rebuilt.members and rebuilt.since > old_seq
+    before_it = layout_for(new_matrix, old_seq)
+    assert before_it.members is not rebuilt.members and cached() is rebuilt
+
+
 def test_an_extended_layout_scores_the_memories_bucket_from_its_own_rows(client, tenant):
     """When most memories carry a query, the memories bucket is scored from a copy of its few rows' vectors; a
     plain note whose vector lands in the same matrix buffer extends the layout, and is scored with the rest
