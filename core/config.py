@@ -26,6 +26,9 @@ class Settings(BaseSettings):
     app_database_url: str = ""
     # The embedded PostgreSQL's shared_buffers (e.g. "4GB"); empty: an eighth of RAM, 128MB..2GB.
     embedded_pg_shared_buffers: str = ""
+    # Load pg_stat_statements (with planning times) into the embedded PostgreSQL: where its time goes, per
+    # statement (scripts/pg_statements_load.py). Off by default: it costs a little on every statement.
+    embedded_pg_statements: bool = False
 
     host: str = "127.0.0.1"
     port: int = 8000

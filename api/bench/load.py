@@ -388,12 +388,14 @@ def run(
 
 
 class Served(NamedTuple):
-    """A throwaway `engram serve`: its URL, the default tenant's admin key, its process id, the operator key."""
+    """A throwaway `engram serve`: its URL, the default tenant's admin key, its process id, the operator key,
+    its home."""
 
     url: str
     admin_key: str
     pid: int
     operator_key: str
+    home: Path | None = None
 
     def tenant_keys(self, tenants: int) -> list[str]:
         """Admin keys of ``tenants`` tenants: the default one, and new ones made with the operator key."""
@@ -451,14 +453,15 @@ def figures_of(
 
 
 @contextmanager
-def throwaway_serve(*, log: Callable[[str], None]) -> Iterator[Served]:
-    """`engram serve` on a temporary home and a free port, until the block ends."""
+def throwaway_serve(*, log: Callable[[str], None], env: dict[str, str] | None = None) -> Iterator[Served]:
+    """`engram serve` on a temporary home and a free port, until the block ends; ``env``: settings of its own."""
     base = Path(tempfile.mkdtemp(prefix="engram-load-", dir="/tmp"))
     base.chmod(0o755)
     port = free_port()
     # Its own stack, not the services ENGRAM_* may name; the API process's own settings (ENGRAM_API_*: its
     # processes, in-flight bound, keep-alive) pass through, so a run can compare them.
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ENGRAM_") or k.startswith("ENGRAM_API_")}
+    inherited = {k: v for k, v in os.environ.items() if not k.startswith("ENGRAM_") or k.startswith("ENGRAM_API_")}
+    env = {**inherited, **(env or {})}
     out_path = base / "serve.out"
     with open(out_path, "w") as out:
         process = subprocess.Popen(
@@ -480,7 +483,7 @@ def throwaway_serve(*, log: Callable[[str], None]) -> Iterator[Served]:
                 raise RuntimeError(f"engram serve did not start:\n{text[-2000:]}")
             log(f"started engram serve on port {port} (home {base / 'home'})")
             operator_key = (base / "home" / "operator_key").read_text().strip()
-            yield Served(f"http://127.0.0.1:{port}", found.group(1), process.pid, operator_key)
+            yield Served(f"http://127.0.0.1:{port}", found.group(1), process.pid, operator_key, base / "home")
         finally:
             if process.poll() is None:
                 process.send_signal(signal.SIGTERM)

@@ -416,6 +416,9 @@ class EmbeddedPostgres(_ChildServer):
             # query: ~1 ms against 0.13 analysed). A small database is cheap to look at: every 10 s, not 60.
             "autovacuum_naptime": "10s",
         }
+        if get_settings().embedded_pg_statements:
+            settings["shared_preload_libraries"] += ",pg_stat_statements"
+            settings["pg_stat_statements.track_planning"] = "on"
         argv = [str(bin_dir / "postgres"), "-D", data_dir]
         for name, value in settings.items():
             argv += ["-c", f"{name}={value}"]
