@@ -237,12 +237,20 @@ def _layout(
     hit = _layouts.get(key)
     if hit is not None and hit.version == matrix.version and hit.change_seq == change_seq:
         return hit
+    held: list[bool] = []
+
+    def members_held(hit: _Layout) -> bool:
+        """Whether ``hit``'s members are those of this search's change seq (asked of the database at most once)."""
+        if not held:
+            held.append(
+                hit.since <= change_seq <= hit.change_seq
+                or (change_seq > hit.change_seq and _still_holds(session, hit, tenant_id=tenant_id, fed=fed))
+            )
+        return held[0]
+
     if hit is not None and hit.lineage == side.lineage:
         added_members = any(memory_id in hit.members for memory_id in side.memory_ids[hit.n :])
-        if not added_members and (
-            hit.since <= change_seq <= hit.change_seq
-            or (change_seq > hit.change_seq and _still_holds(session, hit, tenant_id=tenant_id, fed=fed))
-        ):
+        if not added_members and members_held(hit):
             if side.n < hit.n:
                 if change_seq > hit.change_seq:  # (its members are those of this later state too)
                     _layouts.put(key, replace(hit, change_seq=change_seq))
@@ -283,12 +291,7 @@ def _layout(
     rows = {MEMORIES: np.flatnonzero(~mask), EXAMPLE_QUERIES: np.flatnonzero(mask)}
     members = frozenset(row[0] for row in found)
     since = change_seq
-    if (
-        hit is not None
-        and hit.members == members
-        and hit.since <= change_seq
-        and (change_seq <= hit.change_seq or _still_holds(session, hit, tenant_id=tenant_id, fed=fed))
-    ):
+    if hit is not None and hit.members == members and members_held(hit):
         since = hit.since  # (read again for a member's vector that landed: its members held all along)
     layout = _Layout(
         version=matrix.version,
