@@ -8,7 +8,7 @@ import uuid
 from datetime import timedelta
 
 import pytest
-from sqlalchemy import select, text
+from sqlalchemy import event, select, text
 
 from core.embeddings.providers import Embedder, EmbeddingProviderError
 from tests.helpers.processes import wait_for
@@ -82,14 +82,26 @@ def _embedded(tenant_id: int) -> set[str]:
 def test_a_tenants_jobs_run_as_one_batch_and_each_keeps_its_outcome(client, tenant, stack):
     """Five saves' embed jobs run as one batch: one handler call embeds all five docs, and every job is
     succeeded with its own attempt and the batch's result."""
-    from core.db import system_session
+    from core.db import get_engine, system_session
     from core.jobs.models import Job
     from workers.runner import run_jobs
 
     memory_ids = _save(client, tenant, [f"the {t} table is refreshed nightly" for t in ("a", "b", "c", "d", "e")])
     job_ids = _embed_jobs(tenant.tenant_id)
     assert len(job_ids) == 5
-    outcomes = run_jobs(job_ids, session_factory=system_session, max_attempts=3)
+    updates: list[str] = []
+
+    def count(conn, cursor, statement, parameters, context, executemany):  # type: ignore[no-untyped-def]
+        if statement.lstrip().startswith("UPDATE jobs"):
+            updates.extend([statement] * (len(parameters) if executemany else 1))
+
+    event.listen(get_engine(), "before_cursor_execute", count)
+    try:
+        outcomes = run_jobs(job_ids, session_factory=system_session, max_attempts=3)
+    finally:
+        event.remove(get_engine(), "before_cursor_execute", count)
+    # The claim, the hand-back of a suspended tenant's jobs, and the batch's completion: one statement each.
+    assert len(updates) == 3, updates
     assert {job_id: (o.state, o.attempts) for job_id, o in outcomes.items()} == {j: ("succeeded", 1) for j in job_ids}
     with system_session() as session:
         jobs = session.scalars(select(Job).where(Job.id.in_(job_ids))).all()
