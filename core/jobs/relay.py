@@ -1,15 +1,17 @@
 """The outbox relay: hands committed job rows to the queues, fairly across tenants.
 
 Writers (the API) only commit job rows; an AFTER INSERT trigger on `jobs` sends NOTIFY engram_jobs, and so
-does every finished job (workers.runner). Each relay (one per worker process) LISTENs and, per lane
-(core.jobs.lanes), keeps at most a lane's in-flight limit of jobs published but unfinished over the whole
-cluster. Whenever a slot frees it claims undispatched rows **round-robin over tenants** (each tenant's
-oldest job first, then each one's second, ...), so one tenant's backlog stays in PostgreSQL, where the next
-tenant's fresh job can pass it, instead of in a Redis list it would have to wait through. The jobs table
-stays the only source of truth: Redis holds no more than the in-flight few.
+does every finished job (workers.runner). Every worker process runs a relay, and one of them leads (see
+OutboxRelay): it LISTENs and, per lane (core.jobs.lanes), keeps at most a lane's in-flight limit of jobs
+published but unfinished over the whole cluster. Whenever a slot frees it claims undispatched rows
+**round-robin over tenants** (each tenant's oldest job first, then each one's second, ...), so one tenant's
+backlog stays in PostgreSQL, where the next tenant's fresh job can pass it, instead of in a Redis list it
+would have to wait through. The jobs table stays the only source of truth: Redis holds no more than the
+in-flight few.
 
 Claims are serialised by a transaction-level advisory lock per lane (the in-flight count and the claim must
-not interleave between relays); SKIP LOCKED still keeps a claim from waiting on rows a runner holds. A row
+not interleave between relays: one leads, but a leader that lost its lock may still be in a round, and
+``relay_once`` may be called from elsewhere); SKIP LOCKED still keeps a claim from waiting on rows a runner holds. A row
 the relay cannot publish (broker down) is released and tried again a second later; a relay killed between
 its claim and its publish leaves rows stamped ``dispatched_at``, which reconcile re-queues after
 ``outbox_redispatch_seconds`` (they count as in flight until then).
@@ -44,6 +46,9 @@ _BATCH = 500
 # Advisory lock keys of the claims (one per lane), in a key space of their own.
 _CLAIM_LOCK_SPACE = 0x6A6F6273
 _CLAIM_LOCK = {"interactive": 1, "bulk": 2}
+# The leading relay's session-level lock (OutboxRelay), in the same key space.
+_LEADER_LOCK = 0
+_TRY_LEAD = "SELECT pg_try_advisory_lock(%s, %s)"
 Publish = Callable[[list[Message]], None]
 
 # A job whose message is out (or which runs): it takes a lane's slot. A retry waiting out its backoff
@@ -243,7 +248,13 @@ class OutboxRelay:
     Rounds start at most every ``spacing`` seconds: under a stream of saves every commit notifies, and a
     round per notification (a claim transaction per lane, in each worker process's relay, in turns under the
     claim lock) cost PostgreSQL and the workers more than the jobs it found; the notifications that arrive
-    in between are answered by the next round, which claims every row they announced."""
+    in between are answered by the next round, which claims every row they announced.
+
+    ``elect``: of the relays of one database (one per worker process, on every replica) only the one holding
+    the leader's advisory lock, on its listening connection, runs rounds; the others stand by and try for the
+    lock every ``interval``. Two relays' rounds claimed the same rows in turns, each a transaction under the
+    claim lock that mostly found nothing left. A leader that stops, dies, loses its connection or fails a
+    round (its broker down, say) lets the lock go with its connection, and a standby takes over."""
 
     def __init__(
         self,
@@ -255,8 +266,10 @@ class OutboxRelay:
         spacing: float = 0.0,
         max_docs: int = 100,
         limits: RelayLimits | None = None,
+        elect: bool = True,
     ):
         self._dsn = dsn
+        self._elect = elect
         self._publish = publish
         self._interval = interval
         self._linger = linger
@@ -264,6 +277,8 @@ class OutboxRelay:
         self._max_docs = max_docs
         self._limits = limits
         self._stop = threading.Event()
+        self._listener: psycopg.Connection | None = None
+        self._leading = self._listening = False
         self._thread = threading.Thread(target=self._run, name="engram-outbox-relay", daemon=True)
 
     def start(self) -> None:
@@ -276,15 +291,42 @@ class OutboxRelay:
         self._thread.join(timeout)
 
     def _run(self) -> None:
-        listener: psycopg.Connection | None = None
+        try:
+            self._loop()
+        finally:
+            if self._listener is not None:
+                self._listener.close()  # (a leader's lock goes with it)
+
+    def leads(self) -> bool:
+        """Whether this relay runs rounds now (it holds the leader's lock, or is not elected)."""
+        return self._leading
+
+    def _lead(self, listener: psycopg.Connection) -> bool:
+        """Whether this relay may run rounds: take the leader's lock if it is free (held by ``listener``'s
+        session until it closes)."""
+        if not self._leading:
+            row = listener.execute(_TRY_LEAD, (_CLAIM_LOCK_SPACE, _LEADER_LOCK)).fetchone()
+            self._leading = bool(row and row[0])
+            if self._leading:
+                log.info("outbox relay: leading")
+        return self._leading
+
+    def _loop(self) -> None:
         interactive_due = 0.0  # monotonic time before which interactive work is left to gather
         next_round = 0.0  # monotonic time before which no round starts (notifications meanwhile are one)
         limits = self._limits or RelayLimits.from_settings()
         while not self._stop.is_set():
             try:
+                listener = self._listener
                 if listener is None or listener.closed:
-                    listener = psycopg.connect(self._dsn, autocommit=True)
+                    self._leading, self._listening = not self._elect, False
+                    listener = self._listener = psycopg.connect(self._dsn, autocommit=True)
+                if not self._lead(listener):
+                    self._stop.wait(self._interval)
+                    continue
+                if not self._listening:
                     listener.execute(f"LISTEN {CHANNEL}")
+                    self._listening = True
                 if (early := next_round - time.monotonic()) > 0:
                     self._stop.wait(early)
                     for _ in listener.notifies(timeout=0):
@@ -304,9 +346,10 @@ class OutboxRelay:
                     pass
                 for _ in listener.notifies(timeout=0):
                     pass
-            except Exception as exc:  # broker or database down: try again shortly
+            except Exception as exc:  # broker or database down: try again shortly (a standby may lead meanwhile)
                 log.warning("outbox relay: %s", exc)
-                if listener is not None:
-                    listener.close()
-                    listener = None
+                self._leading = False
+                if self._listener is not None:
+                    self._listener.close()
+                    self._listener = None
                 self._stop.wait(self._interval)
