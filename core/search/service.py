@@ -54,7 +54,7 @@ from core.entities.resolver import extract_query_entities, resolve_entities
 from core.errors import BadRequest
 from core.memories.models import Memory
 from core.refs import MEMORY_PREFIX
-from core.search import entity_channel, facts, graph, hits, replies
+from core.search import entity_channel, facts, feeds, graph, hits, replies
 from core.search.catalog import last_snapshot, load_snapshot, snapshot_memo
 from core.search.clock import ChannelClock
 from core.search.dense import (
@@ -63,12 +63,11 @@ from core.search.dense import (
     DenseUnavailable,
     dense_model,
     held_layout_seq,
-    layout_feed_queries,
 )
 from core.search.filters import EXAMPLE_QUERIES, MEMORIES, Eligibility, MemoryFilter
 from core.search.fulltext import ENTITY_KINDS
 from core.search.fusion import relevance, with_hops
-from core.search.index import catch_up_before_search, catch_up_in, feed_queries, held_seq, is_open
+from core.search.index import catch_up_before_search, catch_up_in, held_seq, is_open
 from core.search.modes import ordered_buckets
 from core.search.names import question_names, with_names
 from core.search.rankings import (
@@ -166,8 +165,8 @@ class SearchState:
     ended: bool = False
     # The change feeds read ahead with the head (see _head_queries): "fulltext", "facts", "dense".
     fed: dict[str, facts.Fed] = field(default_factory=dict)
-    # The feeds the head's statement is sent with: (name, since, its statements' count).
-    ahead: list[tuple[str, int, int]] = field(default_factory=list)
+    # The feeds the head's statement is sent with: each cache's name and the change seq it stands at.
+    ahead: dict[str, int] = field(default_factory=dict)
     # The memory ids an entity search names, read with the head (see _named_with_the_head) and not yet resolved.
     named_ahead: list[str] | None = None
 
@@ -227,19 +226,17 @@ def _head_queries(state: SearchState) -> list[sql.Query]:
     since, they come back empty."""
     tenant_id = state.caller.tenant_id
     queries = [head_query(tenant_id=tenant_id, model=state.model)]
-    state.ahead = []
+    state.ahead = {}
     if READ_AHEAD and tenant_id in _moving:
         model = state.model if state.request.question_text else None  # (dense runs only for a question)
-        layout_seq = None if model is None else held_layout_seq(tenant_id, model)
-        for name, since, feed in (
-            ("fulltext", held_seq(tenant_id) if state.catch_up else None, feed_queries),
-            ("facts", facts.held_seq(tenant_id), facts.feed_queries),
-            ("dense", layout_seq, layout_feed_queries),
-        ):
-            if since is not None:
-                statements = feed(tenant_id, since)
-                state.ahead.append((name, since, len(statements)))
-                queries.extend(statements)
+        points = {
+            feeds.FULLTEXT: held_seq(tenant_id) if state.catch_up else None,
+            feeds.FACTS: facts.held_seq(tenant_id),
+            feeds.DENSE: None if model is None else held_layout_seq(tenant_id, model),
+        }
+        state.ahead = {name: since for name, since in points.items() if since is not None}
+        if state.ahead:
+            queries.extend(feeds.queries(tenant_id, state.ahead))
     return queries
 
 
@@ -248,10 +245,8 @@ def _head_read(state: SearchState, results: list[Sequence[Any]]) -> None:
     read with it; catch the full-text index up to its change seq when asked to."""
     tenant_id = state.caller.tenant_id
     state.head = head = head_from_rows(results[0], model=state.model)
-    at = 1
-    for name, since, count in state.ahead:
-        state.fed[name] = facts.Fed(since, list(results[at : at + count]))
-        at += count
+    if state.ahead:
+        state.fed = feeds.split(state.ahead, results[1:])
     previous = _last_heads.get(tenant_id)
     _last_heads[tenant_id] = head
     if previous is not None and head.change_seq != previous.change_seq:

@@ -5,13 +5,14 @@ _head_queries); a feed that does not start where a cache stands is left unused."
 from __future__ import annotations
 
 from typing import Any
+from unittest.mock import ANY
 
 from core.db import read_one_snapshot, tenant_session
 from core.search import facts, index
 from tests.helpers.api import ids, save, search
 from tests.helpers.events import sql_calls
 
-FEEDS = {"feed-seq", "feed-memories", "feed-tombstones", "feed-has-catalog", "facts", "facts-gone"}
+FEEDS = {"feed-changes", "feed-gone", "feed-seq", "feed-has-catalog"}
 QUESTION = {"question": "which harbour ships the zinc crates"}
 
 
@@ -91,10 +92,19 @@ def test_a_feed_read_after_another_seq_is_left_unused(client, tenant):
     assert ids(search(client, tenant, {"question": "a memory both caches must hold"})["memories"])[0] == kept
 
 
-def test_the_dense_layouts_changes_are_read_with_the_head_under_writes(client, tenant):
+def test_the_dense_layouts_changes_are_read_with_the_head_under_writes(client, tenant, monkeypatch):
     """The dense channel's layout (core.search.dense) checks the memories written since it against those it is
     made from: under writes that check's rows come with the head, and a member written is still seen."""
-    from core.search import dense
+    from core.search import dense, feeds
+
+    asked: list[dict[str, int]] = []
+    queries = feeds.queries
+
+    def recorded(tenant_id: int, points: dict[str, int]):  # type: ignore[no-untyped-def]
+        asked.append(dict(points))
+        return queries(tenant_id, points)
+
+    monkeypatch.setattr(feeds, "queries", recorded)
 
     _filled(client, tenant)
     for n in range(4):
@@ -108,22 +118,28 @@ def test_the_dense_layouts_changes_are_read_with_the_head_under_writes(client, t
     search(client, tenant, QUESTION)  # the head moved: the tenant's writes stream in
     built = layout()
     save(client, tenant, {"content": "another plain note"})
+    asked.clear()
     with sql_calls(tenant.tenant_id) as seen:
         search(client, tenant, QUESTION)
     first, rest = _split(seen)
-    assert "layout-changes" in first and not any("layout-changes" in keys for keys in rest), seen
+    assert asked == [{"fulltext": ANY, "facts": ANY, "dense": built.change_seq}]
+    assert "feed-changes" in first and not any("layout-changes" in keys for keys in seen), seen
     assert layout().rows is built.rows and layout().change_seq > built.change_seq  # kept: no member written
     joined = save(client, tenant, {"content": "the zinc crates leave harbour 9", "run_id": "r", "sync_embed": True})
+    asked.clear()
     with sql_calls(tenant.tenant_id) as seen:
         found = search(client, tenant, QUESTION)
     first, rest = _split(seen)
-    assert "layout-changes" in first and not any("layout-changes" in keys for keys in rest), seen
+    assert [set(points) for points in asked] == [{"fulltext", "facts", "dense"}]
+    assert "feed-changes" in first and not any("layout-changes" in keys for keys in seen), seen
     assert joined in layout().members and joined in ids(found["memories"])
     # A search without a question runs no dense channel: it does not ask for the layout's changes.
     save(client, tenant, {"content": "a third plain note"})
+    asked.clear()
     with sql_calls(tenant.tenant_id) as seen:
         search(client, tenant, {"entities": [f"memory:{joined}"]})
     assert any("head" in keys for keys in seen) and not any("layout-changes" in keys for keys in seen), seen
+    assert all("dense" not in points for points in asked), asked
 
     # Rows read from another point than where the layout stands are not used: it reads its own.
     held = layout()
@@ -133,3 +149,54 @@ def test_the_dense_layouts_changes_are_read_with_the_head_under_writes(client, t
         assert dense._still_holds(session, held, tenant_id=tenant.tenant_id, fed=bogus)
         member = facts.Fed(held.change_seq, [[(sorted(held.members)[0], True)]])
         assert not dense._still_holds(session, held, tenant_id=tenant.tenant_id, fed=member)
+
+
+def test_each_cache_gets_from_the_merged_feed_what_its_own_feed_returns(client, catalog):
+    """The feeds read once for all three caches (core.search.feeds) give each cache the rows its own statements
+    return after its own point, in the same snapshot: memories of every kind written, forgotten and purged,
+    and a catalog doc deleted."""
+    from core import sql
+    from core.search import dense, feeds
+
+    tenant = catalog
+    tenant_id = tenant.tenant_id
+    with tenant_session(tenant_id) as session:
+        start = index._change_seq(session, tenant_id)
+    save(client, tenant, {"content": "a plain note about the depot"})
+    save(client, tenant, {"content": "a turn of a conversation", "run_id": "talk"})
+    forgotten = save(client, tenant, {"content": "a note to forget"})
+    save(client, tenant, {"content": "revenue by month", "query": {"measures": ["revenue"]}})
+    save(client, tenant, {"content": "the depot opened", "occurred_at": "2024-03-01T09:00:00Z"})
+    purged = save(client, tenant, {"content": "a note to purge", "run_id": "talk"})
+    assert client.delete(f"/v1/memories/{forgotten}", headers=tenant.headers()).status_code == 200
+    assert client.delete(f"/v1/memories/{purged}?purge=true", headers=tenant.headers()).status_code == 200
+    assert client.delete("/v1/models/shop/orders", headers=tenant.headers()).status_code == 200
+
+    def own(name: str, since: int) -> list[Any]:
+        if name == feeds.FULLTEXT:
+            return sql.run_many(session, index.feed_queries(tenant_id, since))
+        if name == feeds.FACTS:
+            return sql.run_many(session, facts.feed_queries(tenant_id, since))
+        return sql.run_many(session, dense.layout_feed_queries(tenant_id, since))
+
+    def same(rows: list[Any]) -> list[list[Any]]:
+        return [sorted(map(repr, statement)) for statement in rows]
+
+    with tenant_session(tenant_id) as session:
+        read_one_snapshot(session)
+        current = index._change_seq(session, tenant_id)
+        assert current - start >= 9
+        for points in (
+            {feeds.FULLTEXT: start, feeds.FACTS: start, feeds.DENSE: start},
+            {feeds.FULLTEXT: start + 3, feeds.FACTS: start + 1, feeds.DENSE: start + 5},
+            {feeds.FACTS: start + 2, feeds.DENSE: start},
+            {feeds.DENSE: start + 4},
+            {feeds.FULLTEXT: current, feeds.FACTS: start},
+        ):
+            fed = feeds.split(points, sql.run_many(session, feeds.queries(tenant_id, points)))
+            assert set(fed) == set(points)
+            for name, since in points.items():
+                assert fed[name].since == since
+                assert same(fed[name].rows) == same(own(name, since)), (name, since)
+            if feeds.DENSE in points and points[feeds.DENSE] == start:
+                assert any(member for _, member in fed[feeds.DENSE].rows[0])  # (the layout's members are seen)

@@ -1,0 +1,108 @@
+"""The change feeds a search reads ahead with its head, read once for all its caches.
+
+While a tenant's writes stream in, a search catches three caches up to its head: the full-text index
+(core.search.index), the tenant's facts (core.search.facts) and the dense layout (core.search.dense). Each has a
+feed of its own (the memories and the tombstones written after where it stands), and reading the three in the
+head's round trip (core.search.service's ``_head_queries``) was six statements over the same rows, each
+planned for its values: most of what PostgreSQL planned under a stream of saves. Here the memories and the
+tombstones written after the oldest of the caches' points are read once, with every column any of them takes
+and each row's change seq, and each cache is given its own feed's rows (:func:`split`): those after its point,
+in its feed's shape, as its own statements would have returned them in the same snapshot.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from sqlalchemy import text
+
+from core import sql
+from core.refs import MEMORY_PREFIX
+from core.search import index
+from core.search.facts import Fed
+from core.search.filters import HAS_QUERY_SQL
+
+# The caches, by the name service._head_queries gives their feeds.
+FULLTEXT, FACTS, DENSE = "fulltext", "facts", "dense"
+
+_MEMORY_COLUMNS = (
+    "memories.id, memories.change_seq, memories.status, {content}, memories.entities, memories.tags, "
+    f"memories.run_id, memories.occurred_at, memories.created_at, {HAS_QUERY_SQL}, memories.persona, "
+    "memories.agent_id, memories.category, memories.kind"
+)
+_MEMORIES = "SELECT {columns} FROM memories WHERE memories.tenant_id = :tenant AND memories.change_seq > :since"
+# With the full-text index among the caches (the only one that reads contents: of the rows after its point
+# alone, should another cache stand far behind it), and without.
+_WITH_CONTENT = text(
+    _MEMORIES.format(
+        columns=_MEMORY_COLUMNS.format(content="CASE WHEN memories.change_seq > :text_since THEN memories.content END")
+    )
+)
+_WITHOUT_CONTENT = text(_MEMORIES.format(columns=_MEMORY_COLUMNS.format(content="NULL")))
+_TOMBSTONES = text(
+    "SELECT tombstones.doc_id, tombstones.change_seq FROM tombstones"
+    " WHERE tombstones.tenant_id = :tenant AND tombstones.change_seq > :since"
+)
+
+
+def queries(tenant_id: int, points: Mapping[str, int]) -> list[sql.Query]:
+    """The statements reading every feed of ``points`` (each cache's name and the change seq it stands at), for
+    :func:`core.sql.run_many`; :func:`split` makes each cache's rows of their results, in the same order."""
+    values = {"tenant": tenant_id, "since": min(points.values())}
+    content = FULLTEXT in points
+    statements = [
+        sql.Query("feed-changes", lambda: _WITH_CONTENT, {**values, "text_since": points[FULLTEXT]})
+        if content
+        else sql.Query("feed-changes-no-content", lambda: _WITHOUT_CONTENT, values),
+        sql.Query("feed-gone", lambda: _TOMBSTONES, values),
+    ]
+    if content:
+        # The full-text index's catch-up also reads the seq its feed brings it to and whether a catalog exists.
+        statements += [query for query in index.feed_queries(tenant_id, points[FULLTEXT]) if query.key in _FULLTEXT_OWN]
+    return statements
+
+
+_FULLTEXT_OWN = ("feed-seq", "feed-has-catalog")
+
+
+def split(points: Mapping[str, int], results: Sequence[Sequence[Any]]) -> dict[str, Fed]:
+    """Each cache's feed (``points`` as given to :func:`queries`; ``results`` its statements' rows)."""
+    changed, tombstones, *own = results
+    fed: dict[str, Fed] = {}
+    for name, since in points.items():
+        memories = [row for row in changed if row[1] > since]
+        gone = [row for row in tombstones if row[1] > since]
+        if name == FULLTEXT:
+            seq_rows, catalogs = own
+            fed[name] = Fed(since, [seq_rows, [_fulltext_row(row) for row in memories], gone, catalogs])
+        elif name == FACTS:
+            fed[name] = Fed(
+                since,
+                [
+                    [(r[0], r[2], r[10], r[11], r[12], r[13], r[7], r[9], r[4], r[5]) for r in memories],
+                    [(doc_id,) for doc_id, _ in gone if doc_id.startswith(MEMORY_PREFIX)],
+                ],
+            )
+        elif name == DENSE:
+            fed[name] = Fed(
+                since,
+                [
+                    [(r[0], _layout_member(r)) for r in memories]
+                    + [(doc_id[len(MEMORY_PREFIX) :], False) for doc_id, _ in gone if doc_id.startswith(MEMORY_PREFIX)]
+                ],
+            )
+        else:
+            raise ValueError(f"no change feed named {name!r}")
+    return fed
+
+
+def _fulltext_row(row: Sequence[Any]) -> tuple[Any, ...]:
+    """index._MemoryRow's columns (index._COLUMNS, then whether the memory carries a query)."""
+    return (row[0], row[3], row[4], row[5], row[2], row[1], row[6], row[7], row[8], row[9])
+
+
+def _layout_member(row: Sequence[Any]) -> bool:
+    """Whether the dense layout is made from this memory (as dense._LAYOUT_CHANGES says it): not forgotten, and
+    carrying a query, in a run, or given its own event time."""
+    return row[2] != "forgotten" and bool(row[9] or row[6] is not None or row[7] != row[8])
