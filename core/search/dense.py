@@ -216,11 +216,9 @@ def held_layout_seq(tenant_id: int, model: str) -> int | None:
 def _still_holds(session: Session, layout: _Layout, *, tenant_id: int, fed: Fed | None = None) -> bool:
     """Whether no memory written since ``layout`` was or now is one of the memories it is made from (a plain
     note saved or edited leaves it as it is); from ``fed`` (:func:`layout_feed_queries`' rows, read with the
-    search's head) when it starts where the layout stands."""
-    if fed is not None and fed.since == layout.change_seq:
-        (changed,) = fed.rows
-    else:
-        (changed,) = sql.run_many(session, layout_feed_queries(tenant_id, layout.change_seq))
+    search's head) when it covers where the layout stands."""
+    rows = None if fed is None else fed.rows_after(layout.change_seq)
+    (changed,) = rows if rows is not None else sql.run_many(session, layout_feed_queries(tenant_id, layout.change_seq))
     return not any(member or memory_id in layout.members for memory_id, member in changed)
 
 

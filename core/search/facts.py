@@ -22,7 +22,7 @@ from __future__ import annotations
 import sys
 import threading
 from collections import OrderedDict
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from datetime import datetime
 from typing import Any, NamedTuple
 
@@ -47,12 +47,27 @@ MEMOS_KEPT = 4
 CATCH_UP_WAIT_SECONDS = 2.0
 
 
-class Fed(NamedTuple):
+class Fed:
     """The rows of a change feed's statements after ``since`` (this module's :func:`feed_queries`, the full-text
-    index's), read ahead in a search's first round trip, in the snapshot its head came from."""
+    index's, the dense layout's), read ahead in a search's first round trip, in the snapshot its head came from.
+    ``narrow`` gives the rows after a later point, for a cache that another search caught up meanwhile (see
+    core.search.feeds)."""
 
-    since: int
-    rows: list[Sequence[Any]]
+    __slots__ = ("since", "rows", "_narrow")
+
+    def __init__(
+        self, since: int, rows: list[Sequence[Any]], narrow: Callable[[int], list[Sequence[Any]]] | None = None
+    ) -> None:
+        self.since, self.rows, self._narrow = since, rows, narrow
+
+    def rows_after(self, point: int) -> list[Sequence[Any]] | None:
+        """The feed's rows after ``point`` (a cache's change seq, at most the snapshot's), or None when the feed
+        cannot give them (it starts after ``point``, or cannot narrow to it): the cache then reads its own."""
+        if point == self.since:
+            return self.rows
+        if point > self.since and self._narrow is not None:
+            return self._narrow(point)
+        return None
 
 
 class Fact(NamedTuple):
@@ -99,7 +114,7 @@ class TenantFacts:
 
     def catch_up(self, session: Session, *, current_seq: int, fed: Fed | None = None) -> bool:
         """Apply the changes up to ``current_seq``, read in ``session`` (whose snapshot saw that seq), or read
-        ahead in it already (``fed``, used when it starts where these facts stand).
+        ahead in it already (``fed``, used when it covers where these facts stand).
 
         False when another search of the tenant held the facts longer than CATCH_UP_WAIT_SECONDS: the
         caller, which holds a connection and a transaction, judges eligibility in SQL instead of waiting on.
@@ -112,10 +127,8 @@ class TenantFacts:
             if self.seq >= current_seq:
                 return True
             since = self.seq
-            if fed is not None and fed.since == since:
-                changed, gone = fed.rows
-            else:
-                changed, gone = sql.run_many(session, feed_queries(self.tenant_id, since))
+            rows = None if fed is None else fed.rows_after(since)
+            changed, gone = rows if rows is not None else sql.run_many(session, feed_queries(self.tenant_id, since))
             self._apply(changed, gone)
             if changed or gone:
                 self._memos = self._memos_less(

@@ -12,6 +12,7 @@ in its feed's shape, as its own statements would have returned them in the same 
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -67,34 +68,51 @@ _FULLTEXT_OWN = ("feed-seq", "feed-has-catalog")
 
 
 def split(points: Mapping[str, int], results: Sequence[Sequence[Any]]) -> dict[str, Fed]:
-    """Each cache's feed (``points`` as given to :func:`queries`; ``results`` its statements' rows)."""
+    """Each cache's feed (``points`` as given to :func:`queries`; ``results`` its statements' rows), which also
+    gives its rows after a later point: a cache another search caught up after this one read its head."""
     changed, tombstones, *own = results
     fed: dict[str, Fed] = {}
     for name, since in points.items():
-        memories = [row for row in changed if row[1] > since]
-        gone = [row for row in tombstones if row[1] > since]
         if name == FULLTEXT:
             seq_rows, catalogs = own
-            fed[name] = Fed(since, [seq_rows, [_fulltext_row(row) for row in memories], gone, catalogs])
+            project = functools.partial(_fulltext, changed, tombstones, seq_rows, catalogs)
         elif name == FACTS:
-            fed[name] = Fed(
-                since,
-                [
-                    [(r[0], r[2], r[10], r[11], r[12], r[13], r[7], r[9], r[4], r[5]) for r in memories],
-                    [(doc_id,) for doc_id, _ in gone if doc_id.startswith(MEMORY_PREFIX)],
-                ],
-            )
+            project = functools.partial(_facts, changed, tombstones)
         elif name == DENSE:
-            fed[name] = Fed(
-                since,
-                [
-                    [(r[0], _layout_member(r)) for r in memories]
-                    + [(doc_id[len(MEMORY_PREFIX) :], False) for doc_id, _ in gone if doc_id.startswith(MEMORY_PREFIX)]
-                ],
-            )
+            project = functools.partial(_dense, changed, tombstones)
         else:
             raise ValueError(f"no change feed named {name!r}")
+        fed[name] = Fed(since, project(since), narrow=project)
     return fed
+
+
+Rows = Sequence[Sequence[Any]]
+
+
+def _fulltext(changed: Rows, tombstones: Rows, seq_rows: Rows, catalogs: Rows, point: int) -> list[Rows]:
+    """index.feed_queries' rows after ``point``."""
+    memories = [_fulltext_row(row) for row in changed if row[1] > point]
+    return [seq_rows, memories, [row for row in tombstones if row[1] > point], catalogs]
+
+
+def _facts(changed: Rows, tombstones: Rows, point: int) -> list[Rows]:
+    """facts.feed_queries' rows after ``point``."""
+    return [
+        [(r[0], r[2], r[10], r[11], r[12], r[13], r[7], r[9], r[4], r[5]) for r in changed if r[1] > point],
+        [(doc_id,) for doc_id, seq in tombstones if seq > point and doc_id.startswith(MEMORY_PREFIX)],
+    ]
+
+
+def _dense(changed: Rows, tombstones: Rows, point: int) -> list[Rows]:
+    """dense.layout_feed_queries' rows after ``point``."""
+    return [
+        [(r[0], _layout_member(r)) for r in changed if r[1] > point]
+        + [
+            (doc_id[len(MEMORY_PREFIX) :], False)
+            for doc_id, seq in tombstones
+            if seq > point and doc_id.startswith(MEMORY_PREFIX)
+        ]
+    ]
 
 
 def _fulltext_row(row: Sequence[Any]) -> tuple[Any, ...]:

@@ -152,11 +152,10 @@ def _changes_in(session: Session, *, tenant_id: int, since: int, fed: Fed | None
     """The changes after ``since`` as the session's snapshot sees them, and its change seq.
 
     :func:`feed_queries` go to the database together (one round trip), unless ``fed`` holds their rows read
-    after the same ``since`` in the session's snapshot; a tenant with a catalog then reads the catalog's
-    changes too."""
-    if fed is not None and fed.since == since:
-        rows = fed.rows
-    else:
+    after ``since`` (or before it, when it can narrow them) in the session's snapshot; a tenant with a catalog
+    then reads the catalog's changes too."""
+    rows = None if fed is None else fed.rows_after(since)
+    if rows is None:
         rows = sql.run_many(session, feed_queries(tenant_id, since))
     seq_rows, memory_rows, tombstones, catalogs = rows
     high_water = int(seq_rows[0][0] or 0) if seq_rows else 0

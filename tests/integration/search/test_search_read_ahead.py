@@ -13,6 +13,7 @@ from tests.helpers.api import ids, save, search
 from tests.helpers.events import sql_calls
 
 FEEDS = {"feed-changes", "feed-gone", "feed-seq", "feed-has-catalog"}
+OWN_FEEDS = {"feed-memories", "feed-tombstones", "facts", "facts-gone", "layout-changes"}
 QUESTION = {"question": "which harbour ships the zinc crates"}
 
 
@@ -153,8 +154,8 @@ def test_the_dense_layouts_changes_are_read_with_the_head_under_writes(client, t
 
 def test_each_cache_gets_from_the_merged_feed_what_its_own_feed_returns(client, catalog):
     """The feeds read once for all three caches (core.search.feeds) give each cache the rows its own statements
-    return after its own point, in the same snapshot: memories of every kind written, forgotten and purged,
-    and a catalog doc deleted."""
+    return after its own point, or after a later one, in the same snapshot: memories of every kind written,
+    forgotten and purged, and a catalog doc deleted."""
     from core import sql
     from core.search import dense, feeds
 
@@ -198,5 +199,41 @@ def test_each_cache_gets_from_the_merged_feed_what_its_own_feed_returns(client, 
             for name, since in points.items():
                 assert fed[name].since == since
                 assert same(fed[name].rows) == same(own(name, since)), (name, since)
+                # A cache another search caught up meanwhile takes the rows after its own point; one behind
+                # the feed reads its own.
+                for later in range(since + 1, current + 1):
+                    assert same(fed[name].rows_after(later)) == same(own(name, later)), (name, since, later)
+                assert fed[name].rows_after(since - 1) is None
             if feeds.DENSE in points and points[feeds.DENSE] == start:
                 assert any(member for _, member in fed[feeds.DENSE].rows[0])  # (the layout's members are seen)
+
+
+def test_a_cache_caught_up_past_the_feeds_point_takes_its_rows_from_the_feed(client, tenant):
+    """Another search caught the caches up after this one read its feeds: each takes the feed's rows after
+    where it stands now, and reads nothing of its own."""
+    from core import sql
+    from core.search import feeds
+
+    _filled(client, tenant)
+    tenant_id = tenant.tenant_id
+    first = save(client, tenant, {"content": "a memory written before the feed's point"})
+    search(client, tenant, QUESTION)  # both caches hold the first
+    kept = save(client, tenant, {"content": "a memory both caches must take from the feed"})
+    facts_seq, index_seq = facts.held_seq(tenant_id), index.held_seq(tenant_id)
+    assert facts_seq is not None and index_seq is not None
+    with tenant_session(tenant_id) as session:
+        read_one_snapshot(session)
+        points = {feeds.FULLTEXT: index_seq - 2, feeds.FACTS: facts_seq - 2}
+        fed = feeds.split(points, sql.run_many(session, feeds.queries(tenant_id, points)))
+        current = index._change_seq(session, tenant_id)
+        with sql_calls(tenant_id) as seen:
+            held = facts.tenant_facts(
+                session, tenant_id=tenant_id, current_seq=current, memories=302, fed=fed[feeds.FACTS]
+            )
+            assert index.catch_up_in(session, tenant_id, current_seq=current, fed=fed[feeds.FULLTEXT])
+        own = OWN_FEEDS | {"feed-seq", "feed-has-catalog"}
+        assert not any(own & {key for key in keys if isinstance(key, str)} for keys in seen), seen
+        assert held is not None and held.get(kept) is not None and held.get(first) is not None
+        assert facts.held_seq(tenant_id) == index.held_seq(tenant_id) == current
+    found = ids(search(client, tenant, {"question": "a memory both caches must take from the feed"})["memories"])
+    assert found[0] == kept
