@@ -101,8 +101,10 @@ _last_heads: dict[int, Head] = {}
 # The tenants whose last head read here had moved since the one before (their writes stream in): their next
 # search reads its caches' change feeds ahead, in the head's round trip (see _head_queries).
 _moving: set[int] = set()
-# Read the change feeds ahead with the head while a tenant's writes stream in (False: each in its own round trip).
+# Read the change feeds ahead with the head while a tenant's writes stream in (False: each in its own round trip),
+# for the caches at most AHEAD_SPAN changes behind the last head read.
 READ_AHEAD = True
+AHEAD_SPAN = 1000
 # An entity search naming memories (``memory:<id>``) reads them with the head and the entity channel's query, its
 # tokens taken as if every named memory existed (see _named_with_the_head); off: in a round trip before them.
 NAMED_AHEAD = True
@@ -221,22 +223,29 @@ def head_of(state: SearchState) -> Head:
 def _head_queries(state: SearchState) -> list[sql.Query]:
     """The head's statement; while the tenant's writes stream in, also the change feeds of the caches the search
     catches up to the head (the full-text index, when this search does, the tenant's facts and its dense
-    layout), each after where this process's copy stands: what their catch-ups would read next, in this round
-    trip instead of one each. Each checks that a feed starts where it stands before it uses it; with no write
-    since, they come back empty."""
+    layout), after where this process's copies stand (core.search.feeds): what their catch-ups would read
+    next, in this round trip instead of one each. Each cache checks that the feed covers where it stands
+    before it uses it; with no write since, they come back empty.
+
+    Writes stream in when the head moved between this process's last two reads of it, or when a cache still
+    stands behind the last head read (a search that read it is catching up: this one may find the cache as it
+    was, and would read its own feed)."""
     tenant_id = state.caller.tenant_id
     queries = [head_query(tenant_id=tenant_id, model=state.model)]
     state.ahead = {}
-    if READ_AHEAD and tenant_id in _moving:
+    if READ_AHEAD and (last := _last_heads.get(tenant_id)) is not None:
         model = state.model if state.request.question_text else None  # (dense runs only for a question)
         points = {
             feeds.FULLTEXT: held_seq(tenant_id) if state.catch_up else None,
             feeds.FACTS: facts.held_seq(tenant_id),
             feeds.DENSE: None if model is None else held_layout_seq(tenant_id, model),
         }
-        state.ahead = {name: since for name, since in points.items() if since is not None}
-        if state.ahead:
-            queries.extend(feeds.queries(tenant_id, state.ahead))
+        # (A cache far behind, one no search has caught up for long, reads its own feed if it needs it.)
+        reach = last.change_seq - AHEAD_SPAN
+        ahead = {name: since for name, since in points.items() if since is not None and since >= reach}
+        if ahead and (tenant_id in _moving or min(ahead.values()) < last.change_seq):
+            state.ahead = ahead
+            queries.extend(feeds.queries(tenant_id, ahead))
     return queries
 
 

@@ -237,3 +237,43 @@ def test_a_cache_caught_up_past_the_feeds_point_takes_its_rows_from_the_feed(cli
         assert facts.held_seq(tenant_id) == index.held_seq(tenant_id) == current
     found = ids(search(client, tenant, {"question": "a memory both caches must take from the feed"})["memories"])
     assert found[0] == kept
+
+
+def test_a_search_reads_ahead_for_a_cache_behind_the_last_head_even_when_the_head_held(client, tenant):
+    """The head did not move between this process's last two reads of it, but the full-text index still stands
+    behind it (the searches that read it ranked no question): the question's search reads the feeds with its
+    head, not the index's own feed after it."""
+    from core.search import service
+
+    _filled(client, tenant)
+    fresh = save(client, tenant, {"content": "the harbour ships the zinc crates on Fridays"})
+    entities = {"entities": ["memory:" + fresh]}
+    search(client, tenant, entities)  # reads the moved head; catches up no full-text index
+    search(client, tenant, entities)  # the same head again: no longer moving
+    last = service._last_heads[tenant.tenant_id].change_seq
+    assert tenant.tenant_id not in service._moving and index.held_seq(tenant.tenant_id) < last  # type: ignore[operator]
+    with sql_calls(tenant.tenant_id) as seen:
+        found = search(client, tenant, QUESTION)
+    first, rest = _split(seen)
+    assert "feed-changes" in first and "feed-seq" in first, seen
+    assert not any(OWN_FEEDS & {key for key in keys if isinstance(key, str)} for keys in rest), seen
+    assert ids(found["memories"])[0] == fresh
+
+
+def test_a_cache_far_behind_the_head_reads_its_own_feed(client, tenant, monkeypatch):
+    """Caches more than AHEAD_SPAN changes behind the last head are left out of the read ahead: each reads its
+    own feed when it catches up, and the search still finds every write."""
+    from core.search import service
+
+    _filled(client, tenant)
+    save(client, tenant, {"content": "a first write of the stream"})
+    search(client, tenant, QUESTION)  # the head moved: the tenant's writes stream in
+    monkeypatch.setattr(service, "AHEAD_SPAN", 0)
+    fresh = save(client, tenant, {"content": "the harbour ships the zinc crates on Fridays"})
+    search(client, tenant, {"entities": ["memory:" + fresh]})  # the last head: the fresh write's
+    with sql_calls(tenant.tenant_id) as seen:
+        found = search(client, tenant, QUESTION)
+    first, rest = _split(seen)
+    assert not _feeds(first), seen
+    assert any("feed-memories" in keys for keys in rest), seen  # the index read its own
+    assert ids(found["memories"])[0] == fresh
