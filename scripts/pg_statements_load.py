@@ -24,6 +24,11 @@ _TOP = """
 SELECT calls, total_exec_time, total_plan_time, left(regexp_replace(query, '\\s+', ' ', 'g'), 110)
 FROM pg_stat_statements WHERE calls > 0 ORDER BY total_exec_time + total_plan_time DESC LIMIT %s
 """
+# Rows written per table, and how many updates were HOT (no index entry written: the new version fits the page).
+_TABLES = """
+SELECT relname, n_tup_ins, n_tup_upd, n_tup_hot_upd, n_tup_del FROM pg_stat_user_tables
+WHERE n_tup_ins + n_tup_upd + n_tup_del > 0 ORDER BY n_tup_ins + n_tup_upd + n_tup_del DESC LIMIT 8
+"""
 _WATCHED = """
 SELECT coalesce(sum(calls), 0), coalesce(sum(total_exec_time + total_plan_time), 0)
 FROM pg_stat_statements WHERE starts_with(regexp_replace(query, '\\s+', ' ', 'g'), %s)
@@ -49,6 +54,7 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=40.0)
     parser.add_argument("--top", type=int, default=15, help="how many statements to list")
     parser.add_argument("--watch", action="append", default=[], help="a statement's opening text to count")
+    parser.add_argument("--tables", action="store_true", help="rows written per table (HOT updates apart)")
     args = parser.parse_args()
     from api.bench.load import figures_of, throwaway_serve
 
@@ -61,6 +67,7 @@ def main() -> None:
             with psycopg.connect(url, autocommit=True) as connection:
                 connection.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
                 connection.execute("SELECT pg_stat_statements_reset()")
+                connection.execute("SELECT pg_stat_reset()")
             figures = figures_of(
                 served.url, [served.admin_key], clients=args.clients, seconds=args.seconds, log=lambda _: None,
                 root=served.pid,
@@ -69,10 +76,13 @@ def main() -> None:
                 executing, planning = connection.execute(_TOTAL).fetchone() or (0.0, 0.0)
                 top = connection.execute(_TOP, (args.top,)).fetchall()
                 watched = [(prefix, connection.execute(_WATCHED, (prefix,)).fetchone()) for prefix in args.watch]
+                tables = connection.execute(_TABLES).fetchall() if args.tables else []
         shown = " ".join(f"{f['metric']}={f['value']:g}" for f in figures if f["metric"] in SHOWN)
         print(f"{Path(tree).name} {shown} statements_ms={executing:.0f} planning_ms={planning:.0f}", flush=True)
         for prefix, (calls, ms) in watched:
             print(f"  watched {prefix!r}: calls={calls} ms={ms:.0f}")
+        for name, inserted, updated, hot, deleted in tables:
+            print(f"  table {name}: inserted={inserted} updated={updated} (hot {hot}) deleted={deleted}")
         for calls, exec_ms, plan_ms, text in top:
             per_call = exec_ms / calls
             print(f"  {exec_ms:8.0f} ms exec {plan_ms:6.0f} ms plan {calls:7d} calls {per_call:7.3f} ms/call  {text}")
