@@ -109,13 +109,15 @@ def is_open(tenant_id: int) -> bool:
 
 
 def index_path(tenant_id: int) -> Path:
-    return _path_in(get_settings().index_dir, tenant_id)
+    return _path_in(get_settings().home, tenant_id)
 
 
 @functools.lru_cache(maxsize=4096)
-def _path_in(index_dir: Path, tenant_id: int) -> Path:
-    """A tenant's index directory (every search asks for it a few times: Path arithmetic is kept)."""
-    return Path(index_dir) / f"tenant-{tenant_id}"
+def _path_in(home: Path, tenant_id: int) -> Path:
+    """A tenant's index directory (every search asks for it a few times: Path arithmetic is kept). Keyed by the
+    home, whose Path object the settings keep (its hash computed once), where ``index_dir`` is a new Path at
+    every call, hashed afresh."""
+    return get_settings().index_dir / f"tenant-{tenant_id}"
 
 
 def forget_index_handle(tenant_id: int) -> None:
