@@ -64,7 +64,6 @@ def api(
 
     settings = get_settings()
     configure_logging(process="api")
-    from api.serve.onewrite import OneWriteHttpToolsProtocol
     from core.source_guard import describe_policy
 
     logging.getLogger("engram.api").info("%s", describe_policy())  # what tenants may connect to
@@ -86,8 +85,6 @@ def api(
         proxy_headers=False,
         timeout_keep_alive=settings.api_keep_alive_seconds,
         timeout_graceful_shutdown=settings.api_shutdown_timeout_seconds,
-        # uvicorn's httptools protocol, a response's head written with its body (api.serve.onewrite).
-        http=OneWriteHttpToolsProtocol,
     )
     processes = workers or settings.api_workers
     if handoff_fd is not None:
