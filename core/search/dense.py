@@ -49,7 +49,7 @@ from core.embeddings.providers import Embedder, EmbeddingProviderError, get_embe
 from core.memories.models import Memory
 from core.native import single_threaded_blas
 from core.refs import MEMORY_PREFIX
-from core.search.facts import Fed
+from core.search.facts import Fed, feed_after
 from core.search.filters import EXAMPLE_QUERIES, HAS_QUERY_SQL, MEMORIES, has_query
 from core.search.index import CONTEXT_TURNS, episode_of
 
@@ -217,8 +217,8 @@ def _still_holds(session: Session, layout: _Layout, *, tenant_id: int, fed: Fed 
     """Whether no memory written since ``layout`` was or now is one of the memories it is made from (a plain
     note saved or edited leaves it as it is); from ``fed`` (:func:`layout_feed_queries`' rows, read with the
     search's head) when it covers where the layout stands."""
-    rows = None if fed is None else fed.rows_after(layout.change_seq)
-    (changed,) = rows if rows is not None else sql.run_many(session, layout_feed_queries(tenant_id, layout.change_seq))
+    since = layout.change_seq
+    (changed,) = feed_after(session, fed, since, lambda: layout_feed_queries(tenant_id, since))
     return not any(member or memory_id in layout.members for memory_id, member in changed)
 
 

@@ -70,6 +70,15 @@ class Fed:
         return None
 
 
+def feed_after(
+    session: Session, fed: Fed | None, since: int, own: Callable[[], list[sql.Query]]
+) -> list[Sequence[Any]]:
+    """A cache's change feed after ``since``: from ``fed`` (read ahead with the search's head) when it covers
+    ``since``, else read now in ``session`` with the cache's ``own`` statements."""
+    rows = None if fed is None else fed.rows_after(since)
+    return rows if rows is not None else sql.run_many(session, own())
+
+
 class Fact(NamedTuple):
     status: str
     persona: str | None
@@ -127,8 +136,7 @@ class TenantFacts:
             if self.seq >= current_seq:
                 return True
             since = self.seq
-            rows = None if fed is None else fed.rows_after(since)
-            changed, gone = rows if rows is not None else sql.run_many(session, feed_queries(self.tenant_id, since))
+            changed, gone = feed_after(session, fed, since, lambda: feed_queries(self.tenant_id, since))
             self._apply(changed, gone)
             if changed or gone:
                 self._memos = self._memos_less(

@@ -45,7 +45,7 @@ from core.entities.render import render_memory_content
 from core.memories.models import Memory, Tombstone
 from core.refs import MEMORY_PREFIX
 from core.search.catalog import catalog_changes
-from core.search.facts import Fed
+from core.search.facts import Fed, feed_after
 from core.search.filters import any_of, has_query
 from core.search.fulltext import DocChange, FulltextIndex
 
@@ -156,9 +156,7 @@ def _changes_in(session: Session, *, tenant_id: int, since: int, fed: Fed | None
     :func:`feed_queries` go to the database together (one round trip), unless ``fed`` holds their rows read
     after ``since`` (or before it, when it can narrow them) in the session's snapshot; a tenant with a catalog
     then reads the catalog's changes too."""
-    rows = None if fed is None else fed.rows_after(since)
-    if rows is None:
-        rows = sql.run_many(session, feed_queries(tenant_id, since))
+    rows = feed_after(session, fed, since, lambda: feed_queries(tenant_id, since))
     seq_rows, memory_rows, tombstones, catalogs = rows
     high_water = int(seq_rows[0][0] or 0) if seq_rows else 0
     changes = _memory_changes(session, changed=[_MemoryRow(*row) for row in memory_rows])
