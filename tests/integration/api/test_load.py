@@ -237,9 +237,14 @@ def test_bench_load_finds_every_process_holding_the_listening_socket():
         port = listener.getsockname()[1]
         fd = listener.fileno()
         child = subprocess.Popen(
-            [sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE, pass_fds=(fd,)
+            [sys.executable, "-c", "import sys; print('up', flush=True); sys.stdin.read()"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            pass_fds=(fd,),
         )
         try:
+            # (Once it runs: mid-exec its /proc entry cannot be read, and it would be missed.)
+            assert child.stdout is not None and child.stdout.readline() == b"up\n"
             assert sorted(api_processes(port)) == sorted([os.getpid(), child.pid])
             assert cpu_seconds([os.getpid()]) > 0
         finally:
