@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import Executable, Text, any_, bindparam, column, func, or_, select, table
+from sqlalchemy import BigInteger, Executable, Text, any_, bindparam, cast, column, func, or_, select, table
 
 from core import sql
 from core.entities.canonical import is_memory_ref, memory_id_of
@@ -34,14 +34,15 @@ _STATS = table(
 
 
 def _corpus_columns(*, tenant_id: int, memory_filter: MemoryFilter) -> tuple[Any, Any]:
-    """(N, total tokens) of the searched corpus as scalar subqueries, to ride along the candidates query."""
+    """(N, total tokens) of the searched corpus as scalar subqueries, to ride along the candidates query: as
+    bigint (a sum of bigint is numeric, which the driver reads as a Decimal, on every candidate row)."""
     where = (
         _STATS.c.tenant_id == tenant_id,
         _STATS.c.scope == (memory_filter.datasource or ""),
         _STATS.c.status.in_(memory_filter.statuses),
     )
     return tuple(  # type: ignore[return-value]
-        select(func.coalesce(func.sum(_STATS.c[name]), 0)).where(*where).scalar_subquery()
+        select(cast(func.coalesce(func.sum(_STATS.c[name]), 0), BigInteger)).where(*where).scalar_subquery()
         for name in ("docs", "tokens")
     )
 

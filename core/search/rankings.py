@@ -106,7 +106,7 @@ class Head:
 
 HEAD_SQL = text(
     "SELECT t.change_seq, (SELECT c.version FROM catalog_state AS c WHERE c.tenant_id = t.id), s.docs, s.version, "
-    "(SELECT sum(x.docs) FROM search_corpus_stats AS x WHERE x.tenant_id = t.id AND x.scope = '' "
+    "(SELECT sum(x.docs)::bigint FROM search_corpus_stats AS x WHERE x.tenant_id = t.id AND x.scope = '' "
     "AND x.status IN ('active', 'stale')) "
     "FROM tenants AS t LEFT JOIN search_embedding_stats AS s ON s.tenant_id = t.id AND s.model = :model "
     "WHERE t.id = :tenant"

@@ -468,3 +468,30 @@ def test_an_ordered_search_reads_its_buckets_and_their_hits_in_one_round_trip(cl
     assert "the weightier note on invoices" in response.memories[0].text and response.memories[0].importance == 0.9
     assert [hit.id for hit in response.example_queries] == [example]
     assert "orders by status" in response.example_queries[0].text and response.example_queries[0].query
+
+
+def test_a_search_reads_no_numeric_columns(client, catalog, monkeypatch):
+    """What a search reads comes back as ints, floats and text: a numeric column (a sum of bigints is one) is
+    read as a Decimal, built from its text for every row, and the entity channel's corpus statistics ride on
+    every candidate row."""
+    from decimal import Decimal
+
+    for n in range(3):
+        save(client, catalog, {"content": f"amount note {n} in cents", "linked_entities": ["shop.orders.amount"]})
+    read: list[tuple[str, type]] = []
+    exchange = sql._exchange
+
+    def watched(driver, queries, *args):  # type: ignore[no-untyped-def]
+        results = exchange(driver, queries, *args)
+        read.extend(
+            (str(q.key), type(v)) for q, rows in zip(queries, results, strict=True) for row in rows for v in row
+        )
+        return results
+
+    monkeypatch.setattr(sql, "_exchange", watched)
+    body = {"entities": ["shop.orders.amount"], "question": "order amount in cents"}
+    response = client.post("/v1/search", json=body, headers=catalog.headers())
+    assert response.status_code == 200, response.text
+    assert len(response.json()["memories"]) == 3
+    assert {key.split(",")[0] for key, _ in read} >= {"head", "('entity_bm25'"}
+    assert [key for key, kind in read if kind is Decimal] == []
