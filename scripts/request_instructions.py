@@ -14,8 +14,11 @@ apart (`strace -c -f -p <engram api pid>`) and confirm with `scripts/ab_request_
 
 Ops: `get` (GET /v1/memories/{id}), `save` (POST /v1/memories), `patch` (PATCH /v1/memories/{id}, new
 content), `forget` (DELETE /v1/memories/{id}, each of another memory), `get404` (GET /v1/memories/{bad id}: the
-whole keyed path without a statement), `healthz`. The key's rate limit is off (its lease from Redis depends
-on the request rate, which valgrind slows 50-fold) and PYTHONHASHSEED fixed, so runs repeat to ~0.5%.
+whole keyed path without a statement), `healthz`, and `search` (POST /v1/search, hybrid: a question and two
+entities, the generated requests of `engram bench search` in turn, on its corpus of `--memories` memories
+linked to `--entities` catalog entities, embedded; built once for both trees). The key's rate limit is off (its
+lease from Redis depends on the request rate, which valgrind slows 50-fold) and PYTHONHASHSEED fixed, so runs
+repeat to ~0.5%. `--keep DIR` keeps each run's profile for `callgrind_annotate`.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ import asyncio
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import uuid
@@ -88,20 +92,24 @@ async def _child(op: str, memories: int, calls: int) -> None:
     from core.tenancy.service import create_tenant
 
     configure_logging(process="api", stream=open(os.devnull, "w"), json_lines=True)  # noqa: SIM115
-    with system_session() as session:
-        key = create_tenant(session, name=f"instructions-{uuid.uuid4().hex[:8]}").api_key
+    searches = json.loads(os.environ.get("INSTRUCTIONS_SEARCHES", "[]"))
+    key = os.environ.get("INSTRUCTIONS_SEARCH_KEY") if op == "search" else None
+    if key is None:
+        with system_session() as session:
+            key = create_tenant(session, name=f"instructions-{uuid.uuid4().hex[:8]}").api_key
     app = create_app()
     gc.collect()
     gc.freeze()  # as api.main does
     auth = [(b"authorization", f"Bearer {key}".encode())]
     ids: list[str] = []
-    for start in range(0, memories, 1000):
+    for start in range(0, memories if op != "search" else 0, 1000):
         notes = range(start, start + 1000)
         items = [{"content": f"note {i} about orders and invoices in region {i % 50}"} for i in notes]
         saved = await _call(app, "POST", "/v1/memories:batch", auth, json.dumps({"items": items}).encode())
         ids += [result["memory_id"] for result in json.loads(saved["body"])["results"]]
-    first = ids[0]
+    first = ids[0] if ids else ""
     forgotten = iter(ids[1:])  # (a forget needs a memory not forgotten yet: --memories above 50 + --calls)
+    asked = iter(searches * (1 + (50 + calls) // max(1, len(searches))))
     requests = {
         "get": lambda: _call(app, "GET", f"/v1/memories/{first}", auth),
         "save": lambda: _call(
@@ -113,15 +121,44 @@ async def _child(op: str, memories: int, calls: int) -> None:
         "forget": lambda: _call(app, "DELETE", f"/v1/memories/{next(forgotten)}", auth),
         "get404": lambda: _call(app, "GET", "/v1/memories/a:b", auth),
         "healthz": lambda: _call(app, "GET", "/healthz", []),
+        "search": lambda: _call(app, "POST", "/v1/search", auth, json.dumps(next(asked)).encode()),
     }
     request = requests[op]
     for _ in range(50):
         status = (await request())["status"]
+    if op == "search" and status != 200:
+        raise SystemExit(f"search answered {status}: the figure would not be a search's")
     _toggle(True)
     for _ in range(calls):
         await request()
     _toggle(False)
     print(json.dumps({"status": status}))
+
+
+def _search_corpus(memories: int, entities: int, calls: int) -> dict[str, str]:
+    """The `search` op's tenant (`engram bench search`'s corpus), a key of it and the requests, for the children."""
+    import base64
+    import random
+
+    from api.bench.search import MODES, build
+    from core.config import reset_settings_cache
+    from core.db import system_session
+    from core.tenancy.models import Tenant
+    from core.tenancy.service import issue_key
+
+    os.environ.setdefault("ENGRAM_SECRET_KEY", base64.urlsafe_b64encode(os.urandom(32)).decode())
+    reset_settings_cache()
+    corpus = build(memories=memories, entities=entities, log=lambda message: print(message, file=sys.stderr))
+    with system_session() as session:
+        tenant = session.get(Tenant, corpus.tenant_id)
+        key = issue_key(session, tenant=tenant, user="bench@localhost", role="admin").api_key
+    rng = random.Random(11)
+    searches = [MODES["hybrid"](corpus, rng) for _ in range(50 + calls)]
+    return {
+        "INSTRUCTIONS_SEARCH_KEY": key,
+        "INSTRUCTIONS_SEARCHES": json.dumps(searches),
+        "ENGRAM_SECRET_KEY": os.environ["ENGRAM_SECRET_KEY"],
+    }
 
 
 def _count(tree: str, op: str, args: argparse.Namespace, env: dict[str, str], log: Path) -> float:
@@ -143,8 +180,10 @@ def main() -> None:
     parser.add_argument("trees", nargs="*")
     parser.add_argument("--ops", nargs="+", default=["get", "save", "get404"])
     parser.add_argument("--memories", type=int, default=1000)
+    parser.add_argument("--entities", type=int, default=1000, help="catalog entities of the `search` op's corpus")
     parser.add_argument("--calls", type=int, default=100)
     parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument("--keep", help="copy each run's callgrind profile into this directory (callgrind_annotate)")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -154,10 +193,16 @@ def main() -> None:
 
     with bench_stack() as stack:
         env = {**os.environ, **stack.env}
+        if "search" in args.ops:
+            env.update(_search_corpus(args.memories, args.entities, args.calls))
         for round_ in range(args.rounds):
             for op in args.ops:
                 for n, tree in enumerate(args.trees):
-                    per_request = _count(tree, op, args, env, stack.home / f"callgrind-{n}-{op}.log")
+                    log = stack.home / f"callgrind-{n}-{op}.log"
+                    per_request = _count(tree, op, args, env, log)
+                    if args.keep:
+                        Path(args.keep).mkdir(parents=True, exist_ok=True)
+                        shutil.copy(log.with_suffix(".out"), Path(args.keep) / f"{round_}-{n}-{op}.out")
                     print(json.dumps({"round": round_, "tree": tree, "op": op, "instructions": round(per_request)}))
 
 
