@@ -102,14 +102,14 @@ async def _child(op: str, memories: int, calls: int) -> None:
     gc.freeze()  # as api.main does
     auth = [(b"authorization", f"Bearer {key}".encode())]
     ids: list[str] = []
-    for start in range(0, memories if op != "search" else 0, 1000):
+    for start in range(0, 0 if op == "search" else memories, 1000):  # (the search's corpus is made by the parent)
         notes = range(start, start + 1000)
         items = [{"content": f"note {i} about orders and invoices in region {i % 50}"} for i in notes]
         saved = await _call(app, "POST", "/v1/memories:batch", auth, json.dumps({"items": items}).encode())
         ids += [result["memory_id"] for result in json.loads(saved["body"])["results"]]
     first = ids[0] if ids else ""
     forgotten = iter(ids[1:])  # (a forget needs a memory not forgotten yet: --memories above 50 + --calls)
-    asked = iter(searches * (1 + (50 + calls) // max(1, len(searches))))
+    asked = iter(searches)  # (the parent made one for each call and warm-up)
     requests = {
         "get": lambda: _call(app, "GET", f"/v1/memories/{first}", auth),
         "save": lambda: _call(
