@@ -21,15 +21,18 @@ import contextvars
 import functools
 import inspect
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, ParamSpec, TypeVar
 
 from fastapi.routing import APIRoute
 from starlette._utils import get_route_path
+from starlette.requests import Request
+from starlette.responses import Response
 from starlette.routing import PARAM_REGEX, Match
 from starlette.types import Scope
 
+from api.handlers import plain_handler
 from api.openapi import operation_id
 from core.config import get_settings
 
@@ -89,6 +92,11 @@ class Route(APIRoute):
         super().__init__(path, on_request_thread(endpoint), **kwargs)
         parameter = PARAM_REGEX.search(self.path)
         self._literal_head = self.path if parameter is None else self.path[: parameter.start()]
+
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+        """A plain route's handler (api.handlers), else FastAPI's."""
+        plain = plain_handler(self)
+        return super().get_route_handler() if plain is None else plain  # type: ignore[return-value]
 
     def matches(self, scope: Scope) -> tuple[Match, Scope]:
         if scope["type"] == "http" and not get_route_path(scope).startswith(self._literal_head):
