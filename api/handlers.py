@@ -44,6 +44,7 @@ from pydantic_core import PydanticUndefined
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 Handler = Callable[[Request], Awaitable[Response]]
 
@@ -99,6 +100,20 @@ def plain_handler(route: APIRoute) -> Handler | None:
         return response
 
     return handle
+
+
+def plain_app(handler: Handler) -> ASGIApp:
+    """A plain route's ASGI app: the request made, the handler's response sent.
+
+    FastAPI's wrapper (``request_response``) opens two exit stacks a request for dependencies with ``yield``
+    (a plain route has none) and passes a raised exception through the app's exception handlers itself; here
+    it goes on to the app's ``ExceptionMiddleware``, which answers it with the same handlers."""
+
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        response = await handler(Request(scope, receive, send))
+        await response(scope, receive, send)
+
+    return app
 
 
 def _plain(route: APIRoute) -> bool:

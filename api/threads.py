@@ -32,7 +32,7 @@ from starlette.responses import Response
 from starlette.routing import PARAM_REGEX, Match
 from starlette.types import Scope
 
-from api.handlers import plain_handler
+from api.handlers import plain_app, plain_handler
 from api.openapi import operation_id
 from core.config import get_settings
 
@@ -90,13 +90,15 @@ class Route(APIRoute):
     def __init__(self, path: str, endpoint: Callable[..., Any], **kwargs: Any) -> None:
         kwargs["generate_unique_id_function"] = operation_id
         super().__init__(path, on_request_thread(endpoint), **kwargs)
+        if self._plain is not None and kwargs.get("max_body_size") is None:
+            self.app = plain_app(self._plain)
         parameter = PARAM_REGEX.search(self.path)
         self._literal_head = self.path if parameter is None else self.path[: parameter.start()]
 
     def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
         """A plain route's handler (api.handlers), else FastAPI's."""
-        plain = plain_handler(self)
-        return super().get_route_handler() if plain is None else plain  # type: ignore[return-value]
+        self._plain = plain_handler(self)
+        return super().get_route_handler() if self._plain is None else self._plain  # type: ignore[return-value]
 
     def matches(self, scope: Scope) -> tuple[Match, Scope]:
         if scope["type"] == "http" and not get_route_path(scope).startswith(self._literal_head):
