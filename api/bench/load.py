@@ -37,6 +37,7 @@ from urllib.parse import urlsplit
 import httpx
 
 from api.bench import figure, machine_speed_ms
+from api.bench.stack import stopped_by_sigterm
 from api.serve.embedded import free_port
 from core.runtime import engram_command
 
@@ -454,7 +455,13 @@ def figures_of(
 
 @contextmanager
 def throwaway_serve(*, log: Callable[[str], None], env: dict[str, str] | None = None) -> Iterator[Served]:
-    """`engram serve` on a temporary home and a free port, until the block ends; ``env``: settings of its own."""
+    """`engram serve` on a temporary home and a free port, until the block ends (a SIGTERM ends it too);
+    ``env``: settings of its own."""
+    with stopped_by_sigterm():
+        yield from _throwaway_serve(log=log, env=env)
+
+
+def _throwaway_serve(*, log: Callable[[str], None], env: dict[str, str] | None) -> Iterator[Served]:
     base = Path(tempfile.mkdtemp(prefix="engram-load-", dir="/tmp"))
     base.chmod(0o755)
     port = free_port()

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -29,7 +31,32 @@ class BenchStack:
 
 
 @contextmanager
+def stopped_by_sigterm() -> Iterator[None]:
+    """SIGTERM ends the block as Ctrl-C does: its ``finally`` clauses run (a throwaway stack's processes stopped,
+    its files removed), where Python's default would end the process at once and leave them running.
+
+    Only on the main thread (the only one a signal handler can be set on); the handler before is back after."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum: int, frame: object) -> None:
+        raise SystemExit(128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+@contextmanager
 def bench_stack() -> Iterator[BenchStack]:
+    with stopped_by_sigterm():
+        yield from _bench_stack()
+
+
+def _bench_stack() -> Iterator[BenchStack]:
     base = Path(tempfile.mkdtemp(prefix="engram-bench-", dir="/tmp"))
     base.chmod(0o755)
     saved_env = dict(os.environ)

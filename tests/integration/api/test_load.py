@@ -270,3 +270,41 @@ def test_bench_load_spreads_clients_over_tenants_and_counts_every_routed_process
     assert values["unanswered_30s"] == 0 and values["connection_errors"] == 0
     assert all(m[len("status_") :] in ("200", "201", "503") for m in values if m.startswith("status_"))
     assert values["api_processes"] == 3 and values["api_cpu_s_per_1000"] > 0
+
+
+def test_a_terminated_benchmark_stops_the_stack_it_started_and_removes_its_home():
+    """SIGTERM (a CI timeout, `kill`) ends a benchmark as Ctrl-C does: the embedded PostgreSQL and Redis of its
+    throwaway stack stop and its temporary home is removed (`engram bench load`'s throwaway `engram serve` is
+    stopped by the same guard). Python's default for SIGTERM ends the process at once and left them running."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import psutil
+
+    script = (
+        "import time\n"
+        "from api.bench.stack import bench_stack\n"
+        "with bench_stack() as stack:\n"
+        "    print(stack.home, flush=True)\n"
+        "    time.sleep(600)\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k not in ("ENGRAM_DATABASE_URL", "ENGRAM_REDIS_URL")}
+    bench = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True, env=env)
+    try:
+        assert bench.stdout is not None
+        home = Path(bench.stdout.readline().strip())
+        assert home.is_dir()
+        started = psutil.Process(bench.pid).children(recursive=True)
+        assert len(started) >= 2  # its PostgreSQL and Redis
+        bench.send_signal(signal.SIGTERM)
+        assert bench.wait(timeout=60) == 128 + signal.SIGTERM
+        _, alive = psutil.wait_procs(started, timeout=30)
+        assert alive == []
+        assert not home.parent.exists()
+    finally:
+        if bench.poll() is None:
+            bench.kill()
+            bench.wait()
