@@ -128,6 +128,8 @@ def _plain(route: APIRoute) -> bool:
     strict = route.strict_content_type
     if not (strict.value if isinstance(strict, DefaultPlaceholder) else strict):
         return False
+    if route.max_body_size is not None:  # FastAPI's own body limit, answered by its handler (engram's: api.app)
+        return False
     return len(dependant.body_params) <= 1 and not any(isinstance(f.field_info, Form) for f in dependant.body_params)
 
 

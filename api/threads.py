@@ -90,7 +90,7 @@ class Route(APIRoute):
     def __init__(self, path: str, endpoint: Callable[..., Any], **kwargs: Any) -> None:
         kwargs["generate_unique_id_function"] = operation_id
         super().__init__(path, on_request_thread(endpoint), **kwargs)
-        if self._plain is not None and kwargs.get("max_body_size") is None:
+        if self._plain is not None:
             self.app = plain_app(self._plain)
         parameter = PARAM_REGEX.search(self.path)
         self._literal_head = self.path if parameter is None else self.path[: parameter.start()]

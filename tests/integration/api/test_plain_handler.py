@@ -13,11 +13,15 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from fastapi import Body, Depends, Form, Header, Query, Request
+from fastapi.responses import Response
 from fastapi.routing import APIRoute, request_response
 from fastapi.testclient import TestClient
 
+from api.auth import require_caller
 from api.handlers import plain_handler
 from api.threads import Route
+from core.tenancy.context import Caller
 
 
 @pytest.fixture(scope="module")
@@ -131,3 +135,32 @@ def test_good_requests_get_the_answers_fastapis_handler_gives(client, fastapi_cl
         plain, fastapi = (_answer(c.request(method, path, headers=headers, **kwargs)) for c in (client, fastapi_client))
         assert plain[0] == 200, (path, plain)
         assert plain == fastapi, path
+
+
+
+# Endpoints of the shapes api.handlers tells apart (declared here: FastAPI reads their annotations by name).
+def _plain_endpoint(
+    item: str, request: Request, body: Any = Body(default=None), flag: bool = Query(default=False),
+    caller: Caller = Depends(require_caller),
+) -> Response:  # fmt: skip
+    return Response()
+
+
+def _form_endpoint(name: str = Form()) -> Response:
+    return Response()
+
+
+def _header_endpoint(x_thing: str = Header()) -> Response:
+    return Response()
+
+
+def _dict_endpoint() -> dict[str, Any]:
+    return {}
+
+
+def test_a_route_is_plain_only_when_the_plain_handler_reads_all_it_takes():
+    assert plain_handler(Route("/x/{item}", _plain_endpoint, methods=["POST"])) is not None
+    assert plain_handler(Route("/x/{item}", _plain_endpoint, methods=["POST"], max_body_size=10)) is None
+    assert plain_handler(Route("/x", _form_endpoint, methods=["POST"])) is None
+    assert plain_handler(Route("/x", _header_endpoint, methods=["GET"])) is None
+    assert plain_handler(Route("/x", _dict_endpoint, methods=["GET"])) is None
