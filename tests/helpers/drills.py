@@ -116,9 +116,10 @@ def embedded_count(tenant_id: int) -> int:
         )
 
 
-def save_batches(url: str, headers: dict[str, str], *, total: int, size: int) -> None:
+def save_batches(url: str, headers: dict[str, str], *, total: int, size: int, first: int = 0) -> None:
+    """``total`` saves in batches of ``size``, their contents numbered from ``first`` (each its own text)."""
     with httpx.Client(base_url=url, headers=headers, timeout=60) as http:
-        for start in range(0, total, size):
+        for start in range(first, first + total, size):
             items = [
                 {"content": f"drill memory {i}: the nightly load of orders finished late"}
                 for i in range(start, start + size)
