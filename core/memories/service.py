@@ -232,11 +232,12 @@ def _write(
         if answer is not None and answer[0] is not None:
             outbox_add(session, [job_id, *(answer[2] or ())])  # the embed job, and the webhook jobs of the events
 
-    answer = _run_save(session, (new_only, action is not None, events), params, commit=last, settle=settle)
+    single = len(ordered) == 1
+    answer = _run_save(session, (new_only, action is not None, events), params, single, commit=last, settle=settle)
     if answer is not None and answer[0] is None and answer[3]:
         # A webhook listens after all: nothing was written; again, with the events.
         _LISTENED_TO.add(caller.tenant_id)
-        answer = _run_save(session, (new_only, True, True), params, commit=last, settle=settle)
+        answer = _run_save(session, (new_only, True, True), params, single, commit=last, settle=settle)
     if answer is None or answer[0] is None:
         return False
     if answer[3] is False:  # nobody listens (any more): the next saves leave the events out
@@ -253,16 +254,24 @@ def _run_save(
     session: Session,
     shape: tuple[bool, bool, bool],
     params: dict[str, Any],
+    single: bool,
     *,
     commit: bool,
     settle: Callable[[Sequence[Any] | None], None],
 ) -> Sequence[Any] | None:
-    """The save statement's answer row (None: no row), given to ``settle`` before anything commits. It writes by
-    key only (the tenant's row, the items' ids, a job's id), so it runs on its generic plan, prepared once per
-    connection (core.sql): planned for its values it cost PostgreSQL ~0.45 ms a save. ``commit``: the session
-    is committed with it (core.sql.run)."""
+    """The save statement's answer row (None: no row), given to ``settle`` before anything commits. ``commit``:
+    the session is committed with it (core.sql.run).
+
+    It writes by key only (the tenant's row, the items' ids, a job's id). A ``single`` row's statement runs on
+    its generic plan, prepared once per connection (core.sql): planned for its values it cost PostgreSQL ~0.45
+    ms a save. A statement of several rows is planned for its values: under the generic plans' setting the
+    foreign-key checks of its rows (one per row and key, run by PostgreSQL inside the statement) run on their
+    cached generic plans too, and one made while the tables had no statistics yet (a new database, until
+    autovacuum's first ANALYZE) checks ``memory_versions`` against ``memories`` by a scan of the tenant's rows:
+    a 1,000-item batch at a few thousand memories took 230 ms, and longer as the tenant grew, against ~70 ms
+    planned (``engram bench write``, docs/benchmarks.md)."""
     statement = _SAVE_STATEMENTS[shape]
-    query = sql.Query(("save", *shape), lambda: statement, params, generic=True)
+    query = sql.Query(("save", *shape), lambda: statement, params, generic=single)
     rows = sql.run(session, query, commit=commit, before_commit=lambda results: settle(_first(results[0])))
     return _first(rows)
 
