@@ -233,11 +233,12 @@ def _write(
             outbox_add(session, [job_id, *(answer[2] or ())])  # the embed job, and the webhook jobs of the events
 
     single = len(ordered) == 1
-    answer = _run_save(session, (new_only, action is not None, events), params, single, commit=last, settle=settle)
+    shape = (new_only, action is not None, events)
+    answer = _run_save(session, shape, params, single=single, commit=last, settle=settle)
     if answer is not None and answer[0] is None and answer[3]:
         # A webhook listens after all: nothing was written; again, with the events.
         _LISTENED_TO.add(caller.tenant_id)
-        answer = _run_save(session, (new_only, True, True), params, single, commit=last, settle=settle)
+        answer = _run_save(session, (new_only, True, True), params, single=single, commit=last, settle=settle)
     if answer is None or answer[0] is None:
         return False
     if answer[3] is False:  # nobody listens (any more): the next saves leave the events out
@@ -254,8 +255,8 @@ def _run_save(
     session: Session,
     shape: tuple[bool, bool, bool],
     params: dict[str, Any],
-    single: bool,
     *,
+    single: bool,
     commit: bool,
     settle: Callable[[Sequence[Any] | None], None],
 ) -> Sequence[Any] | None:
@@ -268,7 +269,7 @@ def _run_save(
     foreign-key checks of its rows (one per row and key, run by PostgreSQL inside the statement) run on their
     cached generic plans too, and one made while the tables had no statistics yet (a new database, until
     autovacuum's first ANALYZE) checks ``memory_versions`` against ``memories`` by a scan of the tenant's rows:
-    a 1,000-item batch at a few thousand memories took 230 ms, and longer as the tenant grew, against ~70 ms
+    a 1,000-item batch at a few thousand memories took 230 ms, and longer as the tenant grew, against ~80 ms
     planned (``engram bench write``, docs/benchmarks.md)."""
     statement = _SAVE_STATEMENTS[shape]
     query = sql.Query(("save", *shape), lambda: statement, params, generic=single)
