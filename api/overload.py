@@ -28,12 +28,19 @@ class LoadShedder:
         self.max_queued = max(0, max_queued)
         self.queue_wait = queue_wait
         self._slots: asyncio.Semaphore | None = None
-        self.queued = 0
+        # Requests admitted or waiting, each counted once from its arrival to its end. (A count of the waiting
+        # alone, lowered when a waiter resumes, counted a waiter handed a slot twice until it ran: a request
+        # arriving in between found the queue full and got a 503 with fewer requests than the bounds present.)
+        self.present = 0
         self.shed = 0
 
     @property
     def inflight(self) -> int:
         return 0 if self._slots is None else self.max_inflight - self._slots._value
+
+    @property
+    def queued(self) -> int:
+        return self.present - self.inflight
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["path"] in EXEMPT_PATHS:
@@ -42,26 +49,31 @@ class LoadShedder:
         if self._slots is None:  # made on the server's event loop, on first use
             # Sync work runs on api.threads' request threads, one for each admitted request and spares.
             self._slots = asyncio.Semaphore(self.max_inflight)
-        if not await self._admit(self._slots):
-            self.shed += 1
-            await busy_response("the server is at capacity; retry shortly")(scope, receive, send)
+        if self.present >= self.max_inflight + self.max_queued:
+            await self._refuse(scope, receive, send)
             return
+        self.present += 1
         try:
-            await self.app(scope, receive, send)
+            if not await self._admit(self._slots):
+                await self._refuse(scope, receive, send)
+                return
+            try:
+                await self.app(scope, receive, send)
+            finally:
+                self._slots.release()
         finally:
-            self._slots.release()
+            self.present -= 1
 
     async def _admit(self, slots: asyncio.Semaphore) -> bool:
         if not slots.locked():
             await slots.acquire()  # a free slot: returns without suspending
             return True
-        if self.queued >= self.max_queued:
-            return False
-        self.queued += 1
         try:
             await asyncio.wait_for(slots.acquire(), timeout=self.queue_wait)
             return True
         except TimeoutError:
             return False
-        finally:
-            self.queued -= 1
+
+    async def _refuse(self, scope: Scope, receive: Receive, send: Send) -> None:
+        self.shed += 1
+        await busy_response("the server is at capacity; retry shortly")(scope, receive, send)

@@ -167,6 +167,35 @@ def test_load_shedder_runs_a_bounded_number_queues_briefly_and_refuses_the_rest(
     asyncio.run(scenario())
 
 
+def test_load_shedder_counts_a_queued_request_once_while_it_is_handed_a_slot():
+    """Requests that finish hand their slots to queued ones, which resume a moment later: a request arriving in
+    between is queued, not refused, while running and waiting requests together stay within the bounds."""
+    from api.overload import LoadShedder
+
+    async def scenario() -> None:
+        gate = _Gate()
+        shedder = LoadShedder(gate, max_inflight=2, max_queued=2, queue_wait=5.0)
+        running = [asyncio.create_task(_call(shedder, "/v1/x")) for _ in range(2)]
+        await asyncio.sleep(0.05)
+        first, gate.release = gate.release, asyncio.Event()  # (the queued ones will wait on the second)
+        waiting = [asyncio.create_task(_call(shedder, "/v1/x")) for _ in range(2)]
+        await asyncio.sleep(0.05)
+        assert (shedder.inflight, shedder.queued) == (2, 2)
+        # Both running requests finish at once; the test runs again before the queued ones resume.
+        first.set()
+        await asyncio.sleep(0)
+        # Three requests in all (two just handed a slot, this one): within the bounds of four.
+        arriving = asyncio.create_task(_call(shedder, "/v1/x"))
+        await asyncio.sleep(0.05)
+        assert shedder.shed == 0 and not arriving.done()
+        assert (shedder.inflight, shedder.queued) == (2, 1)
+        gate.release.set()
+        assert [(await task)[0] for task in (*running, *waiting, arriving)] == [200] * 5
+        assert (shedder.inflight, shedder.queued, shedder.shed) == (0, 0, 0)
+
+    asyncio.run(scenario())
+
+
 @pytest.mark.parametrize("path", ["/healthz", "/readyz"])
 def test_probes_are_async_and_answer_outside_the_request_pool(client, path):
     from api.routes import health
