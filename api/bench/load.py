@@ -82,6 +82,8 @@ class Tally:
     errors: int = 0
     health_ms: list[float] = field(default_factory=list)
     health_failures: int = 0
+    # Answers other than 2xx by status and error message (what a 503 says tells shedding from a busy database).
+    refusals: Counter[str] = field(default_factory=Counter)
 
     @property
     def requests(self) -> int:
@@ -124,6 +126,8 @@ async def _one(http: aiohttp.ClientSession, op: str, rng: random.Random, tally: 
     elapsed_ms = (time.perf_counter() - started) * 1000
     (tally.busy_ms if status == 503 else tally.latency[op]).append(elapsed_ms)
     tally.statuses[str(status)] += 1
+    if status >= 300:
+        tally.refusals[f"{status} {_message(body)}"] += 1
     if op == "save" and status == 201:
         tally.saved.append(json.loads(body)["memory_id"])
         mine.saved.append(tally.saved[-1])
@@ -133,6 +137,14 @@ async def _one(http: aiohttp.ClientSession, op: str, rng: random.Random, tally: 
         except ValueError:
             return 1.0
     return 0.0
+
+
+def _message(body: bytes) -> str:
+    """The error message of an engram error body (its raw start when it is not one)."""
+    try:
+        return str(json.loads(body)["error"]["message"])
+    except (ValueError, KeyError, TypeError):
+        return body[:80].decode(errors="replace")
 
 
 @dataclass
@@ -181,12 +193,14 @@ async def _health(url: str, deadline: float, tally: Tally) -> None:
             await asyncio.sleep(HEALTH_EVERY)
 
 
-async def _verify(url: str, key: str, ids: list[str]) -> int:
-    """How many acknowledged saves cannot be read back (each is retried on 503 until it answers)."""
+async def _verify(url: str, key: str, ids: list[str]) -> Counter[str]:
+    """Why acknowledged saves cannot be read back, counted (empty: every one was): the last status a read got
+    (each is retried on 503 until it answers), or ``error`` when it never got one."""
     gate = asyncio.Semaphore(8)
 
-    async def missing(http: aiohttp.ClientSession, memory_id: str) -> bool:
+    async def missing(http: aiohttp.ClientSession, memory_id: str) -> str | None:
         async with gate:
+            status: int | None = None
             for _ in range(20):
                 try:
                     async with http.get(f"/v1/memories/{memory_id}") as response:
@@ -195,13 +209,15 @@ async def _verify(url: str, key: str, ids: list[str]) -> int:
                 except (TimeoutError, aiohttp.ClientError):
                     await asyncio.sleep(1)
                     continue
-                if status != 503:
-                    return status != 200
+                if status == 200:
+                    return None
+                if status not in (429, 503):
+                    return str(status)
                 await asyncio.sleep(1)
-            return True
+            return "error" if status is None else str(status)
 
     async with _session(url, connections=8, headers={"Authorization": f"Bearer {key}"}) as http:
-        return sum(await asyncio.gather(*(missing(http, i) for i in ids)))
+        return Counter(reason for reason in await asyncio.gather(*(missing(http, i) for i in ids)) if reason)
 
 
 async def _seed(url: str, key: str, count: int) -> list[str]:
@@ -352,8 +368,9 @@ class Usage:
 
 async def _run(
     url: str, keys: list[str], *, clients: int, seconds: float, root: int | None
-) -> tuple[Tally, int, Usage]:
-    """The tally, the lost writes, and the CPU used during the clients' run (client n uses key n mod K)."""
+) -> tuple[Tally, Counter[str], Usage]:
+    """The tally, the lost writes (by why their read-back failed), and the CPU used during the clients' run
+    (client n uses key n mod K)."""
     pids = api_processes(int(urlsplit(url).port or 0))
     tenants = [_Tenant(key) for key in keys]
     for tenant in tenants:
@@ -367,7 +384,7 @@ async def _run(
     )
     roles = {role: spent - roles_before.get(role, 0.0) for role, spent in cpu_by_role(root, pids).items()}
     usage = Usage(cpu_seconds(pids) - cpu_before, len(pids), roles, machine_cpu_seconds() - machine_before)
-    lost = 0
+    lost: Counter[str] = Counter()
     for tenant in tenants:
         lost += await _verify(url, tenant.key, tenant.saved)
     return tally, lost, usage
@@ -432,6 +449,8 @@ def figures_of(
     started = time.monotonic()
     tally, lost, usage = uvloop.run(_run(url, keys, clients=clients, seconds=seconds, root=root))
     elapsed = time.monotonic() - started
+    for refusal, n in tally.refusals.most_common():
+        log(f"answered {n} times: {refusal}")
     params: dict[str, Any] = {"clients": clients, "seconds": seconds, "tenants": len(keys)}
     out = [
         figure("load", "requests", tally.requests, "count", **params),
@@ -457,7 +476,9 @@ def figures_of(
         figure("load", "busy_503_p50_ms", _p(tally.busy_ms, 0.5), "ms", **params),
         figure("load", "busy_503_p95_ms", _p(tally.busy_ms, 0.95), "ms", **params),
         figure("load", "saves_acknowledged", len(tally.saved), "count", **params),
-        figure("load", "lost_writes", lost, "count", **params),
+        figure("load", "lost_writes", sum(lost.values()), "count", **params),
+        # (Why each lost write's read-back failed: its last status, or ``error`` when it got none.)
+        *(figure("load", f"lost_writes_{reason}", n, "count", **params) for reason, n in sorted(lost.items())),
         figure("load", "healthz_max_ms", max(tally.health_ms, default=0.0), "ms", **params),
         figure("load", "healthz_failures", tally.health_failures, "count", **params),
         figure("load", "unanswered_30s", tally.unanswered, "count", **params),

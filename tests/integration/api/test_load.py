@@ -251,6 +251,22 @@ def test_bench_load_short_run_loses_nothing_and_answers_only_2xx_or_503(stack, t
     assert values["api_processes"] == 1 and values["api_cpu_s_per_1000"] > 0
 
 
+def test_bench_load_reads_back_each_acknowledged_save_and_says_why_one_is_missing(stack, client, tenant):
+    """The read-back counts a memory that is not there by the status its read got (a 404 here), and one that is
+    there as not lost."""
+    import uvloop
+
+    from api.bench.load import _verify
+    from api.bench.stack import BenchStack, api_process
+    from api.serve.embedded import free_port
+
+    saved = client.post("/v1/memories", json={"content": "read back after the run"}, headers=tenant.headers())
+    assert saved.status_code == 201
+    with api_process(BenchStack(home=stack.home, env=stack.env), port=free_port()) as url:
+        reasons = uvloop.run(_verify(url, tenant.admin_key, [saved.json()["memory_id"], "999999999"]))
+    assert reasons == {"404": 1}
+
+
 def test_bench_load_finds_every_process_holding_the_listening_socket():
     """With N workers on one socket, each holds it: the listener here and a child that inherited it."""
     import os
