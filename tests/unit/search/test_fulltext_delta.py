@@ -462,3 +462,43 @@ def test_the_searches_of_one_question_for_each_kind_score_the_held_docs_once(
     for k in kinds:
         assert held.search("refunds supplier ledger weekly", limit=500, doc_kinds=k)
     assert len(scored) == 1
+
+
+def test_a_dominant_kind_ranks_from_the_unfiltered_query_exactly_as_through_its_filter(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A kind holding most docs is searched without its kind filter (tantivy can then skip blocks of docs that
+    cannot reach the top) and its hits picked from a deeper ranking: the same docs, order and scores as the
+    filtered query gives, with many tied scores (repeated texts), docs the delta holds, rewrites and deletes,
+    at limits past what the first ranking holds."""
+    rng = random.Random(5)
+    log = Log()
+    texts = [_text(rng) for _ in range(40)]  # (few texts: many docs score alike)
+    kinds = ["memory"] * 17 + ["example_query", "column", "model"]
+    for n in range(1200):
+        log.add(_upsert(f"memory:{n}", rng.choice(texts), seq=n + 1, kind=rng.choice(kinds)))
+    index = FulltextIndex(tmp_path / "t", delta_min_docs=100)
+    index.catch_up(log.fetch)
+    for _ in range(30):
+        log.add(_upsert(f"memory:{rng.randrange(1300)}", rng.choice(texts), seq=log.seq + 1, kind=rng.choice(kinds)))
+    for _ in range(10):
+        log.add(_delete(f"memory:{rng.randrange(1200)}", seq=log.seq + 1))
+    assert index.catch_up_in_memory(log.fetch, current_seq=log.seq) is True
+    assert len(index._delta) > 0
+    questions = [" ".join(rng.sample(WORDS, rng.randint(1, 4))) for _ in range(40)]
+    asked = [
+        (question, limit, kinds)
+        for question in questions
+        for limit in (1, 7, 40, 400)
+        for kinds in (frozenset({"memory"}), frozenset({"memory", "example_query"}), frozenset({"column"}))
+    ]
+    monkeypatch.setattr(fulltext, "DOMINANT_SHARE", 2.0)  # never: every kind through its filter
+    filtered = [index.search(question, limit=limit, doc_kinds=kinds) for question, limit, kinds in asked]
+    monkeypatch.setattr(fulltext, "DOMINANT_SHARE", 0.0)  # always: every kind from the unfiltered ranking
+    for margin in (fulltext.DEPTH_MARGIN, 0.05):  # (the second too shallow at first: it must ask deeper)
+        monkeypatch.setattr(fulltext, "DEPTH_MARGIN", margin)
+        index._doc_ids.clear()
+        unfiltered = [index.search(question, limit=limit, doc_kinds=kinds) for question, limit, kinds in asked]
+        for (question, limit, kinds), one, other in zip(asked, filtered, unfiltered, strict=True):
+            assert one == other, (margin, question, limit, kinds)
+    assert sum(len(hits) for hits in filtered) > 1000
