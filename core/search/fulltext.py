@@ -162,7 +162,7 @@ class FulltextIndex:
         # The seq the in-process reader is known to reflect, and the generation it was opened at.
         self._reader_seq = 0
         self._generation = ""
-        # Doc id by doc address for the current reader (addresses change only when it reloads): reading a
+        # (Doc id, kind) by doc address for the current reader (addresses change only when it reloads): reading a
         # stored doc for every hit cost more than the search itself. A reader of one segment keys it by the
         # doc number alone (each attribute of a hit's address is a call into tantivy).
         self._doc_ids: dict[Any, tuple[str, str]] = {}
