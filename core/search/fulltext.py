@@ -166,6 +166,8 @@ class FulltextIndex:
         # stored doc for every hit cost more than the search itself. A reader of one segment keys it by the
         # doc number alone (each attribute of a hit's address is a call into tantivy).
         self._doc_ids: dict[Any, tuple[str, str]] = {}
+        # The share of the reader's docs each set of kinds asked for holds (see search), read once per reader.
+        self._shares: dict[frozenset[str], float] = {}
         self._one_segment = False
         # The changes after the reader, held in memory (core.search.delta); the reader's doc count and
         # BM25 statistics (read when a search first scores the delta), and a count of reader moves.
@@ -548,6 +550,7 @@ class FulltextIndex:
     def _reader_moved(self, searcher: tantivy.Searcher) -> None:
         """Forget what belonged to the previous reader: its doc addresses, doc count and BM25 statistics."""
         self._doc_ids = {}
+        self._shares = {}
         self._one_segment = searcher.num_segments == 1
         self._reader_docs = searcher.num_docs
         self._stats = None
@@ -574,13 +577,18 @@ class FulltextIndex:
             clauses.append((tantivy.Occur.Should, tantivy.Query.boost_query(exact, EXACT_ID_BOOST)))
         query = tantivy.Query.boolean_query(clauses)
         with self._mutex:  # the searcher, the doc ids of its reader and the changes on top of it, together
-            searcher, doc_ids, delta = self._index.searcher(), self._doc_ids, self._delta
+            searcher, doc_ids, delta, shares = self._index.searcher(), self._doc_ids, self._delta, self._shares
             one_segment = self._one_segment
             stats, moves = self._stats, self._reader_moves
         want = limit + delta.shadowed  # (as many more asked for as the delta may drop)
         share = 0.0
         if doc_kinds is not None and not exact_literal:  # (an exact id clause is no term query: no skipping)
-            share = sum(searcher.doc_freq("doc_kind", kind) for kind in doc_kinds) / max(searcher.num_docs, 1)
+            asked = frozenset(doc_kinds)
+            known_share = shares.get(asked)
+            if known_share is None:
+                docs = sum(searcher.doc_freq("doc_kind", kind) for kind in asked)
+                known_share = shares[asked] = docs / max(searcher.num_docs, 1)
+            share = known_share
         dominant = doc_kinds is not None and 0 < share and DOMINANT_SHARE <= share
         if doc_kinds is not None and not dominant:
             query = self._of_kinds(query, doc_kinds)
