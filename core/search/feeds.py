@@ -7,7 +7,9 @@ head's round trip (core.search.service's ``_head_queries``) was six statements o
 planned for its values: most of what PostgreSQL planned under a stream of saves. Here the memories and the
 tombstones written after the oldest of the caches' points are read once, with every column any of them takes
 and each row's change seq, and each cache is given its own feed's rows (:func:`split`): those after its point,
-in its feed's shape, as its own statements would have returned them in the same snapshot.
+in its feed's shape, as its own statements would have returned them in the same snapshot. What else the
+full-text index's catch-up reads (the change seq its feed brings it to, whether the tenant has a catalog) is in
+the head itself.
 """
 
 from __future__ import annotations
@@ -20,7 +22,6 @@ from sqlalchemy import text
 
 from core import sql
 from core.refs import MEMORY_PREFIX
-from core.search import index
 from core.search.facts import Fed
 from core.search.filters import HAS_QUERY_SQL
 
@@ -58,23 +59,23 @@ def queries(tenant_id: int, points: Mapping[str, int]) -> list[sql.Query]:
         else sql.Query("feed-changes-no-content", lambda: _WITHOUT_CONTENT, values),
         sql.Query("feed-gone", lambda: _TOMBSTONES, values),
     ]
-    if content:
-        # The full-text index's catch-up also reads the seq its feed brings it to and whether a catalog exists.
-        statements += [query for query in index.feed_queries(tenant_id, points[FULLTEXT]) if query.key in _FULLTEXT_OWN]
     return statements
 
 
-_FULLTEXT_OWN = ("feed-seq", "feed-has-catalog")
-
-
-def split(points: Mapping[str, int], results: Sequence[Sequence[Any]]) -> dict[str, Fed]:
+def split(
+    points: Mapping[str, int], results: Sequence[Sequence[Any]], *, change_seq: int, has_catalog: bool
+) -> dict[str, Fed]:
     """Each cache's feed (``points`` as given to :func:`queries`; ``results`` its statements' rows), which also
-    gives its rows after a later point: a cache another search caught up after this one read its head."""
-    changed, tombstones, *own = results
+    gives its rows after a later point: a cache another search caught up after this one read its head.
+
+    ``change_seq`` and ``has_catalog``: the tenant's, read in the same snapshot (the search's head), which the
+    full-text index's own feed reads in two statements of its own (core.search.index.feed_queries)."""
+    changed, tombstones = results
     fed: dict[str, Fed] = {}
     for name, since in points.items():
         if name == FULLTEXT:
-            seq_rows, catalogs = own
+            seq_rows = [(change_seq,)]
+            catalogs = [(1,)] if has_catalog else []
             project = functools.partial(_fulltext, changed, tombstones, seq_rows, catalogs)
         elif name == FACTS:
             project = functools.partial(_facts, changed, tombstones)

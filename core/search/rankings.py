@@ -95,19 +95,22 @@ def above(ranking: Ranking, min_score: float) -> Ranking:
 
 @dataclass(frozen=True)
 class Head:
-    """What every search reads first, in one query: the tenant's change seq and catalog version, and
-    the statistics of its embeddings of the active model."""
+    """What every search reads first, in one query: the tenant's change seq and catalog version, the
+    statistics of its embeddings of the active model, and whether it has a catalog (the full-text index's
+    catch-up renders catalog docs only then: core.search.index)."""
 
     change_seq: int
     catalog_version: int
     embeddings: EmbeddingStats
     memories: int  # active and stale
+    has_catalog: bool = False
 
 
 HEAD_SQL = text(
     "SELECT t.change_seq, (SELECT c.version FROM catalog_state AS c WHERE c.tenant_id = t.id), s.docs, s.version, "
     "(SELECT sum(x.docs)::bigint FROM search_corpus_stats AS x WHERE x.tenant_id = t.id AND x.scope = '' "
-    "AND x.status IN ('active', 'stale')) "
+    "AND x.status IN ('active', 'stale')), "
+    "EXISTS (SELECT 1 FROM catalog_datasources AS d WHERE d.tenant_id = t.id) "
     "FROM tenants AS t LEFT JOIN search_embedding_stats AS s ON s.tenant_id = t.id AND s.model = :model "
     "WHERE t.id = :tenant"
 )
@@ -119,12 +122,13 @@ def head_query(*, tenant_id: int, model: str | None) -> sql.Query:
 
 
 def head_from_rows(rows: Sequence[Any], *, model: str | None) -> Head:
-    change_seq, catalog_version, docs, version, memories = rows[0] if rows else (0, 0, 0, 0, 0)
+    change_seq, catalog_version, docs, version, memories, has_catalog = rows[0] if rows else (0, 0, 0, 0, 0, False)
     return Head(
         change_seq=int(change_seq or 0),
         catalog_version=int(catalog_version or 0),
         embeddings=EmbeddingStats(model=model, docs=int(docs or 0), version=int(version or 0)),
         memories=int(memories or 0),
+        has_catalog=bool(has_catalog),
     )
 
 

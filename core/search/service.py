@@ -255,7 +255,7 @@ def _head_read(state: SearchState, results: list[Sequence[Any]]) -> None:
     tenant_id = state.caller.tenant_id
     state.head = head = head_from_rows(results[0], model=state.model)
     if state.ahead:
-        state.fed = feeds.split(state.ahead, results[1:])
+        state.fed = feeds.split(state.ahead, results[1:], change_seq=head.change_seq, has_catalog=head.has_catalog)
     previous = _last_heads.get(tenant_id)
     _last_heads[tenant_id] = head
     if previous is not None and head.change_seq != previous.change_seq:
