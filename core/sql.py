@@ -20,12 +20,12 @@ cost PostgreSQL as much as running it, or more (0.1-0.5 ms a statement, ~0.9 ms 
 PostgreSQL planning), so it is prepared once per connection, under a name given by its text with every value
 a parameter (the same for every tenant) and the parameters' types, and runs on PostgreSQL's generic plan.
 Statements that read what changed since a sequence number stay planned for their values (how many rows
-changed decides the plan). A call holding one goes out
-through libpq's pipeline (one round trip still, driven from here, not by psycopg's Python pipeline): the
-other statements as unnamed ones, planned for their values, then the generic ones between two ``SET LOCAL
-plan_cache_mode``. A call that begins the session's transaction sends the transaction's opening (``BEGIN``
-and the tenant, core.db) first, in that pipeline or at the head of its simple query, and a call asked to
-commit sends the ``COMMIT`` last: a request whose transaction is one call (a get by id) costs one round trip,
+changed decides the plan). A call holding one goes out through libpq's pipeline (one round trip still, driven
+from here, not by psycopg's Python pipeline): the other statements as unnamed ones, planned for their values,
+then the generic ones between two ``SET LOCAL plan_cache_mode`` (the second left out when the ``COMMIT``
+follows, which ends the first). A call that begins the session's transaction sends the transaction's opening
+(``BEGIN`` and the tenant, core.db) first, in that pipeline or at the head of its simple query, and a call asked
+to commit sends the ``COMMIT`` last: a request whose transaction is one call (a get by id) costs one round trip,
 a search's opening none of its own. Protocol-level prepared
 statements, as psycopg's own are: PgBouncer (1.21+, with ``max_prepared_statements``) keeps them apart per
 server connection; SQL-level ``PREPARE`` it would not.
@@ -403,8 +403,8 @@ def _pipelined(
     prepared = driver.prepared_statements
     form = param_form(driver)
     # What each command sent is, in order: the transaction's opening, the other statements (planned for their
-    # values), then the generic ones between the two settings, each preceded by its PREPARE on a connection
-    # that lacks it, and the COMMIT.
+    # values), then the generic ones between the two settings (or after the first, when the COMMIT ends it),
+    # each preceded by its PREPARE on a connection that lacks it, and the COMMIT.
     custom: list[tuple[int, bytes, list[int], list[bytes | None]]] = []
     generic: list[tuple[int, bytes, bytes, list[int], list[bytes | None]]] = []
     try:
@@ -448,7 +448,7 @@ def _pipelined(
                 preparing.add(name)
             pgconn.send_query_prepared(name, params)
             slots.append(("rows", i, name))
-        if generic:
+        if generic and not commit:  # (a COMMIT ends the SET LOCAL itself: one command less to wait for)
             pgconn.send_query_params(_CUSTOM_PLANS, None)
             slots.append(("set", None, None))
         if commit:

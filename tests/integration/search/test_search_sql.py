@@ -129,6 +129,13 @@ def test_a_generic_statement_is_prepared_once_per_connection_and_runs_on_its_gen
         assert sql.run(session, other_tenant) == []  # (row-level security: not this session's tenant)
         after = _prepared(driver)
         assert driver.execute("SELECT current_setting('plan_cache_mode')").fetchone()[0] == "force_custom_plan"
+    # A call that commits leaves the generic setting to its COMMIT (no command of its own to restore it): the
+    # connection's next transaction plans for its values again.
+    with tenant_session(tenant_id) as session:
+        driver = session.connection().connection.driver_connection
+        assert len(sql.run(session, mine, commit=True)) == 2
+        assert driver.pgconn.transaction_status == psycopg.pq.TransactionStatus.IDLE
+        assert driver.execute("SELECT current_setting('plan_cache_mode')").fetchone()[0] == "force_custom_plan"
     added = {name: plans for name, plans in after.items() if name not in before or before[name] != plans}
     assert len(added) == 1, after
     ((generic_plans, custom_plans),) = added.values()
