@@ -22,8 +22,9 @@ a parameter (the same for every tenant) and the parameters' types, and runs on P
 Statements that read what changed since a sequence number stay planned for their values (how many rows
 changed decides the plan). A call holding one goes out through libpq's pipeline (one round trip still, driven
 from here, not by psycopg's Python pipeline): the other statements as unnamed ones, planned for their values,
-then the generic ones between two ``SET LOCAL plan_cache_mode`` (the second left out when the ``COMMIT``
-follows, which ends the first). A call that begins the session's transaction sends the transaction's opening
+then the generic ones between two ``SET LOCAL plan_cache_mode`` (the first joined to the transaction's opening
+setting when the call opens it and holds no other statement, the second left out when the ``COMMIT`` follows,
+which ends the first). A call that begins the session's transaction sends the transaction's opening
 (``BEGIN`` and the tenant, core.db) first, in that pipeline or at the head of its simple query, and a call asked
 to commit sends the ``COMMIT`` last: a request whose transaction is one call (a get by id) costs one round trip,
 a search's opening none of its own. Protocol-level prepared
@@ -352,6 +353,9 @@ def receive(driver: psycopg.Connection[Any]) -> list[Sequence[Any]]:
 
 
 _GENERIC_PLANS = b"SET LOCAL plan_cache_mode = force_generic_plan"
+# The same as one more item of a transaction opening's ``SELECT set_config(...)`` (core.db's tenant and system modes).
+_SET_CONFIG = b"SELECT set_config("
+_GENERIC_PLANS_TOO = b", set_config('plan_cache_mode', 'force_generic_plan', true)"
 _CUSTOM_PLANS = b"SET LOCAL plan_cache_mode = force_custom_plan"  # core.db's setting, for what follows
 
 
@@ -403,8 +407,8 @@ def _pipelined(
     prepared = driver.prepared_statements
     form = param_form(driver)
     # What each command sent is, in order: the transaction's opening, the other statements (planned for their
-    # values), then the generic ones between the two settings (or after the first, when the COMMIT ends it),
-    # each preceded by its PREPARE on a connection that lacks it, and the COMMIT.
+    # values), then the generic ones between the two settings (the first joined to the opening, the second left
+    # to the COMMIT, where they can be), each preceded by its PREPARE on a connection that lacks it, and the COMMIT.
     custom: list[tuple[int, bytes, list[int], list[bytes | None]]] = []
     generic: list[tuple[int, bytes, bytes, list[int], list[bytes | None]]] = []
     try:
@@ -426,15 +430,18 @@ def _pipelined(
     stale = driver.stale_statements
     pgconn = driver.pgconn
     aside: BaseException | None = None  # what ``meanwhile`` raised: raised after the statements' bookkeeping
+    # With no statement to plan for its values, the transaction's opening setting (its tenant) sets the generic
+    # plans too: one command less to wait for (a get by id, a save, a quiet tenant's head).
+    folded = bool(generic) and not custom and bool(opening) and opening[-1].startswith(_SET_CONFIG)
     pgconn.enter_pipeline_mode()
     try:
-        for opens in opening:
-            pgconn.send_query_params(opens, None)
+        for n, opens in enumerate(opening):
+            pgconn.send_query_params(opens + _GENERIC_PLANS_TOO if folded and n == len(opening) - 1 else opens, None)
             slots.append(("set", None, None))
         for i, text, types, params in custom:
             pgconn.send_query_params(text, params, param_types=types)
             slots.append(("rows", i, None))
-        if generic:
+        if generic and not folded:
             pgconn.send_query_params(_GENERIC_PLANS, None)
             slots.append(("set", None, None))
         preparing: set[bytes] = set()

@@ -143,6 +143,36 @@ def test_a_generic_statement_is_prepared_once_per_connection_and_runs_on_its_gen
     assert generic_plans - before.get(next(iter(added)), (0, 0))[0] == 3
 
 
+def test_a_call_that_opens_its_transaction_with_generic_statements_only_sets_their_plans_with_its_tenant(
+    client, tenant, make_tenant
+):
+    """A call that begins the transaction and holds only generic statements sends their plan setting in the
+    opening's own command (its tenant's): the statement still runs on its generic plan, under row-level security
+    for that tenant, and what follows in the transaction is planned for its values again."""
+    mine = [save(client, tenant, {"content": f"opening note {n}"}) for n in range(2)]
+    other = make_tenant()
+    theirs = save(client, other, {"content": "another tenant's note"})
+    # No tenant condition of its own: only the transaction's tenant setting keeps the other tenant's row out.
+    query = sql.Query(
+        "test-generic-opening",
+        lambda: text("SELECT id FROM memories WHERE id = ANY(CAST(:ids AS text[]))"),
+        {"ids": [*mine, theirs]},
+        generic=True,
+    )
+    for _ in range(2):  # (the second time on a connection that has it prepared)
+        with tenant_session(tenant.tenant_id) as session:
+            rows = sql.run(session, query)
+            driver = session.connection().connection.driver_connection
+            assert sorted(row[0] for row in rows) == sorted(mine)
+            setting = "SELECT current_setting('plan_cache_mode'), current_setting('engram.tenant_id')"
+            assert driver.execute(setting).fetchone() == ("force_custom_plan", str(tenant.tenant_id))
+            (plans,) = driver.execute(
+                "SELECT generic_plans, custom_plans FROM pg_prepared_statements"
+                " WHERE statement LIKE 'SELECT id FROM memories WHERE id = ANY%'"
+            ).fetchall()
+            assert plans[0] >= 1 and plans[1] == 0  # (run on its generic plan, never planned for its values)
+
+
 def test_values_of_a_generic_statement_read_back_as_they_were(client, tenant):
     """A generic statement's values go as parameters in PostgreSQL's text form: each reads back as it was."""
     typed = [(v, "text") for v in [*AWKWARD, "it's", "100% sure"]]
