@@ -42,7 +42,7 @@ from sqlalchemy.orm import (
 from sqlalchemy.pool import NullPool
 
 from core.config import get_settings
-from core.dbwaits import ANSWER_MARGIN_SECONDS, BoundedConnection, defer_opening, run_simple
+from core.dbwaits import ANSWER_MARGIN_SECONDS, BoundedConnection, Opening, defer_opening, run_simple
 from core.runtime import resolve_database_url
 
 # The role a transaction of the app role switches to for the named system mode: owns nothing, cannot log
@@ -317,12 +317,13 @@ def system_connection() -> Iterator[Connection]:
 # carries one transaction's tenant (or the system role) into the next. Literals, not parameters: the
 # simple protocol is one round trip, and a tenant id is an int. System mode is the system role (whose
 # policy alone reads `engram.system`) with the setting on: the app role's own policy is the tenant
-# equality and nothing else, which is what keeps a tenant's statements cheap (core.tenancy.rls).
-_SYSTEM_MODE = f"SELECT set_config('role', '{SYSTEM_ROLE}', true), set_config('engram.system', 'on', true)"
+# equality and nothing else, which is what keeps a tenant's statements cheap (core.tenancy.rls). Each mode is
+# a list of set_config calls, run as one SELECT (_set_mode), to which core.sql may add its own settings.
+_SYSTEM_MODE = f"set_config('role', '{SYSTEM_ROLE}', true), set_config('engram.system', 'on', true)"
 
 
 def _tenant_mode(tenant_id: int) -> str:
-    return f"SELECT set_config('engram.tenant_id', '{int(tenant_id)}', true)"
+    return f"set_config('engram.tenant_id', '{int(tenant_id)}', true)"
 
 
 # Leaving system mode inside a transaction (scope_to_tenant): back to the connecting role, setting off.
@@ -352,8 +353,9 @@ def read_one_snapshot(session: Session) -> None:
     session.info[_ISOLATION] = SNAPSHOT
 
 
-def _set_mode(connection: Connection, statement: str, level: str | None = None) -> None:
-    """Run `statement` at the start of the transaction without a round trip of its own.
+def _set_mode(connection: Connection, settings: str, level: str | None = None) -> None:
+    """Run ``SELECT <settings>`` (set_config calls) at the start of the transaction without a round trip of its
+    own.
 
     psycopg opens a transaction lazily, with a `BEGIN` of its own round trip before the first statement.
     When it is about to, this sends ``BEGIN; <statement>`` as one simple query through libpq instead:
@@ -365,6 +367,7 @@ def _set_mode(connection: Connection, statement: str, level: str | None = None) 
     engines never make) the statement goes through psycopg as usual, ``level`` unused. Never prepared either
     way: it has no parameters.
     """
+    statement = f"SELECT {settings}"
     driver: Any = connection.connection.driver_connection
     plain_begin = driver.read_only is None and driver.deferrable is None
     if driver.autocommit or not plain_begin or driver.pgconn.transaction_status != pq.TransactionStatus.IDLE:
@@ -375,7 +378,7 @@ def _set_mode(connection: Connection, statement: str, level: str | None = None) 
     if level is None and driver.isolation_level is not None:
         level = driver.isolation_level.name.replace("_", " ")
     begin = "BEGIN" if level is None else f"BEGIN ISOLATION LEVEL {level}"
-    if defer_opening(driver, [begin, statement]):
+    if defer_opening(driver, Opening(begin, settings)):
         return  # core.sql sends them with the statements it is about to send (core.dbwaits.opening_deferred)
     try:
         run_simple(driver, f"{begin}; {statement}")

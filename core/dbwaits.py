@@ -20,7 +20,7 @@ import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
-from typing import Any
+from typing import Any, NamedTuple
 
 import psycopg
 from psycopg import generators, pq
@@ -85,16 +85,27 @@ class BoundedConnection(psycopg.Connection[Any]):
             raise AnswerTimeout(f"the database did not answer within {bound:g} s") from None
 
 
-_opening: ContextVar[list[bytes] | None] = ContextVar("engram_deferred_opening", default=None)
+class Opening(NamedTuple):
+    """A transaction's opening left to the caller: its ``BEGIN`` and its settings (``set_config`` calls: the
+    tenant or system mode, core.db), which go as one ``SELECT`` of them, with any the caller adds."""
+
+    begin: str
+    settings: str
+
+    def statements(self, *more: str) -> list[str]:
+        return [self.begin, "SELECT " + ", ".join((self.settings, *more))]
+
+
+_opening: ContextVar[list[Opening] | None] = ContextVar("engram_deferred_opening", default=None)
 
 
 @contextmanager
-def opening_deferred() -> Iterator[list[bytes]]:
+def opening_deferred() -> Iterator[list[Opening]]:
     """Within it, a transaction that begins on an engram connection (:class:`BoundedConnection`) does not send
-    its opening (``BEGIN`` and the transaction's tenant or system mode, core.db) at once: the statements are
-    left in the list it yields, and the caller sends them ahead of its own first statements, in one round trip
+    its opening (``BEGIN`` and the transaction's tenant or system mode, core.db) at once: it is left in the list
+    it yields, and the caller sends its statements ahead of its own first statements, in one round trip
     (core.sql). The caller must send them before anything else uses the connection."""
-    holder: list[bytes] = []
+    holder: list[Opening] = []
     token = _opening.set(holder)
     try:
         yield holder
@@ -102,13 +113,13 @@ def opening_deferred() -> Iterator[list[bytes]]:
         _opening.reset(token)
 
 
-def defer_opening(driver: psycopg.Connection[Any], statements: list[str]) -> bool:
-    """Leave a transaction's opening ``statements`` to the caller inside :func:`opening_deferred` (True), else
-    False: the caller sends them itself."""
+def defer_opening(driver: psycopg.Connection[Any], opening: Opening) -> bool:
+    """Leave a transaction's ``opening`` to the caller inside :func:`opening_deferred` (True), else False: the
+    caller sends it itself."""
     holder = _opening.get()
     if holder is None or holder or not isinstance(driver, BoundedConnection):
         return False
-    holder.extend(statement.encode(driver.info.encoding) for statement in statements)
+    holder.append(opening)
     return True
 
 

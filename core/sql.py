@@ -56,7 +56,15 @@ from sqlalchemy.dialects import postgresql
 from sqlalchemy.orm import Session
 from sqlalchemy.sql.elements import BindParameter
 
-from core.dbwaits import AnswerTimeout, BoundedConnection, opening_deferred, run_simple, send_simple, simple_results
+from core.dbwaits import (
+    AnswerTimeout,
+    BoundedConnection,
+    Opening,
+    opening_deferred,
+    run_simple,
+    send_simple,
+    simple_results,
+)
 from core.tracing import tracing_enabled
 
 CACHE_ENTRIES = 1024
@@ -283,34 +291,40 @@ def _exchange(
     driver: Any,
     queries: Sequence[Query],
     meanwhile: Callable[[], None] | None,
-    opening: list[bytes],
+    opening: list[Opening],
     commit: bool,
 ) -> list[Sequence[Any]]:
     if isinstance(driver, BoundedConnection) and (commit or any(query.generic for query in queries)):
         return _pipelined(driver, queries, meanwhile, opening, commit)
     # (Elsewhere than on engram's own connections, which know what they have prepared, all are planned afresh.)
     # The transaction's opening, if left to this call, leads the same simple query.
-    encoding = driver.info.encoding
     quote = quoter(driver)
     try:
         texts = [_compiled(key, build).text(values, quote) for key, build, values, _ in queries]
     except BaseException:
         _open_unsent(driver, opening)
         raise
-    send(driver, ";\n".join([*(opens.decode(encoding) for opens in opening), *texts]))
+    opens = _opening_statements(opening)
+    send(driver, ";\n".join([*opens, *texts]))
     try:
         if meanwhile is not None:
             meanwhile()
     finally:
         results = receive(driver)
-    return results[len(opening) :]
+    return results[len(opens) :]
 
 
-def _open_unsent(driver: Any, opening: list[bytes]) -> None:
+def _opening_statements(opening: list[Opening], *settings: str) -> list[str]:
+    """The statements of the transaction's opening left to this call (none, when it opens none), with
+    ``settings`` beside its own."""
+    return [statement for each in opening for statement in each.statements(*settings)]
+
+
+def _open_unsent(driver: Any, opening: list[Opening]) -> None:
     """A call that failed before sending (a value refused) still opens the transaction the session began, as
     it would have been opened without the call."""
     if opening:
-        run_simple(driver, b"; ".join(opening).decode(driver.info.encoding))
+        run_simple(driver, "; ".join(_opening_statements(opening)))
 
 
 @contextmanager
@@ -353,9 +367,8 @@ def receive(driver: psycopg.Connection[Any]) -> list[Sequence[Any]]:
 
 
 _GENERIC_PLANS = b"SET LOCAL plan_cache_mode = force_generic_plan"
-# The same as one more item of a transaction opening's ``SELECT set_config(...)`` (core.db's tenant and system modes).
-_SET_CONFIG = b"SELECT set_config("
-_GENERIC_PLANS_TOO = b", set_config('plan_cache_mode', 'force_generic_plan', true)"
+# The same as one more setting of a transaction's opening (core.dbwaits.Opening).
+_GENERIC_SETTING = "set_config('plan_cache_mode', 'force_generic_plan', true)"
 _CUSTOM_PLANS = b"SET LOCAL plan_cache_mode = force_custom_plan"  # core.db's setting, for what follows
 
 
@@ -399,7 +412,7 @@ def _pipelined(
     driver: BoundedConnection,
     queries: Sequence[Query],
     meanwhile: Callable[[], None] | None,
-    opening: list[bytes],
+    opening: list[Opening],
     commit: bool,
 ) -> list[Sequence[Any]]:
     """:func:`run_many` on engram's connections for calls holding a generic statement, opening a transaction or
@@ -430,13 +443,15 @@ def _pipelined(
     stale = driver.stale_statements
     pgconn = driver.pgconn
     aside: BaseException | None = None  # what ``meanwhile`` raised: raised after the statements' bookkeeping
-    # With no statement to plan for its values, the transaction's opening setting (its tenant) sets the generic
+    # With no statement to plan for its values, the transaction's opening settings (its tenant) set the generic
     # plans too: one command less to wait for (a get by id, a save, a quiet tenant's head).
-    folded = bool(generic) and not custom and bool(opening) and opening[-1].startswith(_SET_CONFIG)
+    folded = bool(generic) and not custom and bool(opening)
+    opens = _opening_statements(opening, *((_GENERIC_SETTING,) if folded else ()))
+    encoding = driver.info.encoding
     pgconn.enter_pipeline_mode()
     try:
-        for n, opens in enumerate(opening):
-            pgconn.send_query_params(opens + _GENERIC_PLANS_TOO if folded and n == len(opening) - 1 else opens, None)
+        for opening_statement in opens:
+            pgconn.send_query_params(opening_statement.encode(encoding), None)
             slots.append(("set", None, None))
         for i, text, types, params in custom:
             pgconn.send_query_params(text, params, param_types=types)

@@ -308,7 +308,8 @@ def test_a_transaction_begun_for_a_driver_call_opens_in_its_round_trip(client, t
         with opening_deferred() as opening:
             driver = session.connection().connection.driver_connection
         assert driver.pgconn.transaction_status == pq.TransactionStatus.IDLE  # nothing sent yet
-        assert opening and opening[0].startswith(b"BEGIN") and str(tenant.tenant_id).encode() in opening[1]
+        ((begin, tenant_setting),) = [each.statements() for each in opening]
+        assert begin.startswith("BEGIN") and str(tenant.tenant_id) in tenant_setting
         session.rollback()
     with tenant_session(tenant.tenant_id) as session:
         assert sql.run(session, _tenant_query()) == [(str(tenant.tenant_id),)]
@@ -421,12 +422,12 @@ def test_a_search_reads_one_snapshot_opened_with_its_first_statement(client, ten
             alone.append(statement)
         return real(driver, statement)
 
-    openings: list[bytes] = []  # what each core.sql call opened its transaction with
+    openings: list[str] = []  # what each core.sql call opened its transaction with
     exchange = sql._exchange
 
     def opened(driver, queries, meanwhile, opening, commit):  # type: ignore[no-untyped-def]
         if threading.get_ident() == here:
-            openings.extend(opening)
+            openings.extend(statement for each in opening for statement in each.statements())
         return exchange(driver, queries, meanwhile, opening, commit)
 
     monkeypatch.setattr(core.db, "run_simple", run_simple)
@@ -436,8 +437,8 @@ def test_a_search_reads_one_snapshot_opened_with_its_first_statement(client, ten
             response = service.search(session, caller=caller, request=request)
         assert response.memories
     assert alone == []
-    begun = [opening for opening in openings if opening.startswith(b"BEGIN")]
-    assert len(begun) == 2 and all(opening == b"BEGIN ISOLATION LEVEL REPEATABLE READ" for opening in begun), begun
+    begun = [opening for opening in openings if opening.startswith("BEGIN")]
+    assert len(begun) == 2 and all(opening == "BEGIN ISOLATION LEVEL REPEATABLE READ" for opening in begun), begun
     with tenant_session(tenant.tenant_id) as session:  # (what is counted: a transaction begun by the ORM)
         session.execute(text("SELECT 1"))
     assert len(alone) == 1 and alone[0].startswith("BEGIN")
