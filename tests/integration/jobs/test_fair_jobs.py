@@ -204,7 +204,7 @@ def test_a_fresh_save_gets_its_vector_while_another_tenants_backlog_drains(stack
 def test_the_claim_runs_on_a_generic_plan_not_planned_each_round(stack, make_tenant):
     """The claim has no tenant among its parameters: after psycopg prepares it (its fifth run on a
     connection) PostgreSQL runs it on the statement's generic plan, and it still claims right."""
-    from core.db import _SYSTEM_MODE, _set_mode, get_engine
+    from core.db import _SYSTEM_MODE, _name_transaction, get_engine
     from core.jobs.relay import RelayLimits, claim_in
 
     tenant = make_tenant("generic")
@@ -214,7 +214,7 @@ def test_the_claim_runs_on_a_generic_plan_not_planned_each_round(stack, make_ten
         with get_engine().connect() as connection:  # one connection: its prepared statements are its own
             for _ in range(8):
                 with connection.begin():
-                    _set_mode(connection, _SYSTEM_MODE)
+                    _name_transaction(connection, _SYSTEM_MODE)
                     limits = RelayLimits(bulk_inflight=_in_flight("bulk") + 1)
                     claimed += [head.id for head, _, _ in claim_in(connection, "bulk", limits=limits, most=1)]
             plans = connection.execute(
