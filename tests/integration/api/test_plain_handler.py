@@ -103,6 +103,9 @@ def test_bad_requests_get_the_answers_fastapis_handler_gives(client, fastapi_cli
         ("GET", "/v1/memories/not-an-id", {"headers": admin}),
         ("GET", "/v1/memories?tags=a&tags=b&limit=abc", {"headers": admin}),
         ("GET", "/v1/memories?sort=sideways", {"headers": admin}),
+        ("GET", "/v1/memories?limit=&tags=", {"headers": admin}),
+        ("GET", f"/v1/memories/{memory_id}?include_forgotten=", {"headers": admin}),
+        ("GET", f"/v1/memories/{memory_id}?include_forgotten=true&include_forgotten=maybe", {"headers": member}),
         ("PATCH", "/v1/memories/not-an-id", {"content": b"{", "headers": {**admin, **as_json}}),
         ("PATCH", f"/v1/memories/{memory_id}", {"json": {"kind": "nonsense"}, "headers": admin}),
         ("DELETE", "/v1/memories/999999999", {"headers": admin}),
@@ -130,6 +133,7 @@ def test_good_requests_get_the_answers_fastapis_handler_gives(client, fastapi_cl
         ("POST", "/v1/search", {"json": {"question": "when are invoices issued?", "max_memories": 3}}),
         ("POST", "/v1/hydrate", {"json": {"budget_bytes": 4000}}),
         ("GET", f"/v1/memories/{ids[0]}/history", {}),
+        ("GET", f"/v1/memories/{ids[0]}/history?include_forgotten=true&agent_id=", {}),
     ]
     for method, path, kwargs in reads:
         plain, fastapi = (_answer(c.request(method, path, headers=headers, **kwargs)) for c in (client, fastapi_client))
