@@ -268,9 +268,7 @@ class EngramSession(Session):
             return self.connection().connection.driver_connection
         pooled = self._pooled
         if pooled is None:
-            bind = self.bind
-            assert isinstance(bind, Engine), "an engram session is bound to its engine"
-            pooled = self._pooled = bind.raw_connection()
+            pooled = self._pooled = self._engine().raw_connection()
         driver = pooled.driver_connection
         if driver.pgconn.transaction_status == pq.TransactionStatus.IDLE:
             settings = _transaction_mode(self.info)
@@ -288,10 +286,13 @@ class EngramSession(Session):
         if self._pooled is None:
             return super().get_bind(mapper, **kw)
         if self._joined is None:
-            bind = self.bind
-            assert isinstance(bind, Engine)
-            self._joined = Connection(bind, connection=self._pooled)
+            self._joined = Connection(self._engine(), connection=self._pooled)
         return self._joined
+
+    def _engine(self) -> Engine:
+        bind = self.bind
+        assert isinstance(bind, Engine), "an engram session is bound to its engine"
+        return bind
 
     def _alone(self) -> bool:
         """Whether core.sql's connection is checked out and the ORM has not joined it."""
@@ -341,8 +342,11 @@ class EngramSession(Session):
             joined.close()
         elif pooled is not None:
             driver = pooled.driver_connection
-            if driver is not None and driver.closed:
-                pooled.invalidate()
+            if driver is None or driver.closed:
+                # As SQLAlchemy does on a disconnect: this connection is dropped, and every pooled one as old is
+                # replaced at its next checkout (a restarted PostgreSQL broke them all: one request fails, not
+                # one per idle connection).
+                self._engine().pool._invalidate(pooled)
             pooled.close()
 
 

@@ -8,6 +8,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+import psycopg
 import pytest
 from sqlalchemy import text, update
 from sqlalchemy.orm import Session
@@ -149,3 +150,28 @@ def test_a_failed_statement_rolls_back_and_gives_the_connection_back(client, ten
             sql.run(session, failing)
     assert counts["checkouts"] == counts["checkins"] == 1
     assert _access_count(tenant.tenant_id, memory_id) == 0
+
+
+def test_a_connection_lost_under_core_sql_replaces_every_pooled_connection_as_old(client, tenant):
+    """As SQLAlchemy does on a disconnect: a restarted PostgreSQL broke every pooled connection, so after the
+    first one found broken none of the others is handed out again (one request fails, not one per connection)."""
+    from contextlib import ExitStack
+
+    from core.db import get_owner_engine
+
+    engine = get_engine()
+    with ExitStack() as held:  # a few connections in the pool, each with its backend
+        connections = [held.enter_context(engine.connect()) for _ in range(3)]
+        old = {connection.execute(text("SELECT pg_backend_pid()")).scalar() for connection in connections}
+        for connection in connections:
+            connection.rollback()
+    with pytest.raises(psycopg.OperationalError), tenant_session(tenant.tenant_id) as session:
+        sql.run(session, _TRANSACTION)
+        pid = session.driver_connection().info.backend_pid  # type: ignore[attr-defined]
+        with get_owner_engine().connect() as owner:  # (as a restart would)
+            owner.execute(text("SELECT pg_terminate_backend(:pid)"), {"pid": pid})
+        sql.run(session, _TRANSACTION)
+    with ExitStack() as held:
+        connections = [held.enter_context(engine.connect()) for _ in range(3)]
+        now = {connection.execute(text("SELECT pg_backend_pid()")).scalar() for connection in connections}
+    assert not now & (old | {pid})
