@@ -5,10 +5,10 @@ Tenancy is enforced twice. In the application: every table that holds tenant dat
 and the ``do_orm_execute`` hook below adds ``tenant_id = :tenant`` to every ORM SELECT, UPDATE and DELETE
 touching such a table. In PostgreSQL: the service connects as the app role (:data:`APP_ROLE`, no ownership, no
 BYPASSRLS), every tenant table has a forced row-level security policy on the transaction-local setting
-``engram.tenant_id`` (system mode: ``engram.system`` under the system role, see core.tenancy.rls), and the
-``after_begin`` hook sets them at the start of every transaction of a session, so a raw statement that forgets
-the tenant condition still sees one tenant only, and a pooled connection carries nothing into the next
-transaction.
+``engram.tenant_id`` (system mode: ``engram.system`` under the system role, see core.tenancy.rls), set at the
+start of every transaction of a session (by the ``after_begin`` hook, or by :class:`EngramSession` for a
+transaction core.sql's statements begin), so a raw statement that forgets the tenant condition still sees one
+tenant only, and a pooled connection carries nothing into the next transaction.
 A session with neither a tenant nor the explicit system mode of :func:`system_session` sees no tenant
 data at all (fail closed).
 """
