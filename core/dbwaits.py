@@ -25,6 +25,8 @@ from typing import Any, NamedTuple
 import psycopg
 from psycopg import generators, pq
 from psycopg.abc import PQGen
+from psycopg.abc import Transformer as RowLoader
+from psycopg.adapt import Transformer
 from sqlalchemy import text
 from sqlalchemy.engine import Connection
 
@@ -61,6 +63,17 @@ class BoundedConnection(psycopg.Connection[Any]):
         if self._stale is None:
             self._stale = set()
         return self._stale
+
+    _rows: RowLoader | None = None
+
+    @property
+    def row_loader(self) -> RowLoader:
+        """A transformer kept for the connection's life that loads core.sql's result rows: the loader of each
+        column type is looked up once per connection, not at every call (nothing registers loaders on engram's
+        connections after they open; a cursor's own registrations stay with the cursor)."""
+        if self._rows is None:
+            self._rows = Transformer(self)
+        return self._rows
 
     def _deallocate(self, name: bytes | None) -> PQGen[None]:
         # psycopg drops every prepared statement of the session (``DEALLOCATE ALL``) at a rollback and after

@@ -363,7 +363,7 @@ def receive(driver: psycopg.Connection[Any]) -> list[Sequence[Any]]:
     """The rows of each statement ``send`` sent, in order (none for a statement that returns no rows); raises
     the first statement's error, after which PostgreSQL runs none of the rest. Every wait is bounded
     (core.dbwaits)."""
-    transformer = Transformer(driver)
+    transformer = driver.row_loader if isinstance(driver, BoundedConnection) else Transformer(driver)
     rows: list[Sequence[Any]] = []
     for result in simple_results(driver):
         transformer.set_pgresult(result)
@@ -498,7 +498,7 @@ def _pipelined(
         raise
     rows: list[Sequence[Any]] = [()] * len(queries)
     first_error = None
-    transformer = Transformer(driver)
+    transformer = driver.row_loader
     for (kind, value, name), result in zip(slots, results, strict=True):
         ok = result.status not in (pq.ExecStatus.FATAL_ERROR, pq.ExecStatus.PIPELINE_ABORTED)
         if result.status == pq.ExecStatus.FATAL_ERROR:

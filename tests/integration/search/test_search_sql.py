@@ -533,3 +533,18 @@ def test_a_search_reads_no_numeric_columns(client, catalog, monkeypatch):
     assert len(response.json()["memories"]) == 3
     assert {key.split(",")[0] for key, _ in read} >= {"head", "('entity_bm25'"}
     assert [key for key, kind in read if kind is Decimal] == []
+
+
+def test_each_result_on_a_connection_loads_by_its_own_column_types(client, tenant):
+    """The connection's row loader (kept for its life) loads every result by that result's own types: the
+    same column positions holding other types from one call to the next, generic or not."""
+    shapes = [
+        ("test-types-a", "SELECT CAST(:n AS bigint), CAST(:t AS text), :b", {"n": 7, "t": "x", "b": True}),
+        ("test-types-b", "SELECT CAST(:t AS text), :f, CAST(:n AS bigint)", {"t": "7", "f": 2.5, "n": 3}),
+    ]
+    expected = {"test-types-a": [(7, "x", True)], "test-types-b": [("7", 2.5, 3)]}
+    with tenant_session(tenant.tenant_id) as session:
+        for generic in (True, False, True):
+            for name, statement, values in shapes:
+                query = sql.Query((name, generic), lambda s=statement: text(s), values, generic=generic)  # type: ignore[misc]
+                assert [tuple(row) for row in sql.run(session, query)] == expected[name]
