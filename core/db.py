@@ -331,7 +331,10 @@ class EngramSession(Session):
         self._give_back()
 
     def close(self) -> None:
-        super().close()
+        # SQLAlchemy's close resets what the session holds (its identity map, its new and deleted objects, its
+        # transaction): ~3% of a get's instructions when it holds nothing, as after core.sql's statements alone.
+        if self._transaction is not None or self._new or self._deleted or len(self.identity_map):
+            super().close()
         self._give_back()
 
     def _give_back(self) -> None:

@@ -175,3 +175,18 @@ def test_a_connection_lost_under_core_sql_replaces_every_pooled_connection_as_ol
         connections = [held.enter_context(engine.connect()) for _ in range(3)]
         now = {connection.execute(text("SELECT pg_backend_pid()")).scalar() for connection in connections}
     assert not now & (old | {pid})
+
+
+def test_close_detaches_what_the_orm_loaded_and_leaves_the_session_usable(client, tenant):
+    from sqlalchemy import inspect, select
+
+    memory_id = _save(client, tenant, "loaded, then detached")
+    with tenant_session(tenant.tenant_id) as session:
+        memory = session.execute(select(Memory).where(Memory.id == memory_id)).scalar_one()
+    assert inspect(memory).detached
+    with _this_thread_pool() as counts, tenant_session(tenant.tenant_id) as session:
+        sql.run(session, _TRANSACTION)
+        session.close()  # holding nothing of the ORM's
+        assert not session.in_transaction()
+        assert sql.run(session, _TRANSACTION)[0][1] == str(tenant.tenant_id)
+    assert counts["checkouts"] == counts["checkins"] == 2
