@@ -248,11 +248,11 @@ class EngramSession(Session):
     without SQLAlchemy's connection and transaction objects, until the session needs the ORM.
 
     A request whose statements all go through core.sql (a get by id, a save, a search on warm caches) never
-    needs SQLAlchemy's `Connection`, its transaction, their events and the pool's proxies: their
-    bookkeeping cost ~0.13 ms of CPU a request, about what the statements cost the process. Here core.sql
-    asks :meth:`driver_connection` for the driver: checked out of the pool once, its transaction begun (and
-    named to PostgreSQL, with the session's isolation level) on first use as by ``after_begin``. Committing,
-    rolling back and closing end that transaction and give the connection back; ``after_commit`` and
+    needs SQLAlchemy's `Connection`, its transaction and their events: their bookkeeping was ~10% of a get's
+    and a save's instructions (docs/benchmarks.md, Request CPU). Here core.sql asks :meth:`driver_connection`
+    for the driver: checked out of the pool once, its transaction begun (and named to PostgreSQL, with the
+    session's isolation level) on first use as by ``after_begin``. Committing, rolling back and closing end
+    that transaction and give the connection back; ``before_commit``, ``after_commit`` and
     ``after_soft_rollback`` listeners run as they would. The first use of the ORM (a statement, a flush,
     ``connection()``) joins the same connection and transaction: :meth:`get_bind` gives SQLAlchemy a
     `Connection` over it, whose transaction the session begins, commits and rolls back as usual, and
