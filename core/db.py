@@ -305,8 +305,13 @@ class EngramSession(Session):
                 return True
         return super().in_transaction()
 
+    def _holds_orm_state(self) -> bool:
+        """Whether the ORM holds anything in this session: a transaction of its own, or objects (loaded, new or
+        deleted; a dirty one is among the loaded)."""
+        return self._transaction is not None or bool(self._new or self._deleted or len(self.identity_map))
+
     def commit(self) -> None:
-        if self._alone() and (self._transaction is not None or self.new or self.dirty or self.deleted):
+        if self._alone() and self._holds_orm_state():
             self.connection()  # the ORM joins core.sql's transaction, and commits it with its own
         if not self._alone():
             super().commit()
@@ -333,7 +338,7 @@ class EngramSession(Session):
     def close(self) -> None:
         # SQLAlchemy's close resets what the session holds (its identity map, its new and deleted objects, its
         # transaction): ~3% of a get's instructions when it holds nothing, as after core.sql's statements alone.
-        if self._transaction is not None or self._new or self._deleted or len(self.identity_map):
+        if self._holds_orm_state():
             super().close()
         self._give_back()
 
@@ -351,6 +356,15 @@ class EngramSession(Session):
                 # one per idle connection).
                 self._engine().pool._invalidate(pooled)
             pooled.close()
+
+
+def driver_connection(session: Session) -> Any:
+    """The psycopg connection of the session's transaction, for statements sent on the driver itself (core.sql,
+    the search's look-ups): an engram session's own, without SQLAlchemy's `Connection` (:class:`EngramSession`);
+    any other session's through SQLAlchemy."""
+    if isinstance(session, EngramSession):
+        return session.driver_connection()
+    return session.connection().connection.driver_connection
 
 
 @contextmanager

@@ -56,7 +56,7 @@ from sqlalchemy.dialects import postgresql
 from sqlalchemy.orm import Session
 from sqlalchemy.sql.elements import BindParameter
 
-from core.db import EngramSession
+from core.db import driver_connection
 from core.dbwaits import (
     AnswerTimeout,
     BoundedConnection,
@@ -273,11 +273,7 @@ def run_many(
     hooks, such as the jobs they wrote).
     """
     with opening_deferred() as opening:
-        driver: Any = (
-            session.driver_connection()
-            if isinstance(session, EngramSession)
-            else session.connection().connection.driver_connection
-        )
+        driver: Any = driver_connection(session)
     # (The COMMIT joins only statements of engram's own connections that go out in a pipeline.)
     ends = commit and not (session.new or session.dirty or session.deleted) and isinstance(driver, BoundedConnection)
     if not tracing_enabled():

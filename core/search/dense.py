@@ -43,6 +43,7 @@ from sqlalchemy.orm import Session
 from core import sql
 from core.caches import BoundedCache
 from core.config import get_settings
+from core.db import driver_connection
 from core.embeddings.matrix import Side, TenantMatrix, tenant_matrix, vector_stats
 from core.embeddings.matrix import clear_cache as clear_matrices
 from core.embeddings.providers import Embedder, EmbeddingProviderError, get_embedder
@@ -158,9 +159,7 @@ def _extended(layout: _Layout, *, n: int, version: int, change_seq: int) -> _Lay
     )
     # (The memories bucket's rows changed: its block, if it had one, is not its block any more.)
     blocks = {bucket: held for bucket, held in layout.blocks.items() if bucket != MEMORIES}
-    return replace(
-        layout, version=version, change_seq=change_seq, rows=rows, neighbours=neighbours, n=n, blocks=blocks
-    )
+    return replace(layout, version=version, change_seq=change_seq, rows=rows, neighbours=neighbours, n=n, blocks=blocks)
 
 
 def _truncated(layout: _Layout, *, n: int, version: int, change_seq: int) -> _Layout:
@@ -596,7 +595,7 @@ class DenseSearch:
     def _send_hnsw(self) -> Any:
         """Send the approximate query (with ``hnsw.ef_search`` set for it, in the same message) on the search's
         connection; returns the driver connection to read its rows from (core.sql.receive)."""
-        driver: Any = self._session.connection().connection.driver_connection
+        driver: Any = driver_connection(self._session)
         sql.send(driver, f"SET LOCAL hnsw.ef_search = {HNSW_POOL};\n{self._hnsw_sql()}")
         return driver
 

@@ -38,7 +38,7 @@ from sqlalchemy.orm import Session
 from core import sql
 from core.caches import BoundedCache
 from core.config import get_settings
-from core.db import read_one_snapshot, tenant_session
+from core.db import driver_connection, read_one_snapshot, tenant_session
 from core.entities.canonical import is_memory_ref
 from core.entities.models import Datasource
 from core.entities.render import render_memory_content
@@ -305,7 +305,7 @@ def _memory_changes(session: Session, *, changed: Sequence[Any]) -> list[DocChan
 def _change_seq(session: Session, tenant_id: int) -> int:
     """The tenant's change seq in the session's transaction, read through the driver directly: every search
     asks it first, and the ORM's compile and result machinery cost twice the statement itself."""
-    driver: Any = session.connection().connection.driver_connection
+    driver: Any = driver_connection(session)
     row = driver.execute("SELECT change_seq FROM tenants WHERE id = %s", (tenant_id,)).fetchone()
     return int(row[0] or 0) if row is not None else 0
 
