@@ -8,6 +8,7 @@ memory. orjson encodes the same data in C (0.05 ms for the batch). Pydantic mode
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import orjson
@@ -17,7 +18,11 @@ from fastapi.responses import Response
 
 def json_answer(content: Any, *, status_code: int = 200) -> Response:
     """``content`` (dicts, lists, strings, numbers, booleans, None) as an application/json response; a value
-    orjson does not know (a datetime it does; a Decimal, a model) goes through FastAPI's encoder."""
-    return Response(
-        orjson.dumps(content, default=jsonable_encoder), status_code=status_code, media_type="application/json"
-    )
+    orjson does not know (a datetime it does; a Decimal, a model) goes through FastAPI's encoder. orjson refuses
+    integers past 64 bits, which JSON and jsonb hold (a stored query may carry one): such an answer is encoded
+    by the standard library instead, as FastAPI would have."""
+    try:
+        body = orjson.dumps(content, default=jsonable_encoder)
+    except TypeError:
+        body = json.dumps(jsonable_encoder(content), separators=(",", ":"), ensure_ascii=False).encode()
+    return Response(body, status_code=status_code, media_type="application/json")

@@ -206,3 +206,30 @@ def test_a_listing_page_is_one_statement_with_its_associations_whatever_the_filt
                 assert links[kept[3]] == [{"target_id": kept[0], "relation_type": "updates", "weight": 0.5}]
                 assert links[kept[1]] == []
     assert orm == [] and [len(keys) for keys in calls] == [1] * 9  # three pages a sort, one statement a page
+
+
+def test_an_integer_past_64_bits_in_an_attached_query_reads_back_exactly_everywhere(client, tenant):
+    """JSON has no bound on integers and neither has PostgreSQL's jsonb: a query saved with one (here in a
+    key the inline query keeps as given) answers every read with the same integer, never a 500."""
+    big, small = 123456789012345678901234567890, -(2**70)
+    body = {
+        "content": "orders by region",
+        "linked_entities": {"source_model": "orders", "limit": big, "offset": small, "note": [big, 1.5]},
+    }
+    memory_id = save(client, tenant, body)
+    got = client.get(f"/v1/memories/{memory_id}", headers=tenant.headers())
+    assert got.status_code == 200, got.text
+    stored = got.json()["query"]
+    assert stored["limit"] == big and stored["offset"] == small and stored["note"] == [big, 1.5]
+    assert json.loads(got.text)["query"]["limit"] == big  # (the integer itself, not a float near it)
+    assert [m["id"] for m in listed(client, tenant)["memories"]] == [memory_id]
+    history = client.get(f"/v1/memories/{memory_id}/history", headers=tenant.headers())
+    assert history.status_code == 200, history.text
+    found = client.post("/v1/search", json={"question": "orders by region"}, headers=tenant.headers())
+    assert found.status_code == 200, found.text
+    assert [hit["query"]["limit"] for hit in found.json()["example_queries"]] == [big]
+    hydrated = client.post("/v1/hydrate", json={"budget_bytes": 4000}, headers=tenant.headers())
+    assert hydrated.status_code == 200, hydrated.text
+    exported = client.get("/v1/memories:export", headers=tenant.headers())
+    assert exported.status_code == 200, exported.text
+    assert str(big) in exported.text
