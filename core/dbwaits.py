@@ -75,6 +75,17 @@ class BoundedConnection(psycopg.Connection[Any]):
             self._rows = Transformer(self)
         return self._rows
 
+    _encoding: str | None = None
+
+    @property
+    def encoding(self) -> str:
+        """The Python codec of the connection's client encoding, read once for the connection's life (psycopg's
+        ``info.encoding`` builds a ConnectionInfo and asks libpq each time: ~5 µs, twice a round trip). It is
+        set when the connection opens; nothing in engram sets ``client_encoding`` after that."""
+        if self._encoding is None:
+            self._encoding = self.info.encoding
+        return self._encoding
+
     def _deallocate(self, name: bytes | None) -> PQGen[None]:
         # psycopg drops every prepared statement of the session (``DEALLOCATE ALL``) at a rollback and after
         # a DROP or ALTER, when it had prepared some itself: engram's go with them.
@@ -136,10 +147,15 @@ def defer_opening(driver: psycopg.Connection[Any], opening: Opening) -> bool:
     return True
 
 
+def client_encoding(driver: psycopg.Connection[Any]) -> str:
+    """The Python codec of ``driver``'s client encoding (an engram connection's, as it keeps it)."""
+    return driver.encoding if isinstance(driver, BoundedConnection) else driver.info.encoding
+
+
 def send_simple(driver: psycopg.Connection[Any], statements: str) -> None:
     """Send ``statements`` (several, `;`-separated) as one simple query, without waiting for the results
     (:func:`simple_results` reads them). Until then the connection is busy: nothing else may use it."""
-    driver.pgconn.send_query(statements.encode(driver.info.encoding))
+    driver.pgconn.send_query(statements.encode(client_encoding(driver)))
     driver.pgconn.flush()  # (the rest, if any, goes out while the results are awaited)
 
 
@@ -150,7 +166,7 @@ def simple_results(driver: psycopg.Connection[Any]) -> list[pq.abc.PGresult]:
     results = driver.wait(generators.execute(driver.pgconn))
     for result in results:
         if result.status == pq.ExecStatus.FATAL_ERROR:
-            raise psycopg.errors.error_from_result(result, encoding=driver.info.encoding)
+            raise psycopg.errors.error_from_result(result, encoding=client_encoding(driver))
     return results
 
 

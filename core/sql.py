@@ -61,6 +61,7 @@ from core.dbwaits import (
     AnswerTimeout,
     BoundedConnection,
     Opening,
+    client_encoding,
     opening_deferred,
     run_simple,
     send_simple,
@@ -218,7 +219,7 @@ def quoter(driver: psycopg.Connection[Any]) -> Callable[[Any], str]:
 
     Strings and lists of strings (as the text of an array) are quoted by libpq; integers are written out;
     floats are cast to float8 (as psycopg sends them); anything else is psycopg's own literal of it."""
-    escape, encoding = pq.Escaping(driver.pgconn).escape_literal, driver.info.encoding
+    escape, encoding = pq.Escaping(driver.pgconn).escape_literal, client_encoding(driver)
 
     def quoted(value: str) -> str:
         return escape(_without_nul(value).encode(encoding)).decode(encoding)
@@ -379,12 +380,12 @@ _DUMPED_TYPES = {float: _FLOAT8, bool: _BOOL}
 Param = tuple[bytes | None, int]  # a parameter's text form, and the type it is declared with (0: inferred)
 
 
-def param_form(driver: psycopg.Connection[Any]) -> Callable[[Any], Param]:
+def param_form(driver: BoundedConnection) -> Callable[[Any], Param]:
     """A function giving a value as a parameter: its text form (a list of strings as the text of an array;
     anything but strings, integers, lists of strings and None by psycopg's text dumpers) and its declared
     type, as psycopg declares it (bigint, numeric past it, float8, boolean, text[]; a parameter used twice is
     then one type): strings and the rest PostgreSQL infers from the SQL."""
-    encoding = driver.info.encoding
+    encoding = driver.encoding
     transformer: Any = None
 
     def form(value: Any) -> Param:
@@ -419,6 +420,7 @@ def _pipelined(
     """:func:`run_many` on engram's connections for calls holding a generic statement, opening a transaction or
     ending one: one libpq pipeline, one sync, one round trip."""
     prepared = driver.prepared_statements
+    encoding = driver.encoding
     form = param_form(driver)
     # What each command sent is, in order: the transaction's opening, the other statements (planned for their
     # values), then the generic ones between the two settings (the first joined to the opening, the second left
@@ -430,7 +432,9 @@ def _pipelined(
             statement = _compiled(key, build)
             forms = [form(value) for value in statement.values(values)]  # (a bad value fails here, unsent)
             params, types = [param for param, _ in forms], [declared for _, declared in forms]
-            text = statement.prepared().sql
+            text = statement.prepared().sql  # (UTF-8: written out again on a connection in another encoding)
+            if encoding != "utf-8":
+                text = text.decode().encode(encoding)
             if is_generic:
                 generic.append((i, statement.name_for(tuple(types)), text, types, params))
             else:
@@ -448,7 +452,6 @@ def _pipelined(
     # plans too: one command less to wait for (a get by id, a save, a quiet tenant's head).
     folded = bool(generic) and not custom and bool(opening)
     opens = _opening_statements(opening, *((_GENERIC_SETTING,) if folded else ()))
-    encoding = driver.info.encoding
     pgconn.enter_pipeline_mode()
     try:
         for opening_statement in opens:
@@ -514,7 +517,7 @@ def _pipelined(
     if aside is not None:  # (the names it prepared are known, or the next PREPARE of one would fail)
         raise aside
     if first_error is not None:
-        raise psycopg.errors.error_from_result(first_error, encoding=driver.info.encoding)
+        raise psycopg.errors.error_from_result(first_error, encoding=driver.encoding)
     return rows
 
 

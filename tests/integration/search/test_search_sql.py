@@ -548,3 +548,35 @@ def test_each_result_on_a_connection_loads_by_its_own_column_types(client, tenan
             for name, statement, values in shapes:
                 query = sql.Query((name, generic), lambda s=statement: text(s), values, generic=generic)  # type: ignore[misc]
                 assert [tuple(row) for row in sql.run(session, query)] == expected[name]
+
+
+def test_a_connection_sends_and_reads_in_its_own_client_encoding(stack):
+    """An engram connection keeps the client encoding it opened with (read once for its life): values go out
+    and come back in it, on the pipelined path (generic statements) and the simple one."""
+    from sqlalchemy import create_engine, event
+    from sqlalchemy.orm import Session
+    from sqlalchemy.pool import NullPool
+
+    from core.db import _connect_bounded, app_database_url
+    from core.dbwaits import BoundedConnection
+
+    engine = create_engine(
+        app_database_url(), poolclass=NullPool, connect_args={"options": "-c client_encoding=LATIN1"}
+    )
+    event.listen(engine, "do_connect", _connect_bounded)
+    try:
+        with engine.connect() as connection, Session(bind=connection) as session:
+            driver = connection.connection.driver_connection
+            assert isinstance(driver, BoundedConnection)
+            assert driver.encoding == driver.info.encoding == "iso8859-1"
+            for generic in (True, False):
+                query = sql.Query(
+                    ("test-latin1", generic),
+                    lambda: text("SELECT CAST(:t AS text) || 'ü'"),
+                    {"t": "café"},
+                    generic=generic,
+                )
+                assert [tuple(row) for row in sql.run(session, query)] == [("caféü",)]
+            session.rollback()
+    finally:
+        engine.dispose()
