@@ -26,19 +26,20 @@ from core import sql
 from core.entities.canonical import is_memory_ref, memory_id_of
 from core.memories.models import Memory
 from core.search import entity_bm25
-from core.search.filters import EXAMPLE_QUERIES, MEMORIES, Eligibility, MemoryFilter, has_query
+from core.search.filters import EXAMPLE_QUERIES, MEMORIES, Eligibility, MemoryFilter, has_query, tenant_param
 
 _STATS = table(
     "search_corpus_stats", column("tenant_id"), column("scope"), column("status"), column("docs"), column("tokens")
 )
 
 
-def _corpus_columns(*, tenant_id: int, memory_filter: MemoryFilter) -> tuple[Any, Any]:
+def _corpus_columns(*, memory_filter: MemoryFilter) -> tuple[Any, Any]:
     """(N, total tokens) of the searched corpus as scalar subqueries, to ride along the candidates query: as
-    bigint (a sum of bigint is numeric, which the driver reads as a Decimal, on every candidate row)."""
+    bigint (a sum of bigint is numeric, which the driver reads as a Decimal, on every candidate row). The
+    tenant and the scope are parameters (``tenant``, ``stats_scope``)."""
     where = (
-        _STATS.c.tenant_id == tenant_id,
-        _STATS.c.scope == (memory_filter.datasource or ""),
+        _STATS.c.tenant_id == tenant_param(),
+        _STATS.c.scope == bindparam("stats_scope", value=None, type_=Text),
         _STATS.c.status.in_(memory_filter.statuses),
     )
     return tuple(  # type: ignore[return-value]
@@ -47,7 +48,7 @@ def _corpus_columns(*, tenant_id: int, memory_filter: MemoryFilter) -> tuple[Any
     )
 
 
-def query(*, tenant_id: int, query_entities: list[str], eligibility: Eligibility) -> sql.Query:
+def query(*, query_entities: list[str], eligibility: Eligibility) -> sql.Query:
     """The candidates of the entity channel (``query_entities`` not empty), for :func:`sql.run_many`: per memory
     sharing an entity with the query, its id, its tag count, whether it carries a query, whether the caller sees it,
     the corpus statistics, then the frequency of each distinct query entity among its tags. Frequencies and counts
@@ -60,7 +61,7 @@ def query(*, tenant_id: int, query_entities: list[str], eligibility: Eligibility
 
     def build() -> Executable:
         overlap = Memory.entities.overlap(sql.text_array("entities"))
-        docs_column, tokens_column = _corpus_columns(tenant_id=tenant_id, memory_filter=memory_filter)
+        docs_column, tokens_column = _corpus_columns(memory_filter=memory_filter)
         frequencies = [
             func.cardinality(func.array_positions(Memory.entities, bindparam(f"e{i}", value=None, type_=Text)))
             for i in range(width)
@@ -74,13 +75,15 @@ def query(*, tenant_id: int, query_entities: list[str], eligibility: Eligibility
             tokens_column,
             *frequencies,
         ).where(
-            Memory.tenant_id == tenant_id,
+            Memory.tenant_id == tenant_param(),
             *memory_filter.corpus_clauses(),
             or_(overlap, Memory.id == any_(sql.text_array("self_ids"))) if self_ids else overlap,
         )
 
-    key = ("entity_bm25", tenant_id, memory_filter, bool(self_ids), width)
-    values: dict[str, Any] = {"entities": wanted, "self_ids": self_ids}
+    # Compiled once per shape of the filter: the tenant, caller and filter values are parameters.
+    key = ("entity_bm25", memory_filter.shape(), bool(self_ids), width)
+    values: dict[str, Any] = {"entities": wanted, "self_ids": self_ids, **memory_filter.values()}
+    values["stats_scope"] = memory_filter.datasource or ""
     values.update({f"e{i}": wanted[i] if i < len(wanted) else None for i in range(width)})
     # Planned for its entities (a GIN look-up whose cost follows how common each entity is): not generic.
     return sql.Query(key, build, values)

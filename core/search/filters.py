@@ -16,22 +16,25 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import (
     ARRAY,
+    BigInteger,
     Boolean,
     ColumnElement,
     Executable,
     Text,
     and_,
     any_,
+    bindparam,
     literal,
     literal_column,
     select,
     text,
 )
 from sqlalchemy.orm import Session
+from sqlalchemy.sql.elements import BindParameter
 
 from core import sql
 from core.memories.models import Memory
-from core.memories.visibility import AGENT_SCOPED, visible_clause
+from core.memories.visibility import AGENT_SCOPED, visible_clause, visible_shape, visible_values
 from core.refs import MEMORY_PREFIX
 from core.tenancy.context import Caller
 
@@ -56,12 +59,18 @@ def has_query() -> ColumnElement[bool]:
     return literal_column(HAS_QUERY_SQL, type_=Boolean)
 
 
-def scope_clause(datasource: str) -> ColumnElement[bool]:
-    """The memory has an entity equal to ``datasource`` or a strict dotted descendant of it."""
+def scope_clause() -> ColumnElement[bool]:
+    """The memory has an entity equal to the datasource ``scope_ds`` (a parameter) or a strict dotted descendant
+    of it."""
     return text(  # type: ignore[return-value]
         "EXISTS (SELECT 1 FROM unnest(memories.entities) AS scope_e "
         "WHERE split_part(scope_e, '.', 1) = :scope_ds AND NOT starts_with(scope_e, '" + MEMORY_PREFIX + "'))"
-    ).bindparams(scope_ds=datasource)
+    ).bindparams(bindparam("scope_ds", value=None, type_=Text))
+
+
+def tenant_param() -> BindParameter[int]:
+    """The tenant's id as the parameter ``tenant`` (:meth:`MemoryFilter.values` gives it)."""
+    return bindparam("tenant", value=None, type_=BigInteger)
 
 
 @dataclass(frozen=True)
@@ -80,29 +89,62 @@ class MemoryFilter:
     def statuses(self) -> list[str]:
         return ["active", "stale"] if self.include_stale else ["active"]
 
+    def shape(self) -> tuple[Any, ...]:
+        """What the form of :meth:`clauses` depends on: the caller's visibility shape, the statuses, and which
+        filters are set. Their values (the tenant's, the caller's, the filters') are the parameters
+        :meth:`values` gives, so a statement built with these clauses is compiled once per shape, not once per
+        tenant, agent and filter value (a cache of statements by filter thrashed with a few hundred tenants)."""
+        return (
+            visible_shape(self.caller),
+            self.include_stale,
+            self.kind is not None,
+            self.category is not None,
+            self.occurred_after is not None,
+            self.occurred_before is not None,
+            self.datasource is not None,
+            bool(self.tags),
+        )
+
+    def values(self) -> dict[str, Any]:
+        """The parameters of :meth:`clauses` and :func:`tenant_param`."""
+        values: dict[str, Any] = {"tenant": self.caller.tenant_id, **visible_values(self.caller)}
+        for name, value in (
+            ("filter_kind", self.kind),
+            ("filter_category", self.category),
+            ("filter_after", self.occurred_after),
+            ("filter_before", self.occurred_before),
+            ("scope_ds", self.datasource),
+        ):
+            if value is not None:
+                values[name] = value
+        if self.tags:
+            values["filter_tags"] = list(self.tags)
+        return values
+
     def corpus_clauses(self) -> list[ColumnElement[bool]]:
         """What defines the corpus the statistics describe: status and datasource scope."""
         clauses: list[ColumnElement[bool]] = [Memory.status.in_(self.statuses)]
         if self.datasource is not None:
-            clauses.append(scope_clause(self.datasource))
+            clauses.append(scope_clause())
         return clauses
 
     def caller_clauses(self) -> list[ColumnElement[bool]]:
         """Filters applied to a ranking, not to the statistics: visibility and the field filters."""
-        clauses: list[ColumnElement[bool]] = [visible_clause(self.caller)]
+        clauses: list[ColumnElement[bool]] = [visible_clause(self.caller, bound=True)]
         if self.kind is not None:
-            clauses.append(Memory.kind == self.kind)
+            clauses.append(Memory.kind == bindparam("filter_kind", value=None, type_=Text))
         if self.category is not None:
-            clauses.append(Memory.category == self.category)
+            clauses.append(Memory.category == bindparam("filter_category", value=None, type_=Text))
         if self.tags:
-            clauses.append(Memory.tags.overlap(literal(list(self.tags), type_=ARRAY(Text))))
+            clauses.append(Memory.tags.overlap(bindparam("filter_tags", value=None, type_=ARRAY(Text))))
         if self.occurred_after is not None:
-            clauses.append(Memory.occurred_at >= self.occurred_after)
+            clauses.append(Memory.occurred_at >= bindparam("filter_after", value=None, type_=Memory.occurred_at.type))
         if self.occurred_before is not None:
-            clauses.append(Memory.occurred_at <= self.occurred_before)
+            clauses.append(Memory.occurred_at <= bindparam("filter_before", value=None, type_=Memory.occurred_at.type))
         return clauses
 
     def clauses(self) -> list[ColumnElement[bool]]:
+        """Every condition of eligibility but the tenant's (parameters: :meth:`values`)."""
         return self.corpus_clauses() + self.caller_clauses()
 
     def caller_predicate(self) -> ColumnElement[bool]:
@@ -167,16 +209,15 @@ class Eligibility:
                 memo[memory_id] = verdict(fact_of(memory_id))
             verdicts.update(zip(missing, map(memo.__getitem__, missing), strict=True))
             return
-        tenant_id = memory_filter.caller.tenant_id
 
         def build() -> Executable:
             return select(Memory.id, has_query()).where(
-                Memory.tenant_id == tenant_id, Memory.id == any_(sql.text_array("ids")), *memory_filter.clauses()
+                Memory.tenant_id == tenant_param(), Memory.id == any_(sql.text_array("ids")), *memory_filter.clauses()
             )
 
-        rows = sql.run(
-            self.session, sql.Query(("eligibility", memory_filter), build, {"ids": sorted(missing)}, generic=True)
-        )
+        values = {"ids": sorted(missing), **memory_filter.values()}
+        key = ("eligibility", memory_filter.shape())
+        rows = sql.run(self.session, sql.Query(key, build, values, generic=True))
         found = {memory_id: EXAMPLE_QUERIES if has_query else MEMORIES for memory_id, has_query in rows}
         for memory_id in missing:
             self._verdicts[memory_id] = found.get(memory_id)

@@ -17,7 +17,7 @@ from sqlalchemy.orm import Session
 
 from core import sql
 from core.memories.models import Association, Memory
-from core.search.filters import EXAMPLE_QUERIES, MEMORIES, Eligibility, any_of, has_query
+from core.search.filters import EXAMPLE_QUERIES, MEMORIES, Eligibility, any_of, has_query, tenant_param
 
 SEEDS = 10
 
@@ -46,7 +46,6 @@ def neighbours(
 def query(*, seeds: dict[str, list[str]], eligibility: Eligibility) -> sql.Query:
     """The statement of :func:`neighbours` (with ``eligibility``), for :func:`core.sql.run_many`."""
     memory_filter = eligibility.memory_filter
-    tenant_id = memory_filter.caller.tenant_id
 
     def build() -> Executable:
         seed_ids = sql.text_array("seeds")
@@ -55,20 +54,22 @@ def query(*, seeds: dict[str, list[str]], eligibility: Eligibility) -> sql.Query
             .outerjoin(
                 Memory,
                 and_(
-                    Memory.tenant_id == tenant_id,
+                    Memory.tenant_id == tenant_param(),
                     or_(Memory.id == Association.source_id, Memory.id == Association.target_id),
                     *memory_filter.clauses(),
                 ),
             )
             .where(
-                Association.tenant_id == tenant_id,
+                Association.tenant_id == tenant_param(),
                 or_(Association.source_id == any_(seed_ids), Association.target_id == any_(seed_ids)),
             )
         )
 
     everything = sorted({seed for key_seeds in seeds.values() for seed in key_seeds})
-    # By the seeds' keys (both ends of an association are indexed): one plan whatever the seeds.
-    return sql.Query(("graph", memory_filter), build, {"seeds": everything}, generic=True)
+    # By the seeds' keys (both ends of an association are indexed): one plan whatever the seeds. Compiled once
+    # per shape of the filter: the tenant, caller and filter values are parameters.
+    values = {"seeds": everything, **memory_filter.values()}
+    return sql.Query(("graph", memory_filter.shape()), build, values, generic=True)
 
 
 def from_rows(

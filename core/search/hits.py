@@ -38,9 +38,11 @@ def memories_query(*, tenant_id: int, memory_ids: Sequence[str]) -> sql.Query:
     """The hit columns of these memories of the tenant (:func:`memories_from_rows`), for :func:`core.sql.run_many`."""
 
     def build() -> Executable:
-        return select(*HIT_COLUMNS).where(Memory.tenant_id == tenant_id, Memory.id == any_(sql.text_array("ids")))
+        return select(*HIT_COLUMNS).where(
+            Memory.tenant_id == bindparam("tenant", type_=BigInteger), Memory.id == any_(sql.text_array("ids"))
+        )
 
-    return sql.Query(("hits", tenant_id), build, {"ids": list(memory_ids)}, generic=True)
+    return sql.Query("hits", build, {"tenant": tenant_id, "ids": list(memory_ids)}, generic=True)
 
 
 def visible_memories_query(*, caller: Caller, memory_ids: Sequence[str]) -> sql.Query:

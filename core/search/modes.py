@@ -22,7 +22,7 @@ from sqlalchemy.orm import Session
 
 from core import sql
 from core.memories.models import Memory
-from core.search.filters import EXAMPLE_QUERIES, MEMORIES, MemoryFilter, has_query
+from core.search.filters import EXAMPLE_QUERIES, MEMORIES, MemoryFilter, has_query, tenant_param
 from core.search.fusion import single_ranking_scores
 from core.search.hits import HIT_COLUMNS, memories_from_rows
 
@@ -30,8 +30,6 @@ _IMPORTANCE = [column.key for column in HIT_COLUMNS].index("importance")
 
 
 def _query(memory_filter: MemoryFilter, mode: str, bucket: str, cap: int) -> sql.Query:
-    tenant_id = memory_filter.caller.tenant_id
-
     def build() -> Executable:
         order: tuple[Any, ...]
         if mode == "important":
@@ -41,12 +39,13 @@ def _query(memory_filter: MemoryFilter, mode: str, bucket: str, cap: int) -> sql
         partition = has_query() if bucket == EXAMPLE_QUERIES else not_(has_query())
         return (
             select(*HIT_COLUMNS)
-            .where(Memory.tenant_id == tenant_id, *memory_filter.clauses(), partition)
+            .where(Memory.tenant_id == tenant_param(), *memory_filter.clauses(), partition)
             .order_by(*order)
             .limit(bindparam("cap", value=0, type_=Integer))
         )
 
-    return sql.Query(("ordered", memory_filter, mode == "important", bucket), build, {"cap": cap})
+    key = ("ordered", memory_filter.shape(), mode == "important", bucket)
+    return sql.Query(key, build, {"cap": cap, **memory_filter.values()})
 
 
 def ordered_buckets(

@@ -62,7 +62,7 @@ def query(*, tenant_id: int, seeds: dict[str, list[str]]) -> sql.Query:
         return text(REPLIES_SQL).bindparams(sql.text_array("seeds"))
 
     everything = sorted({seed for bucket_seeds in seeds.values() for seed in bucket_seeds})
-    return sql.Query(("replies", tenant_id), build, {"tenant": tenant_id, "seeds": everything}, generic=True)
+    return sql.Query("replies", build, {"tenant": tenant_id, "seeds": everything}, generic=True)
 
 
 def from_rows(

@@ -536,11 +536,11 @@ def _entity_bm25(
 ) -> tuple[Ranking, Head | None]:
     """Channel 1's ranking; the head, when not read yet, comes in the same round trip (and ``meanwhile`` runs
     while that round trip is out). Second: the head read, when it shows the guessed snapshot was wrong."""
-    tenant_id, eligibility, first = state.caller.tenant_id, state.eligibility, state.head is None
+    eligibility, first = state.eligibility, state.head is None
     queries = _head_queries(state) if first else []
     ahead = len(queries)
     if tokens:
-        queries.append(entity_channel.query(tenant_id=tenant_id, query_entities=tokens, eligibility=eligibility))
+        queries.append(entity_channel.query(query_entities=tokens, eligibility=eligibility))
     named_ahead, state.named_ahead = state.named_ahead, None
     if named_ahead:
         queries.append(hits.visible_memories_query(caller=state.caller, memory_ids=named_ahead))
@@ -557,7 +557,7 @@ def _entity_bm25(
         resolve_inputs(state, named=hits.memories_from_rows(results[-1]))
         if state.inputs.bm25_tokens != tokens:
             tokens = state.inputs.bm25_tokens
-            query = entity_channel.query(tenant_id=tenant_id, query_entities=tokens, eligibility=eligibility)
+            query = entity_channel.query(query_entities=tokens, eligibility=eligibility)
             rows = sql.run_many(state.session, [query])[0] if tokens else []
     ranking = entity_channel.from_rows(rows, query_entities=tokens, eligibility=eligibility)
     return ranking, None
