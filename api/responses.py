@@ -8,12 +8,12 @@ memory. orjson encodes the same data in C (0.05 ms for the batch). Pydantic mode
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
-import orjson
 from fastapi.encoders import jsonable_encoder
 from fastapi.responses import Response
+
+from core.jsontext import json_bytes
 
 
 def json_answer(content: Any, *, status_code: int = 200) -> Response:
@@ -21,8 +21,5 @@ def json_answer(content: Any, *, status_code: int = 200) -> Response:
     orjson does not know (a datetime it does; a Decimal, a model) goes through FastAPI's encoder. orjson refuses
     integers past 64 bits, which JSON and jsonb hold (a stored query may carry one): such an answer is encoded
     by the standard library instead, as FastAPI would have."""
-    try:
-        body = orjson.dumps(content, default=jsonable_encoder)
-    except TypeError:
-        body = json.dumps(jsonable_encoder(content), separators=(",", ":"), ensure_ascii=False).encode()
+    body = json_bytes(content, default=jsonable_encoder)
     return Response(body, status_code=status_code, media_type="application/json")

@@ -15,7 +15,6 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-import orjson
 from sqlalchemy import (
     Executable,
     TextClause,
@@ -31,6 +30,7 @@ from sqlalchemy.orm import Session
 from core import sql
 from core.errors import EngramError, Forbidden, Invalid, NotFound
 from core.jobs.service import new_job_id, outbox_add
+from core.jsontext import json_bytes
 from core.memories import trail
 from core.memories.history import CURRENT_COLUMNS, history_of, revisions_statement
 from core.memories.ids import integer_value
@@ -282,12 +282,9 @@ def _first(rows: Sequence[Any]) -> Any:
 
 
 def _json(value: Any) -> str:
-    """`value` as JSON text for a statement's parameter: orjson (a 1,000-item batch's rows in ~0.4 ms, against
-    ~4 ms for json.dumps), or json where orjson refuses (an integer past 64 bits in an attached query)."""
-    try:
-        return orjson.dumps(value).decode()
-    except TypeError:
-        return json.dumps(value, separators=(",", ":"))
+    """`value` as JSON text for a statement's parameter (a 1,000-item batch's rows in ~0.4 ms by orjson, against
+    ~4 ms for json.dumps)."""
+    return json_bytes(value).decode()
 
 
 _WRITTEN = (
