@@ -23,6 +23,11 @@ A connection without a key in its first request (``/healthz``, the dashboard's p
 in turn. Later requests on a keep-alive connection stay with the process that has it: a client using
 several keys on one connection is served correctly, by one process. A process that dies is started again;
 meanwhile its connections go to the next live one.
+
+A process acknowledges each connection it takes off the socket pair, and the router keeps its own copy of a
+connection until then: a process killed with connections still queued to it (sent, not taken) has them
+passed to the next live process, which serves them from their first byte as well (nothing of theirs was
+read). Only connections a process had taken die with it, as they would with a process that listened.
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ import struct
 import subprocess
 import time
 import zlib
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from types import FrameType
@@ -57,7 +63,8 @@ PEEK_SECONDS = 0.5
 _REPEEK_SECONDS = 0.002
 
 
-# What a process tells its router: a key's CRC-32 belongs to a tenant.
+# What a process tells its router: b"t", a key's CRC-32 and its tenant id (the key belongs to the tenant), or
+# b"a", a count and 0 (it took that many more of the connections passed to it).
 _LEARNED = struct.Struct("!cIq")
 # Keys whose tenant the router remembers (then it forgets them all and learns again).
 MAX_KNOWN_KEYS = 200_000
@@ -108,10 +115,13 @@ class _Process:
     channel: socket.socket | None = None  # the router's end of the pair; the process has the other
     restarts: list[float] = field(default_factory=list)
     start_at: float = 0.0  # when a dead process is started again
+    # Connections passed to it that it has not acknowledged yet, oldest first: the router's copies.
+    pending: deque[socket.socket] = field(default_factory=deque)
+    ended: bool = False  # its end of the socket pair closed: it is exiting (or exited)
 
     @property
     def live(self) -> bool:
-        return self.popen is not None and self.popen.poll() is None and self.channel is not None
+        return self.popen is not None and not self.ended and self.popen.poll() is None and self.channel is not None
 
 
 @dataclass
@@ -149,11 +159,13 @@ class Router:
         finally:
             theirs.close()
         process.channel = ours
+        process.ended = False
         self.selector.register(ours, selectors.EVENT_READ, process)
 
     def _hear(self, process: _Process) -> None:
-        """Take what a process reported: the tenants of keys it authenticated."""
-        assert process.channel is not None
+        """Take what a process reported: the tenants of keys it authenticated, the connections it took."""
+        if process.channel is None or process.ended:
+            return
         while True:
             try:
                 message = process.channel.recv(_LEARNED.size)
@@ -161,15 +173,26 @@ class Router:
                 return
             except OSError:
                 message = b""
-            if not message:  # it exited: _tend starts it again
+            if not message:  # it exited (_tend starts it again): what it had not taken goes to another one
                 self.selector.unregister(process.channel)
+                process.ended = True
+                self._pass_on(process)
                 return
             if len(message) == _LEARNED.size:
-                kind, digest, tenant = _LEARNED.unpack(message)
+                kind, number, tenant = _LEARNED.unpack(message)
                 if kind == b"t":
                     if len(self.tenants) >= MAX_KNOWN_KEYS:
                         self.tenants.clear()
-                    self.tenants[digest] = tenant
+                    self.tenants[number] = tenant
+                elif kind == b"a":
+                    for _ in range(min(number, len(process.pending))):
+                        process.pending.popleft().close()
+
+    def _pass_on(self, process: _Process) -> None:
+        """Send the connections an ended process had not taken to the next live one (or keep them unsent)."""
+        pending, process.pending = process.pending, deque()
+        for connection in pending:
+            self._send(connection, process.index)
 
     def _tend(self) -> None:
         """Start again a process that died on its own, as api.serve.supervise does (restart_delay)."""
@@ -178,6 +201,9 @@ class Router:
             if process.popen is None or process.popen.poll() is None:
                 continue
             if process.channel is not None:
+                self._hear(process)  # its last reports, then its end (an exited process's pair is at EOF)
+                process.ended = True
+                self._pass_on(process)
                 with contextlib.suppress(KeyError, ValueError):
                     self.selector.unregister(process.channel)
                 process.channel.close()
@@ -244,7 +270,7 @@ class Router:
                 continue
             except OSError:  # it died just now; _tend starts it again
                 continue
-            connection.close()
+            process.pending.append(connection)  # closed once it says it took it
             return
         self.unsent.append((connection, index))
 
@@ -322,9 +348,11 @@ class Router:
         for process in self.processes:
             if process.popen is not None and process.popen.poll() is None:
                 process.popen.send_signal(signal.SIGTERM)
-        for process in self.processes:
+        for process in self.processes:  # each takes what was passed to it before it stops
             if process.popen is not None:
                 process.popen.wait()
+            while process.pending:
+                process.pending.popleft().close()
             if process.channel is not None:
                 process.channel.close()
 
@@ -363,6 +391,7 @@ class HandoffServer(DrainingServer):
         super().__init__(config, drain_seconds=drain_seconds)
         self.handoff = handoff
         self._connecting: set[asyncio.Future[Any]] = set()
+        self._unacknowledged = 0  # connections taken that the router has not been told of yet
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
         global _router
@@ -385,12 +414,27 @@ class HandoffServer(DrainingServer):
                 loop.remove_reader(self.handoff.fileno())
                 self.should_exit = True
                 return
+            self._unacknowledged += len(fds)
+            self._acknowledge()
             for fd in fds:
                 connection = socket.socket(fileno=fd)
                 connection.setblocking(False)
                 future = asyncio.ensure_future(loop.connect_accepted_socket(self._new_protocol, connection))
                 self._connecting.add(future)
                 future.add_done_callback(self._connecting.discard)
+
+    def _acknowledge(self) -> None:
+        """Tell the router it may close its copies of the connections taken (if its queue is full, soon)."""
+        if not self._unacknowledged or self.handoff.fileno() == -1:
+            return
+        try:
+            self.handoff.send(_LEARNED.pack(b"a", self._unacknowledged, 0))
+        except (BlockingIOError, InterruptedError):
+            asyncio.get_running_loop().call_later(0.001, self._acknowledge)
+            return
+        except OSError:  # the router is gone
+            pass
+        self._unacknowledged = 0
 
     async def _accept_backlog(self) -> None:
         """Serve what the router passed before it asked this process to stop, then take no more."""

@@ -336,6 +336,34 @@ def test_a_routed_process_killed_is_replaced_and_its_keys_answered_meanwhile(sta
         shutil.rmtree(base, ignore_errors=True)
 
 
+def test_connections_queued_to_a_routed_process_that_dies_are_served_by_another(stack, make_tenant):
+    """The router keeps its copy of a connection until the process it passed it to took it: a process killed
+    with connections still queued to it does not take them along; the next one serves them."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import psutil
+
+    base = Path(tempfile.mkdtemp(prefix="engram-routed-", dir="/tmp"))
+    base.chmod(0o755)
+    replica = Replica(stack, base, "home", workers=2)
+    try:
+        headers = _headers(make_tenant)
+        _fresh_connection_pid(replica.url, replica.process.pid, headers)  # the router learns the key's tenant
+        owner = _fresh_connection_pid(replica.url, replica.process.pid, headers)
+        os.kill(owner, signal.SIGSTOP)  # it takes nothing from its socket pair from now on
+        with ThreadPoolExecutor(4) as pool:
+            url = f"{replica.url}/v1/memories?limit=1"
+            answers = [pool.submit(httpx.get, url, headers=headers, timeout=30) for _ in range(4)]
+            time.sleep(0.5)
+            assert not any(answer.done() for answer in answers)  # passed to the stopped owner, queued there
+            os.kill(owner, signal.SIGKILL)
+            assert [answer.result().status_code for answer in answers] == [200] * 4
+        wait_for(lambda: len(psutil.Process(replica.process.pid).children()) == 2 and answers_health(replica.url))
+    finally:
+        replica.stop()
+        shutil.rmtree(base, ignore_errors=True)
+
+
 def test_a_routed_api_stops_on_sigterm_answering_what_it_was_sent(stack, make_tenant):
     """SIGTERM: the router stops listening and its processes drain (api.serve.graceful): a client sending
     requests throughout gets answers, then refusals, never a connection reset mid-request."""
