@@ -66,6 +66,8 @@ _REPEEK_SECONDS = 0.002
 # What a process tells its router: b"t", a key's CRC-32 and its tenant id (the key belongs to the tenant), or
 # b"a", a count and 0 (it took that many more of the connections passed to it).
 _LEARNED = struct.Struct("!cIq")
+# How long a stopping process waits to tell its router of the last connections it took (else it leaves them).
+ACKNOWLEDGE_SECONDS = 2.0
 # Keys whose tenant the router remembers (then it forgets them all and learns again).
 MAX_KNOWN_KEYS = 200_000
 
@@ -171,7 +173,7 @@ class Router:
                 message = process.channel.recv(_LEARNED.size)
             except (BlockingIOError, InterruptedError):
                 return
-            except OSError:
+            except OSError:  # (a reset: its end closed with messages unread)
                 message = b""
             if not message:  # it exited (_tend starts it again): what it had not taken goes to another one
                 self.selector.unregister(process.channel)
@@ -343,18 +345,24 @@ class Router:
             del self.waiting[fd]
         self.rechecking.clear()
         self._resend()
-        for connection, _ in self.unsent:  # no process to serve them
-            connection.close()
         for process in self.processes:
             if process.popen is not None and process.popen.poll() is None:
                 process.popen.send_signal(signal.SIGTERM)
-        for process in self.processes:  # each takes what was passed to it before it stops
-            if process.popen is not None:
-                process.popen.wait()
-            while process.pending:
+        # Each takes what was passed to it before it stops; its reports are read meanwhile, so that a connection
+        # it took is closed here at once (its client sees the end of a connection the process closed).
+        while any(process.popen is not None and process.popen.poll() is None for process in self.processes):
+            for key, _ in self.selector.select(0.05):
+                if key.data is not None:
+                    self._hear(key.data)
+        for process in self.processes:
+            self._hear(process)  # its last reports
+            while process.pending:  # (passed on, when it did not take them, to none that is running)
                 process.pending.popleft().close()
             if process.channel is not None:
                 process.channel.close()
+        for connection, _ in self.unsent:  # no process to serve them
+            connection.close()
+        self.unsent = []
 
 
 def run_routed(argv: Sequence[str], *, host: str, port: int, processes: int, backlog: int = 2048) -> int:
@@ -392,6 +400,8 @@ class HandoffServer(DrainingServer):
         self.handoff = handoff
         self._connecting: set[asyncio.Future[Any]] = set()
         self._unacknowledged = 0  # connections taken that the router has not been told of yet
+        self._taken: list[int] = []  # their descriptors (served once it has)
+        self._retrying = False
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
         global _router
@@ -402,49 +412,71 @@ class HandoffServer(DrainingServer):
             asyncio.get_running_loop().add_reader(self.handoff.fileno(), self._take)
 
     def _take(self) -> None:
-        loop = asyncio.get_running_loop()
+        """Take the connections the router passed, tell it so, then serve them."""
         while True:
             try:
                 data, fds, _flags, _address = socket.recv_fds(self.handoff, 64, 64)
             except (BlockingIOError, InterruptedError):
-                return
+                break
             except OSError:
                 data, fds = b"", []
             if not data and not fds:  # the router is gone: stop as on SIGTERM
-                loop.remove_reader(self.handoff.fileno())
+                asyncio.get_running_loop().remove_reader(self.handoff.fileno())
                 self.should_exit = True
-                return
-            self._unacknowledged += len(fds)
-            self._acknowledge()
-            for fd in fds:
-                connection = socket.socket(fileno=fd)
-                connection.setblocking(False)
-                future = asyncio.ensure_future(loop.connect_accepted_socket(self._new_protocol, connection))
-                self._connecting.add(future)
-                future.add_done_callback(self._connecting.discard)
+                break
+            # One connection a message, counted even when its descriptor did not come (this process is out of
+            # them: the kernel drops it), so that the router's count of what it holds stays in step.
+            self._unacknowledged += 1
+            self._taken.extend(fds)
+        self._acknowledge()
 
     def _acknowledge(self) -> None:
-        """Tell the router it may close its copies of the connections taken (if its queue is full, soon)."""
-        if not self._unacknowledged or self.handoff.fileno() == -1:
-            return
-        try:
-            self.handoff.send(_LEARNED.pack(b"a", self._unacknowledged, 0))
-        except (BlockingIOError, InterruptedError):
-            asyncio.get_running_loop().call_later(0.001, self._acknowledge)
-            return
-        except OSError:  # the router is gone
-            pass
-        self._unacknowledged = 0
+        """Tell the router how many connections were taken, then serve them: only a connection the router knows
+        taken is served here (one it does not, it passes to another process if this one ends)."""
+        if self._unacknowledged:
+            if self.handoff.fileno() == -1:  # (a retry after the last acknowledgement)
+                return
+            try:
+                self.handoff.send(_LEARNED.pack(b"a", self._unacknowledged, 0))
+            except (BlockingIOError, InterruptedError):  # its queue is full: again shortly, serving nothing yet
+                if not self._retrying:
+                    self._retrying = True
+                    asyncio.get_running_loop().call_later(0.001, self._retry)
+                return
+            except TimeoutError:  # (the last, blocking, send) the router holds them still: they are its to pass on
+                for fd in self._taken:
+                    os.close(fd)
+                self._taken = []
+                self._unacknowledged = 0
+                return
+            except OSError:  # the router is gone: nobody else will serve them
+                pass
+            self._unacknowledged = 0
+        taken, self._taken = self._taken, []
+        loop = asyncio.get_running_loop()
+        for fd in taken:
+            connection = socket.socket(fileno=fd)
+            connection.setblocking(False)
+            future = asyncio.ensure_future(loop.connect_accepted_socket(self._new_protocol, connection))
+            self._connecting.add(future)
+            future.add_done_callback(self._connecting.discard)
+
+    def _retry(self) -> None:
+        self._retrying = False
+        self._acknowledge()
 
     async def _accept_backlog(self) -> None:
         """Serve what the router passed before it asked this process to stop, then take no more."""
-        self._take()
-        with contextlib.suppress(ValueError, OSError):
-            asyncio.get_running_loop().remove_reader(self.handoff.fileno())
-        if self._connecting:
-            await asyncio.gather(*self._connecting, return_exceptions=True)
         global _router
         _router = None
+        with contextlib.suppress(ValueError, OSError):
+            asyncio.get_running_loop().remove_reader(self.handoff.fileno())
+        self._take()
+        if self._unacknowledged:  # the router reads its processes' reports while it waits for them to stop
+            self.handoff.settimeout(ACKNOWLEDGE_SECONDS)
+            self._acknowledge()
+        if self._connecting:
+            await asyncio.gather(*self._connecting, return_exceptions=True)
         self.handoff.close()
 
 
