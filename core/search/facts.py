@@ -36,7 +36,8 @@ from core.entities.canonical import is_memory_ref
 from core.refs import MEMORY_PREFIX
 from core.search.filters import HAS_QUERY_SQL
 
-# Filters (caller, statuses, kind, ...) whose verdicts a tenant's facts remember, least recent out first.
+# Filters (what a verdict depends on: statuses, the caller's visibility, kind, ...) whose verdicts a tenant's facts
+# remember, least recent out first.
 MEMOS = 64
 # How many of them (the most recently used) a catch-up carries over, less the memories it changed; the others
 # start empty again. Carrying one copies its dict: a few filters are worth it, 64 large ones would not be.
@@ -148,7 +149,8 @@ class TenantFacts:
             self.lock.release()
 
     def memo(self, key: Hashable) -> dict[str, str | None]:
-        """The verdicts reached so far under ``key`` (a search's filter) on these facts, to read and add to."""
+        """The verdicts reached so far under ``key`` (a search filter's ``verdict_key``) on these facts, to read
+        and add to."""
         with self.lock:
             memos = self._memos
             found = memos.get(key)

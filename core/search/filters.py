@@ -105,6 +105,26 @@ class MemoryFilter:
             bool(self.tags),
         )
 
+    def verdict_key(self) -> tuple[Any, ...]:
+        """What :meth:`verdict` depends on, within one tenant: equal for filters that judge every memory alike,
+        so that they share the verdicts a tenant's facts remember (core.search.facts). Callers who differ only
+        in their key, user or role (other than an admin's seeing all) judge alike: a tenant's many agents and
+        end users with one persona and agent share one memo instead of pushing each other's out."""
+        caller = self.caller
+        sees_all = caller.sees_all
+        return (
+            self.include_stale,
+            self.datasource,
+            sees_all,
+            None if sees_all else caller.persona,
+            None if sees_all else caller.agent_id,
+            self.kind,
+            self.category,
+            self.tags,
+            self.occurred_after,
+            self.occurred_before,
+        )
+
     def values(self) -> dict[str, Any]:
         """The parameters of :meth:`clauses` and :func:`tenant_param`."""
         values: dict[str, Any] = {"tenant": self.caller.tenant_id, **visible_values(self.caller)}
@@ -202,7 +222,7 @@ class Eligibility:
         memory_filter = self.memory_filter
         facts = self._facts()
         if facts is not None:
-            memo = facts.memo(memory_filter)
+            memo = facts.memo(memory_filter.verdict_key())
             # The verdicts the memo lacks are judged here; the rest are copied from it in one pass in C.
             verdict, fact_of = memory_filter.verdict, facts.get
             for memory_id in missing.difference(memo):

@@ -186,10 +186,10 @@ def test_remembered_verdicts_outlive_a_catch_up_but_not_for_the_memories_it_chan
             memory_ids.append(f"m{created}")
             created += 1
         with tenant_session(tenant.tenant_id) as session:
-            before = {f: loaded.memo(f) for f in filters[-facts.MEMOS_KEPT :]}
+            before = {f: loaded.memo(f.verdict_key()) for f in filters[-facts.MEMOS_KEPT :]}
             assert loaded.catch_up(session, current_seq=seq)
             for memory_filter, old in before.items():
-                kept = loaded.memo(memory_filter)
+                kept = loaded.memo(memory_filter.verdict_key())
                 assert kept is not old  # a search still holding the old dict adds to it, not to this one
                 unchanged = set(old) - changed - {purged, f"m{created - 1}"}
                 assert unchanged and unchanged <= set(kept), memory_filter
