@@ -21,6 +21,7 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
@@ -263,6 +264,25 @@ def _fresh_connection_pid(url: str, router: int, headers: dict[str, str], path: 
     return pid
 
 
+@contextmanager
+def _routed(stack, workers: int) -> Iterator[Replica]:  # type: ignore[no-untyped-def]
+    """`engram api --workers N` on a home of its own, stopped and removed after."""
+    base = Path(tempfile.mkdtemp(prefix="engram-routed-", dir="/tmp"))
+    base.chmod(0o755)
+    replica = Replica(stack, base, "home", workers=workers)
+    try:
+        yield replica
+    finally:
+        replica.stop()
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def _tenant_process(replica: Replica, headers: dict[str, str]) -> int:
+    """The process that serves a key's connections once the router has learned the key's tenant."""
+    _fresh_connection_pid(replica.url, replica.process.pid, headers)  # (its hash's process tells the router)
+    return _fresh_connection_pid(replica.url, replica.process.pid, headers)
+
+
 def _keys(url: str, admin: dict[str, str], count: int) -> list[str]:
     keys = []
     for n in range(count):
@@ -314,13 +334,9 @@ def test_routed_processes_serve_each_tenant_from_one_process(stack, make_tenant)
 def test_a_routed_process_killed_is_replaced_and_its_keys_answered_meanwhile(stack, make_tenant):
     import psutil
 
-    base = Path(tempfile.mkdtemp(prefix="engram-routed-", dir="/tmp"))
-    base.chmod(0o755)
-    replica = Replica(stack, base, "home", workers=2)
-    try:
+    with _routed(stack, workers=2) as replica:
         headers = _headers(make_tenant)
-        _fresh_connection_pid(replica.url, replica.process.pid, headers)  # the router learns the key's tenant
-        before = _fresh_connection_pid(replica.url, replica.process.pid, headers)
+        before = _tenant_process(replica, headers)
         other = ({p.pid for p in psutil.Process(replica.process.pid).children()} - {before}).pop()
         os.kill(before, signal.SIGKILL)
         # Until it is back, the key's connections are served by the other process: no request fails.
@@ -331,9 +347,6 @@ def test_a_routed_process_killed_is_replaced_and_its_keys_answered_meanwhile(sta
         # The key's owner again, in a new process.
         replaced = _fresh_connection_pid(replica.url, replica.process.pid, headers)
         assert replaced not in (before, other)
-    finally:
-        replica.stop()
-        shutil.rmtree(base, ignore_errors=True)
 
 
 def test_connections_queued_to_a_routed_process_that_dies_are_served_by_another(stack, make_tenant):
@@ -343,13 +356,9 @@ def test_connections_queued_to_a_routed_process_that_dies_are_served_by_another(
 
     import psutil
 
-    base = Path(tempfile.mkdtemp(prefix="engram-routed-", dir="/tmp"))
-    base.chmod(0o755)
-    replica = Replica(stack, base, "home", workers=2)
-    try:
+    with _routed(stack, workers=2) as replica:
         headers = _headers(make_tenant)
-        _fresh_connection_pid(replica.url, replica.process.pid, headers)  # the router learns the key's tenant
-        owner = _fresh_connection_pid(replica.url, replica.process.pid, headers)
+        owner = _tenant_process(replica, headers)
         os.kill(owner, signal.SIGSTOP)  # it takes nothing from its socket pair from now on
         with ThreadPoolExecutor(4) as pool:
             url = f"{replica.url}/v1/memories?limit=1"
@@ -359,9 +368,6 @@ def test_connections_queued_to_a_routed_process_that_dies_are_served_by_another(
             os.kill(owner, signal.SIGKILL)
             assert [answer.result().status_code for answer in answers] == [200] * 4
         wait_for(lambda: len(psutil.Process(replica.process.pid).children()) == 2 and answers_health(replica.url))
-    finally:
-        replica.stop()
-        shutil.rmtree(base, ignore_errors=True)
 
 
 def test_a_routed_api_stops_on_sigterm_answering_what_it_was_sent(stack, make_tenant):
