@@ -175,10 +175,8 @@ class Router:
                 return
             except OSError:  # (a reset: its end closed with messages unread)
                 message = b""
-            if not message:  # it exited (_tend starts it again): what it had not taken goes to another one
-                self.selector.unregister(process.channel)
-                process.ended = True
-                self._pass_on(process)
+            if not message:  # it exited (_tend starts it again)
+                self._end(process)
                 return
             if len(message) == _LEARNED.size:
                 kind, number, tenant = _LEARNED.unpack(message)
@@ -190,8 +188,15 @@ class Router:
                     for _ in range(min(number, len(process.pending))):
                         process.pending.popleft().close()
 
-    def _pass_on(self, process: _Process) -> None:
-        """Send the connections an ended process had not taken to the next live one (or keep them unsent)."""
+    def _end(self, process: _Process) -> None:
+        """A process's end of the pair closed: it takes nothing more, and the connections it had not taken go
+        to the next live process (or wait, unsent)."""
+        if process.ended:
+            return
+        process.ended = True
+        if process.channel is not None:
+            with contextlib.suppress(KeyError, ValueError):
+                self.selector.unregister(process.channel)
         pending, process.pending = process.pending, deque()
         for connection in pending:
             self._send(connection, process.index)
@@ -203,11 +208,8 @@ class Router:
             if process.popen is None or process.popen.poll() is None:
                 continue
             if process.channel is not None:
-                self._hear(process)  # its last reports, then its end (an exited process's pair is at EOF)
-                process.ended = True
-                self._pass_on(process)
-                with contextlib.suppress(KeyError, ValueError):
-                    self.selector.unregister(process.channel)
+                self._hear(process)  # its last reports (an exited process's pair is at EOF: _end)
+                self._end(process)
                 process.channel.close()
                 process.channel = None
                 code = process.popen.returncode
