@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any, NamedTuple, cast
 
-from sqlalchemy import BigInteger, Executable, any_, bindparam, select
+from sqlalchemy import Executable, any_, select
 from sqlalchemy.orm import Session
 
 from core import sql
@@ -16,7 +16,7 @@ from core.entities.resolver import stale_references
 from core.memories.models import Memory
 from core.memories.visibility import visible_clause, visible_shape, visible_values
 from core.search.catalog import Prefetch, entity_docs
-from core.search.filters import EXAMPLE_QUERIES
+from core.search.filters import EXAMPLE_QUERIES, tenant_param
 from core.search.schemas import EntityHit, ExampleQueryHit, MemoryHit
 from core.tenancy.context import Caller
 
@@ -38,9 +38,7 @@ def memories_query(*, tenant_id: int, memory_ids: Sequence[str]) -> sql.Query:
     """The hit columns of these memories of the tenant (:func:`memories_from_rows`), for :func:`core.sql.run_many`."""
 
     def build() -> Executable:
-        return select(*HIT_COLUMNS).where(
-            Memory.tenant_id == bindparam("tenant", type_=BigInteger), Memory.id == any_(sql.text_array("ids"))
-        )
+        return select(*HIT_COLUMNS).where(Memory.tenant_id == tenant_param(), Memory.id == any_(sql.text_array("ids")))
 
     return sql.Query("hits", build, {"tenant": tenant_id, "ids": list(memory_ids)}, generic=True)
 
@@ -51,7 +49,7 @@ def visible_memories_query(*, caller: Caller, memory_ids: Sequence[str]) -> sql.
 
     def build() -> Executable:
         return select(*HIT_COLUMNS).where(
-            Memory.tenant_id == bindparam("tenant", type_=BigInteger),
+            Memory.tenant_id == tenant_param(),
             Memory.id == any_(sql.text_array("ids")),
             Memory.status != "forgotten",
             visible_clause(caller, bound=True),
