@@ -3,6 +3,7 @@ full-text's memoised rankings of one question, and the ranking helpers (filtered
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -18,8 +19,10 @@ from core.search.fulltext import ENTITY_KINDS, FulltextIndex
 from core.search.index import catch_up, memory_doc_kind
 
 DEPTH_FLOOR = 30
-FIRST_LOOK = 3  # a channel first looks this many times a bucket's depth down its ranking
+FIRST_LOOK = 2  # a channel first looks this many times a bucket's depth down its ranking
 MAX_SCAN = 1000
+# A look that came up short goes this much deeper than the share of accepted docs it saw asks for.
+DEEPER_MARGIN = 1.5
 
 Ranking = list[tuple[str, float]]
 Fetch = Callable[[int], Ranking]
@@ -74,18 +77,42 @@ class Memo:
 Keep = Callable[[list[str]], Callable[[str], bool]]
 
 
+def first_look(depth: int) -> int:
+    """How deep a channel first looks down its ranking for ``depth`` accepted docs."""
+    return min(FIRST_LOOK * depth, MAX_SCAN)
+
+
+def deeper_look(look: int, found: int, depth: int) -> int:
+    """The next look down a ranking whose first ``look`` docs held ``found`` < ``depth`` accepted ones: deep
+    enough for ``depth`` at the share of accepted docs seen so far (with a margin), at least twice as deep, at
+    most MAX_SCAN.
+
+    Any look that holds ``depth`` accepted docs picks the same ones, in the same order (a ranking's first n
+    docs are the first n of any deeper ranking), so how deep a channel looks changes its cost, never its
+    answer; the first look is shallow because most searches find their docs in it, and one that came up short
+    (a member's search in a tenant of many agents, a filter) goes as deep as the share it saw says."""
+    wanted = math.ceil(look * depth / max(found, 1) * DEEPER_MARGIN)
+    return min(max(wanted, 2 * look), MAX_SCAN)
+
+
+def short(ranking: Ranking, look: int, found: int, depth: int) -> bool:
+    """Whether a look of ``look`` docs that ``ranking`` filled found too few (``found`` < ``depth``) and the
+    ranking may go deeper (it was full and not yet MAX_SCAN deep)."""
+    return found < depth and len(ranking) == look < MAX_SCAN
+
+
 def filtered_ranking(fetch: Fetch, *, keep: Keep, depth: int) -> Ranking:
     """The first ``depth`` docs of a channel's ranking that ``keep`` accepts, at most MAX_SCAN deep."""
     if depth <= 0:
         return []
-    limit = min(FIRST_LOOK * depth, MAX_SCAN)
+    limit = first_look(depth)
     while True:
         ranking = fetch(limit)
         accept = keep([doc_id for doc_id, _ in ranking])
-        picked = [(doc_id, score) for doc_id, score in ranking if accept(doc_id)][:depth]
-        if len(picked) >= depth or len(ranking) < limit or limit >= MAX_SCAN:
-            return picked
-        limit = min(limit * 4, MAX_SCAN)
+        accepted = [(doc_id, score) for doc_id, score in ranking if accept(doc_id)]
+        if not short(ranking, limit, len(accepted), depth):
+            return accepted[:depth]
+        limit = deeper_look(limit, len(accepted), depth)
 
 
 def above(ranking: Ranking, min_score: float) -> Ranking:
@@ -172,6 +199,6 @@ class FulltextRankings:
         """The first look of every ranking the buckets will ask for (the same calls they make later)."""
         for bucket, cap in caps.items():
             if bucket_depth(cap):
-                self.bucket(bucket, min(FIRST_LOOK * bucket_depth(cap), MAX_SCAN))
+                self.bucket(bucket, first_look(bucket_depth(cap)))
         if entity_depth:
-            self.kinds(ENTITY_KINDS, min(FIRST_LOOK * entity_depth, MAX_SCAN))
+            self.kinds(ENTITY_KINDS, first_look(entity_depth))

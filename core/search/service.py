@@ -37,7 +37,7 @@ runs in PostgreSQL while full-text ranks in this process (``DenseSearch.overlapp
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from itertools import chain
 from operator import itemgetter
@@ -71,8 +71,6 @@ from core.search.index import catch_up_before_search, catch_up_in, held_seq, is_
 from core.search.modes import ordered_buckets
 from core.search.names import question_names, with_names
 from core.search.rankings import (
-    FIRST_LOOK,
-    MAX_SCAN,
     BucketFetch,
     FulltextRankings,
     Head,
@@ -81,9 +79,12 @@ from core.search.rankings import (
     Ranking,
     above,
     bucket_depth,
+    deeper_look,
     filtered_ranking,
+    first_look,
     head_from_rows,
     head_query,
+    short,
 )
 from core.search.schemas import SearchRequest, SearchResponse
 from core.tenancy.context import Caller
@@ -586,7 +587,7 @@ def _entity_keep(state: SearchState) -> Keep:
 
 
 def _first_look(state: SearchState, bucket: str) -> int:
-    return min(FIRST_LOOK * bucket_depth(state.caps[bucket]), MAX_SCAN)
+    return first_look(bucket_depth(state.caps[bucket]))
 
 
 def _rank(state: SearchState, channel: str, bucket: str, limit: int) -> Ranking:
@@ -630,8 +631,9 @@ def eligible_candidates(state: SearchState) -> dict[str, dict[str, Ranking]]:
     """Per live memory bucket and channel: the first ``depth`` eligible docs among the channel's top MAX_SCAN.
 
     One eligibility query checks every candidate; dense ranks again when its feedback guess was wrong, and a
-    channel whose first look left a bucket short (visibility, filters) looks MAX_SCAN deep, which gives the
-    same list as looking that deep at once. So a search usually makes one eligibility query here.
+    channel whose first look left a bucket short (visibility, filters) looks deeper (``deeper_look``) until it
+    holds them or reached MAX_SCAN, which gives the same list as looking that deep at once. So a search usually
+    makes one eligibility query here.
     """
     live, candidates, eligibility = state.live(), state.candidates, state.eligibility
     if not candidates:
@@ -645,17 +647,22 @@ def eligible_candidates(state: SearchState) -> dict[str, dict[str, Ranking]]:
                 candidates[FEEDBACK_TO, bucket] = _rank(state, FEEDBACK_TO, bucket, _first_look(state, bucket))
             eligibility.check(d for bucket in live for d, _ in candidates[FEEDBACK_TO, bucket])
     depths = {bucket: bucket_depth(state.caps[bucket]) for bucket in live}
+    looks = {key: _first_look(state, key[1]) for key in candidates}
+    # (A pick shorter than the depth holds every eligible doc of its look: the share a deeper look goes by.)
     picked = {key: eligibility.pick(ranking, key[1], depths[key[1]]) for key, ranking in candidates.items()}
-    short = [
-        (channel, bucket)
-        for (channel, bucket), ranking in candidates.items()
-        if len(ranking) == _first_look(state, bucket) < MAX_SCAN and len(picked[channel, bucket]) < depths[bucket]
-    ]
-    if short:
-        candidates.update({key: _rank(state, key[0], key[1], MAX_SCAN) for key in short})
-        eligibility.check(d for key in short for d, _ in candidates[key])
+
+    def lacking(keys: Iterable[tuple[str, str]]) -> list[tuple[str, str]]:
+        return [key for key in keys if short(candidates[key], looks[key], len(picked[key]), depths[key[1]])]
+
+    deepen = lacking(candidates)
+    while deepen:
+        for key in deepen:
+            looks[key] = deeper_look(looks[key], len(picked[key]), depths[key[1]])
+            candidates[key] = _rank(state, key[0], key[1], looks[key])
+        eligibility.check(d for key in deepen for d, _ in candidates[key])
         # (Verdicts already known do not change, so only the deeper rankings are picked again.)
-        picked.update({key: eligibility.pick(candidates[key], key[1], depths[key[1]]) for key in short})
+        picked.update({key: eligibility.pick(candidates[key], key[1], depths[key[1]]) for key in deepen})
+        deepen = lacking(deepen)
     state.eligible = {bucket: {} for bucket in live}
     for channel, bucket in candidates:
         state.eligible[bucket][channel] = picked[channel, bucket]
