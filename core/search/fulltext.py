@@ -175,6 +175,8 @@ class FulltextIndex:
         self._reader_docs = 0
         self._stats: Bm25Stats | None = None
         self._reader_moves = 0
+        # The state file's identity (inode, mtime, size) and the state read from it (see _glance_state).
+        self._glanced: tuple[tuple[int, int, int], _State | None] | None = None
         self._index = self._open()
 
     # -- state -----------------------------------------------------------------------------
@@ -193,6 +195,23 @@ class FulltextIndex:
             return _State(applied_seq=int(raw["applied_seq"]), generation=str(raw["generation"]))
         except (OSError, ValueError, KeyError, TypeError, AttributeError):
             return None
+
+    def _glance_state(self) -> _State | None:
+        """The state as last read while its file looks unchanged (same inode, modification time and size: one
+        ``stat``), else read afresh. For the paths that take no lock and only look for a newer commit to adopt
+        (a search after a save made three reads of the file, ~4% of the API's CPU under the load mix): a glance
+        that misses a commit leaves it to the locked path, which reads the file itself."""
+        try:
+            seen = os.stat(self._state_file)
+        except OSError:
+            return None
+        key = (seen.st_ino, seen.st_mtime_ns, seen.st_size)
+        glanced = self._glanced
+        if glanced is not None and glanced[0] == key:
+            return glanced[1]
+        state = self._read_state()
+        self._glanced = (key, state)
+        return state
 
     def _write_state(self, state: _State) -> None:
         """Replace the state file (under the lock, after the tantivy commit it describes).
@@ -491,7 +510,7 @@ class FulltextIndex:
     def _adopt_committed(self) -> None:
         """Move the reader to what is committed on disk when that is newer (a commit of another process, or
         of this one's other thread); never locks."""
-        state = self._read_state()
+        state = self._glance_state()
         if state is not None and state.generation == self._generation and state.applied_seq > self._reader_seq:
             with self._mutex:
                 if state.applied_seq > self._reader_seq:
@@ -506,7 +525,7 @@ class FulltextIndex:
         """Whether changes may stay in memory: the reader is large enough and reflects the committed index."""
         if not self.may_hold:
             return False
-        state = self._read_state()
+        state = self._glance_state()
         return state is not None and state.generation == self._generation and state.applied_seq == self._reader_seq
 
     def _hold(self, changes: list[DocChange], high_water: int) -> bool:

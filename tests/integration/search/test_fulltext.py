@@ -233,6 +233,18 @@ def test_lock_wait_is_bounded_and_a_caught_up_waiter_fetches_nothing(tmp_path: P
         assert other.refresh(5) == 2  # behind what is committed: stays, without waiting
 
 
+def test_a_reader_adopts_every_commit_made_elsewhere_however_quickly_they_follow(tmp_path: Path) -> None:
+    """The lock-free paths glance at the state file (one stat) and read it again only when it changed: commits
+    a few milliseconds apart, with state files of one size, are each seen at once."""
+    log = ChangeLog(tmp_path / "log.db")
+    idx, other = FulltextIndex(tmp_path / "t"), FulltextIndex(tmp_path / "t")
+    for n in range(1, 31):
+        log.write(f"memory:{n}", f"note number{n}")
+        assert idx.catch_up(log.fetch, current_seq=log.current_seq()) == n
+        assert other.refresh(n) == n
+        assert _ids(other.search(f"number{n}", limit=5)) == [f"memory:{n}"]
+
+
 def _worker(index_path: str, log_path: str, worker: int, count: int) -> None:
     log = ChangeLog(Path(log_path))
     idx = FulltextIndex(Path(index_path))
