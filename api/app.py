@@ -92,7 +92,7 @@ def create_app(*, install_queue: bool = False) -> FastAPI:
     # Outside BodyGuard: a shed request costs no body read and no thread.
     app.add_middleware(
         LoadShedder,
-        max_inflight=settings.api_max_inflight,
+        max_inflight=settings.api_inflight,
         max_queued=settings.api_max_queued,
         queue_wait=settings.api_queue_wait_seconds,
     )

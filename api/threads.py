@@ -53,7 +53,7 @@ def request_threads() -> ThreadPoolExecutor:
     with _lock:
         if _executor is None:
             _executor = ThreadPoolExecutor(
-                max_workers=get_settings().api_max_inflight + _SPARE_THREADS, thread_name_prefix="engram-request"
+                max_workers=get_settings().api_inflight + _SPARE_THREADS, thread_name_prefix="engram-request"
             )
         return _executor
 

@@ -125,7 +125,7 @@ def get_engine() -> Engine:
             settings = get_settings()
             _engine = create_engine(
                 app_database_url(),
-                # A request holds at most one connection, and the API runs at most api_max_inflight requests
+                # A request holds at most one connection, and the API runs at most api_inflight requests
                 # at once, so the pool covers them; a wait for a connection is bounded and ends in a 503.
                 pool_size=settings.db_pool_size,
                 max_overflow=4,

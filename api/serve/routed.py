@@ -138,6 +138,7 @@ class Router:
     def __init__(self, listener: socket.socket, argv: Sequence[str], processes: int) -> None:
         self.listener = listener
         self.processes = [_Process(index, [*argv, "--handoff-fd"]) for index in range(processes)]
+        self.count = str(processes)  # (each process is told how many there are)
         self.selector = selectors.DefaultSelector()
         self.waiting: dict[int, _Waiting] = {}  # by fd: connections not routed yet
         self.rechecking: set[int] = set()  # those of them whose head came in part (no longer selected)
@@ -156,7 +157,8 @@ class Router:
                 [*process.argv, str(theirs.fileno())],
                 pass_fds=(theirs.fileno(),),
                 preexec_fn=die_with_parent(signal.SIGKILL),
-                env={**os.environ, "ENGRAM_API_PROCESS": str(process.index)},  # which one it is (logs, tests)
+                # Which one it is (logs, tests), and how many share the host (core.config: Settings.api_inflight).
+                env={**os.environ, "ENGRAM_API_PROCESS": str(process.index), "ENGRAM_API_WORKERS": self.count},
             )
         finally:
             theirs.close()

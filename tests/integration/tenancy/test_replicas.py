@@ -302,6 +302,8 @@ def test_routed_processes_serve_each_tenant_from_one_process(stack, make_tenant)
     """`engram api --workers 3`: a key's first connection goes to the process its hash names, which tells the
     router the key's tenant; from then on every connection of every key of that tenant goes to the tenant's
     process, so one process does a tenant's per-change work. Connections without a key go to each in turn."""
+    import psutil
+
     from api.serve.routed import owner
 
     base = Path(tempfile.mkdtemp(prefix="engram-routed-", dir="/tmp"))
@@ -321,6 +323,9 @@ def test_routed_processes_serve_each_tenant_from_one_process(stack, make_tenant)
                 assert _process_index(pid) == tenant_id % 3
         anonymous = {_fresh_connection_pid(replica.url, router, {}, "/healthz") for _ in range(6)}
         assert sorted(_process_index(pid) for pid in anonymous) == [0, 1, 2]
+        # Each process is told how many share the host (`--workers`, not the environment, said 3): it runs its
+        # share of the host's requests at once (core.config: Settings.api_inflight).
+        assert {psutil.Process(pid).environ()["ENGRAM_API_WORKERS"] for pid in anonymous} == {"3"}
         # A key no process knows is answered (401) where its hash says, and teaches the router nothing.
         stranger = "egk_nobody"
         for _ in range(2):
