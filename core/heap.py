@@ -8,9 +8,10 @@ Two settings, each measured under the load mix (`engram bench load --clients 50`
 - The youngest generation is collected after YOUNG_THRESHOLD net allocations instead of CPython's 700. A request
   allocates thousands of container objects that all die when it ends, but with a dozen requests running at
   once a collection every 700 found most of them alive, walked them and moved them on to the older generations
-  to be walked again: ~2,300 young collections in 40 s of the mix took 4% of the API's CPU (0.36 ms each). At
-  20,000 the same run collects ~25 times (0.3 s of collector time against 1.6 s) and the API's CPU per request
-  fell by 8-12% in turns. Cyclic garbage waits a little longer: at most that many objects.
+  to be walked again: ~2,300 young collections in 40 s of the mix took 1.6 s of the API's ~38 s of CPU in the
+  collector (all generations: 4.2%). At 20,000 it took 0.4 s (1.1%; at 5,000 0.5 s, at 2,000 0.9 s); the longest
+  pause, a full collection, is ~0.2 s of wall time with either. Cyclic garbage waits a little longer: at most that
+  many objects.
 """
 
 from __future__ import annotations
