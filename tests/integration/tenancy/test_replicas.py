@@ -195,47 +195,41 @@ def test_killing_a_replica_under_load_loses_no_acknowledged_write(deployment, ma
     assert missing == []
 
 
-def test_two_api_processes_on_one_home_share_its_index_directory(stack, make_tenant, tmp_path):
+def test_two_api_processes_on_one_home_share_its_index_directory(stack, make_tenant):
     """`engram api --workers 2`, one tenant with keys owned by both processes: both use one index directory;
     concurrent saves and searches all succeed and each save is found by the next search."""
     from api.serve.routed import owner
 
-    base = Path(tempfile.mkdtemp(prefix="engram-api2-", dir="/tmp"))
-    base.chmod(0o755)
-    replica = Replica(stack, base, "home", workers=2)
-    admin = _headers(make_tenant)
-    by_owner: dict[int, list[str]] = {0: [], 1: []}
-    while min(len(keys) for keys in by_owner.values()) < 2:  # two keys served by each process
-        (key,) = _keys(replica.url, admin, 1)  # not used yet: routed by its hash, not its tenant
-        by_owner[owner(key.encode(), 2)].append(key)
-    keys = [*by_owner[0][:2], *by_owner[1][:2]]
-    failures: list[str] = []
+    with _routed(stack, workers=2) as replica:
+        admin = _headers(make_tenant)
+        by_owner: dict[int, list[str]] = {0: [], 1: []}
+        while min(len(keys) for keys in by_owner.values()) < 2:  # two keys served by each process
+            (key,) = _keys(replica.url, admin, 1)  # not used yet: routed by its hash, not its tenant
+            by_owner[owner(key.encode(), 2)].append(key)
+        keys = [*by_owner[0][:2], *by_owner[1][:2]]
+        failures: list[str] = []
 
-    def client(n: int) -> None:
-        headers = {"Authorization": f"Bearer {keys[n]}"}
-        with httpx.Client(base_url=replica.url, timeout=30) as http:
-            for i in range(15):
-                token = f"zz{n}x{i}y{uuid.uuid4().hex[:6]}"
-                saved = http.post("/v1/memories", json={"content": f"note {token} kept"}, headers=headers)
-                if saved.status_code != 201:
-                    failures.append(f"save {saved.status_code} {saved.text[:200]}")
-                    continue
-                found = http.post("/v1/search", json={"question": token}, headers=headers)
-                if found.status_code != 200:
-                    failures.append(f"search {found.status_code} {found.text[:200]}")
-                elif [h["id"] for h in found.json()["memories"]][:1] != [saved.json()["memory_id"]]:
-                    failures.append(f"{token} not first: {found.json()}")
+        def client(n: int) -> None:
+            headers = {"Authorization": f"Bearer {keys[n]}"}
+            with httpx.Client(base_url=replica.url, timeout=30) as http:
+                for i in range(15):
+                    token = f"zz{n}x{i}y{uuid.uuid4().hex[:6]}"
+                    saved = http.post("/v1/memories", json={"content": f"note {token} kept"}, headers=headers)
+                    if saved.status_code != 201:
+                        failures.append(f"save {saved.status_code} {saved.text[:200]}")
+                        continue
+                    found = http.post("/v1/search", json={"question": token}, headers=headers)
+                    if found.status_code != 200:
+                        failures.append(f"search {found.status_code} {found.text[:200]}")
+                    elif [h["id"] for h in found.json()["memories"]][:1] != [saved.json()["memory_id"]]:
+                        failures.append(f"{token} not first: {found.json()}")
 
-    try:
         threads = [threading.Thread(target=client, args=(n,)) for n in range(4)]
         for thread in threads:
             thread.start()
         for thread in threads:
             thread.join(timeout=120)
         assert failures == []
-    finally:
-        replica.stop()
-        shutil.rmtree(base, ignore_errors=True)
 
 
 def _serving_pid(router: int, port: int) -> int | None:
@@ -306,11 +300,8 @@ def test_routed_processes_serve_each_tenant_from_one_process(stack, make_tenant)
 
     from api.serve.routed import owner
 
-    base = Path(tempfile.mkdtemp(prefix="engram-routed-", dir="/tmp"))
-    base.chmod(0o755)
-    replica = Replica(stack, base, "home", workers=3)
-    router = replica.process.pid
-    try:
+    with _routed(stack, workers=3) as replica:
+        router = replica.process.pid
         tenants = [make_tenant("routed") for _ in range(3)]
         keys = {t.tenant_id: [t.admin_key, *_keys(replica.url, t.headers(), 3)] for t in tenants}
         for tenant_keys in keys.values():
@@ -331,9 +322,6 @@ def test_routed_processes_serve_each_tenant_from_one_process(stack, make_tenant)
         for _ in range(2):
             pid = _fresh_connection_pid(replica.url, router, {"Authorization": f"Bearer {stranger}"})
             assert _process_index(pid) == owner(stranger.encode(), 3)
-    finally:
-        replica.stop()
-        shutil.rmtree(base, ignore_errors=True)
 
 
 def test_a_routed_process_killed_is_replaced_and_its_keys_answered_meanwhile(stack, make_tenant):
@@ -380,40 +368,35 @@ def test_a_routed_api_stops_on_sigterm_answering_what_it_was_sent(stack, make_te
     requests throughout gets answers, then refusals, never a connection reset mid-request."""
     import psutil
 
-    base = Path(tempfile.mkdtemp(prefix="engram-routed-", dir="/tmp"))
-    base.chmod(0o755)
-    replica = Replica(stack, base, "home", workers=2)
-    headers = _headers(make_tenant)
-    children = psutil.Process(replica.process.pid).children()
     outcomes: list[str] = []
     stop = threading.Event()
+    with _routed(stack, workers=2) as replica:
+        headers = _headers(make_tenant)
+        children = psutil.Process(replica.process.pid).children()
 
-    def client() -> None:
-        with httpx.Client(base_url=replica.url, headers=headers, timeout=30) as http:
-            while not stop.is_set():
-                try:
-                    outcomes.append(str(http.get("/v1/memories?limit=1").status_code))
-                except httpx.ConnectError:
-                    outcomes.append("refused")
-                    time.sleep(0.05)
-                except httpx.HTTPError as error:  # a reset or a cut answer: what must not happen
-                    outcomes.append(type(error).__name__)
+        def client() -> None:
+            with httpx.Client(base_url=replica.url, headers=headers, timeout=30) as http:
+                while not stop.is_set():
+                    try:
+                        outcomes.append(str(http.get("/v1/memories?limit=1").status_code))
+                    except httpx.ConnectError:
+                        outcomes.append("refused")
+                        time.sleep(0.05)
+                    except httpx.HTTPError as error:  # a reset or a cut answer: what must not happen
+                        outcomes.append(type(error).__name__)
 
-    threads = [threading.Thread(target=client) for _ in range(4)]
-    try:
-        for thread in threads:
-            thread.start()
-        time.sleep(1.0)
-        replica.process.send_signal(signal.SIGTERM)
-        assert replica.process.wait(timeout=60) == 0
-        time.sleep(0.3)
-        stop.set()
-        for thread in threads:
-            thread.join(timeout=30)
+        threads = [threading.Thread(target=client) for _ in range(4)]
+        try:
+            for thread in threads:
+                thread.start()
+            time.sleep(1.0)
+            replica.process.send_signal(signal.SIGTERM)
+            assert replica.process.wait(timeout=60) == 0
+            time.sleep(0.3)
+        finally:
+            stop.set()
+            for thread in threads:
+                thread.join(timeout=30)
         assert not any(child.is_running() and child.status() != psutil.STATUS_ZOMBIE for child in children)
-        assert set(outcomes) <= {"200", "refused"}, sorted(set(outcomes))
-        assert outcomes.count("200") > 10 and outcomes[-1] == "refused"
-    finally:
-        stop.set()
-        replica.stop()
-        shutil.rmtree(base, ignore_errors=True)
+    assert set(outcomes) <= {"200", "refused"}, sorted(set(outcomes))
+    assert outcomes.count("200") > 10 and outcomes[-1] == "refused"
