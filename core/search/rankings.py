@@ -89,11 +89,11 @@ def deeper_look(look: int, found: int, depth: int) -> int:
 
     Any look that holds ``depth`` accepted docs picks the same ones, in the same order (a ranking's first n
     docs are the first n of any deeper ranking), so how deep a channel looks changes its cost, not its answer.
-    One exception: docs of exactly equal full-text score, whose order tantivy's collector settles by how deep
-    it was asked to look (a look of 1.5 times the depth reordered such ties in 16 of 60 generated questions;
-    two and three times agreed on all). The first look is shallow because most searches find their docs in it,
-    and one that came up short (a member's search in a tenant of many agents, a filter) goes as deep as the
-    share it saw says."""
+    One exception: docs of exactly equal full-text score, of which tantivy's collector keeps a different few
+    at a look's cut depending on how deep it was asked to look (a look of 1.5 times the depth changed such a
+    cut in 16 of 60 generated questions; two and three times agreed on all). The first look is shallow because
+    most searches find their docs in it, and one that came up short (a member's search in a tenant of many
+    agents, a filter) goes as deep as the share it saw says."""
     wanted = math.ceil(look * depth / max(found, 1) * DEEPER_MARGIN)
     return min(max(wanted, 2 * look), MAX_SCAN)
 

@@ -632,8 +632,8 @@ def eligible_candidates(state: SearchState) -> dict[str, dict[str, Ranking]]:
 
     One eligibility query checks every candidate; dense ranks again when its feedback guess was wrong, and a
     channel whose first look left a bucket short (visibility, filters) looks deeper (``deeper_look``) until it
-    holds them or reached MAX_SCAN, which gives the same list as looking that deep at once (but for the order of
-    docs of exactly equal full-text score: see ``deeper_look``). So a search usually makes one eligibility query
+    holds them or reached MAX_SCAN, which gives the same list as looking that deep at once (but for which docs of
+    exactly equal full-text score make a cut: see ``deeper_look``). So a search usually makes one eligibility query
     here.
     """
     live, candidates, eligibility = state.live(), state.candidates, state.eligibility

@@ -1,7 +1,7 @@
 """How deep a channel first looks down its ranking for a bucket's eligible docs (core.search.rankings.FIRST_LOOK)
 changes what a search costs, not what it answers: a look that holds too few eligible docs (a member agent's
 search in a tenant of many agents) goes deeper until it holds them, and any look that holds them picks the same
-(docs of exactly equal full-text score aside: tantivy orders those by how deep it was asked to look)."""
+(docs of exactly equal full-text score aside: which of those make a look's cut depends on its depth)."""
 
 from __future__ import annotations
 
