@@ -138,7 +138,6 @@ class Router:
     def __init__(self, listener: socket.socket, argv: Sequence[str], processes: int) -> None:
         self.listener = listener
         self.processes = [_Process(index, [*argv, "--handoff-fd"]) for index in range(processes)]
-        self.count = str(processes)  # (each process is told how many there are)
         self.selector = selectors.DefaultSelector()
         self.waiting: dict[int, _Waiting] = {}  # by fd: connections not routed yet
         self.rechecking: set[int] = set()  # those of them whose head came in part (no longer selected)
@@ -157,8 +156,12 @@ class Router:
                 [*process.argv, str(theirs.fileno())],
                 pass_fds=(theirs.fileno(),),
                 preexec_fn=die_with_parent(signal.SIGKILL),
-                # Which one it is (logs, tests), and how many share the host (core.config: Settings.api_inflight).
-                env={**os.environ, "ENGRAM_API_PROCESS": str(process.index), "ENGRAM_API_WORKERS": self.count},
+                env={
+                    **os.environ,
+                    "ENGRAM_API_PROCESS": str(process.index),  # which one it is (logs, tests)
+                    # How many share the host: each runs its share of the requests (core.config: api_inflight).
+                    "ENGRAM_API_WORKERS": str(len(self.processes)),
+                },
             )
         finally:
             theirs.close()
