@@ -28,6 +28,7 @@ def main() -> None:
     parser.add_argument("--clients", type=int, default=50)
     parser.add_argument("--seconds", type=float, default=60.0)
     parser.add_argument("--tenants", type=int, default=1, help="clients spread over this many tenants")
+    parser.add_argument("--rate", type=float, default=None, help="pace the clients to this many requests/s in all")
     parser.add_argument("--all", action="store_true", help="print every figure of each run")
     args = parser.parse_args()
     from api.bench.load import figures_of, throwaway_serve
@@ -37,7 +38,13 @@ def main() -> None:
         with throwaway_serve(log=lambda message: print(message, file=sys.stderr)) as served:
             keys = served.tenant_keys(args.tenants)
             figures = figures_of(
-                served.url, keys, clients=args.clients, seconds=args.seconds, log=lambda _: None, root=served.pid
+                served.url,
+                keys,
+                clients=args.clients,
+                seconds=args.seconds,
+                log=lambda _: None,
+                root=served.pid,
+                rate=args.rate,
             )
         shown = [f for f in figures if args.all or f["metric"] in SHOWN]
         print(Path(tree).name, " ".join(f"{f['metric']}={f['value']:g}" for f in shown), flush=True)

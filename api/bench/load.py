@@ -46,6 +46,7 @@ from core.runtime import engram_command
 MAX_CLIENTS = 1000
 MAX_TENANTS = 100
 MAX_SECONDS = 600
+MAX_RATE = 100_000.0
 UNANSWERED_AFTER = 30.0
 MAX_BACKOFF = 5.0
 HEALTH_EVERY = 0.5
@@ -166,12 +167,24 @@ def _session(url: str, *, connections: int = 1, **settings: Any) -> aiohttp.Clie
     )
 
 
-async def _client(url: str, mine: _Tenant, seed: int, deadline: float, tally: Tally) -> None:
+async def _client(
+    url: str, mine: _Tenant, seed: int, deadline: float, tally: Tally, *, interval: float | None = None
+) -> None:
+    """One client's requests until ``deadline``, each sent as soon as the last was answered; with ``interval``
+    (paced), each at most one per ``interval`` seconds, its starts spread over the first interval."""
     # Its own HTTP client and connection, as each agent has (and one shared pool would make each request
     # look through every client's connections).
     rng = random.Random(seed)
+    due = time.monotonic() + (rng.random() * interval if interval else 0.0)
     async with _session(url, headers={"Authorization": f"Bearer {mine.key}"}) as http:
         while time.monotonic() < deadline:
+            if interval:
+                if (wait := due - time.monotonic()) > 0:
+                    await asyncio.sleep(min(wait, max(0.0, deadline - time.monotonic())))
+                    if time.monotonic() >= deadline:
+                        break
+                # (A client behind its pace does not burst to catch up: the offered rate is at most the given.)
+                due = max(due, time.monotonic() - interval) + interval
             backoff = await _one(http, _pick(rng), rng, tally, mine)
             if backoff:
                 await asyncio.sleep(min(backoff * (0.5 + rng.random()), max(0.0, deadline - time.monotonic())))
@@ -367,10 +380,10 @@ class Usage:
 
 
 async def _run(
-    url: str, keys: list[str], *, clients: int, seconds: float, root: int | None
+    url: str, keys: list[str], *, clients: int, seconds: float, root: int | None, rate: float | None = None
 ) -> tuple[Tally, Counter[str], Usage]:
     """The tally, the lost writes (by why their read-back failed), and the CPU used during the clients' run
-    (client n uses key n mod K)."""
+    (client n uses key n mod K; with ``rate``, the clients together send at most that many requests a second)."""
     pids = api_processes(int(urlsplit(url).port or 0))
     tenants = [_Tenant(key) for key in keys]
     for tenant in tenants:
@@ -380,7 +393,10 @@ async def _run(
     deadline = time.monotonic() + seconds
     await asyncio.gather(
         _health(url, deadline, tally),
-        *(_client(url, tenants[n % len(tenants)], n, deadline, tally) for n in range(clients)),
+        *(
+            _client(url, tenants[n % len(tenants)], n, deadline, tally, interval=clients / rate if rate else None)
+            for n in range(clients)
+        ),
     )
     roles = {role: spent - roles_before.get(role, 0.0) for role, spent in cpu_by_role(root, pids).items()}
     usage = Usage(cpu_seconds(pids) - cpu_before, len(pids), roles, machine_cpu_seconds() - machine_before)
@@ -399,9 +415,17 @@ def _p(values: list[float], q: float) -> float:
 
 
 def run(
-    *, url: str | None, key: str | None, clients: int, seconds: float, log: Callable[[str], None], tenants: int = 1
+    *,
+    url: str | None,
+    key: str | None,
+    clients: int,
+    seconds: float,
+    log: Callable[[str], None],
+    tenants: int = 1,
+    rate: float | None = None,
 ) -> list[dict]:
-    """Figures of one load run against ``url`` (or a throwaway `engram serve` started for it)."""
+    """Figures of one load run against ``url`` (or a throwaway `engram serve` started for it); ``rate``: the
+    clients pace themselves to that many requests a second in all (None: each sends as soon as answered)."""
     if not 1 <= clients <= MAX_CLIENTS:
         raise ValueError(f"clients must be 1..{MAX_CLIENTS}")
     if not 1 <= tenants <= min(MAX_TENANTS, clients):
@@ -410,14 +434,16 @@ def run(
         raise ValueError("--tenants needs the throwaway serve (without --url): it creates the tenants")
     if not 0 < seconds <= MAX_SECONDS:
         raise ValueError(f"seconds must be in (0, {MAX_SECONDS}]")
+    if rate is not None and not 0 < rate <= MAX_RATE:
+        raise ValueError(f"rate must be in (0, {MAX_RATE}] requests a second")
     if url is not None:
         url = check_loopback(url)
         if not key:
             raise ValueError("give the tenant API key (--key or ENGRAM_API_KEY) with --url")
-        return figures_of(url, [key], clients=clients, seconds=seconds, log=log, root=serving_stack(url))
+        return figures_of(url, [key], clients=clients, seconds=seconds, log=log, root=serving_stack(url), rate=rate)
     with throwaway_serve(log=log) as served:
         keys = served.tenant_keys(tenants)
-        return figures_of(served.url, keys, clients=clients, seconds=seconds, log=log, root=served.pid)
+        return figures_of(served.url, keys, clients=clients, seconds=seconds, log=log, root=served.pid, rate=rate)
 
 
 class Served(NamedTuple):
@@ -442,16 +468,26 @@ class Served(NamedTuple):
 
 
 def figures_of(
-    url: str, keys: list[str], *, clients: int, seconds: float, log: Callable[[str], None], root: int | None
+    url: str,
+    keys: list[str],
+    *,
+    clients: int,
+    seconds: float,
+    log: Callable[[str], None],
+    root: int | None,
+    rate: float | None = None,
 ) -> list[dict]:
     speed = machine_speed_ms()
-    log(f"load: {clients} clients of {len(keys)} tenant(s) for {seconds:g} s against {url}")
+    paced = f", paced to {rate:g} requests/s" if rate else ""
+    log(f"load: {clients} clients of {len(keys)} tenant(s) for {seconds:g} s against {url}{paced}")
     started = time.monotonic()
-    tally, lost, usage = uvloop.run(_run(url, keys, clients=clients, seconds=seconds, root=root))
+    tally, lost, usage = uvloop.run(_run(url, keys, clients=clients, seconds=seconds, root=root, rate=rate))
     elapsed = time.monotonic() - started
     for refusal, n in tally.refusals.most_common():
         log(f"answered {n} times: {refusal}")
     params: dict[str, Any] = {"clients": clients, "seconds": seconds, "tenants": len(keys)}
+    if rate:
+        params["rate"] = rate
     out = [
         figure("load", "requests", tally.requests, "count", **params),
         figure("load", "requests_per_s", tally.requests / max(seconds, 1e-9), "1/s", **params),

@@ -80,14 +80,28 @@ def bench_search(memories: int, entities: int, queries: int, as_json: bool) -> N
 @click.option(
     "--tenants", default=1, show_default=True, help="spread the clients over this many tenants (throwaway serve only)"
 )
+@click.option(
+    "--rate",
+    default=None,
+    type=float,
+    help="pace the clients to this many requests a second in all (default: each sends as soon as answered)",
+)
 @json_option
-def bench_load(clients: int, seconds: float, url: str | None, key: str | None, tenants: int, as_json: bool) -> None:
+def bench_load(
+    clients: int, seconds: float, url: str | None, key: str | None, tenants: int, rate: float | None, as_json: bool
+) -> None:
     """Mixed load (60% search, 30% save, 10% get): statuses, latencies, lost writes, /healthz latency."""
     from api.bench.load import run
 
     try:
         figures = run(
-            url=url, key=key, clients=clients, seconds=seconds, tenants=tenants, log=lambda m: click.echo(m, err=True)
+            url=url,
+            key=key,
+            clients=clients,
+            seconds=seconds,
+            tenants=tenants,
+            rate=rate,
+            log=lambda m: click.echo(m, err=True),
         )
     except ValueError as exc:
         raise click.UsageError(str(exc)) from exc

@@ -251,6 +251,25 @@ def test_bench_load_short_run_loses_nothing_and_answers_only_2xx_or_503(stack, t
     assert values["api_processes"] == 1 and values["api_cpu_s_per_1000"] > 0
 
 
+def test_bench_load_paced_sends_at_most_the_rate_asked(stack, tenant):
+    """With a rate the clients together send that many requests a second, not as many as the API answers: how
+    CPU per request is compared at one offered load (docs/benchmarks.md, Processes)."""
+    from api.bench.load import run
+    from api.bench.stack import BenchStack, api_process
+    from api.serve.embedded import free_port
+
+    with pytest.raises(ValueError):
+        run(url="http://127.0.0.1:1", key="egk_x", clients=1, seconds=1, rate=0, log=lambda m: None)
+    with api_process(BenchStack(home=stack.home, env=stack.env), port=free_port()) as url:
+        figures = run(url=url, key=tenant.admin_key, clients=3, seconds=4, rate=6, log=lambda m: None)
+    values = {f["metric"]: f["value"] for f in figures}
+    assert all(f["params"] == {"clients": 3, "seconds": 4, "tenants": 1, "rate": 6} for f in figures)
+    # 6 a second for 4 s: each client's first request comes within its first interval (0.5 s), then one every
+    # 0.5 s. Unpaced, three clients send hundreds in 4 s.
+    assert 18 <= values["requests"] <= 24, values["requests"]
+    assert values["lost_writes"] == 0 and values["connection_errors"] == 0
+
+
 def test_bench_load_reads_back_each_acknowledged_save_and_says_why_one_is_missing(stack, client, tenant):
     """The read-back counts a memory that is not there by the status its read got (a 404 here), and one that is
     there as not lost."""
