@@ -171,7 +171,8 @@ async def _client(
     url: str, mine: _Tenant, seed: int, deadline: float, tally: Tally, *, interval: float | None = None
 ) -> None:
     """One client's requests until ``deadline``, each sent as soon as the last was answered; with ``interval``
-    (paced), each at most one per ``interval`` seconds, its starts spread over the first interval."""
+    (paced), each at least ``interval`` seconds after the one before, the clients' first ones spread over the
+    first interval."""
     # Its own HTTP client and connection, as each agent has (and one shared pool would make each request
     # look through every client's connections).
     rng = random.Random(seed)
@@ -180,11 +181,12 @@ async def _client(
         while time.monotonic() < deadline:
             if interval:
                 if (wait := due - time.monotonic()) > 0:
+                    # (Looked at again after the sleep: the loop's clock may wake it a little before either time.)
                     await asyncio.sleep(min(wait, max(0.0, deadline - time.monotonic())))
-                    if time.monotonic() >= deadline:
-                        break
-                # (A client behind its pace does not burst to catch up: the offered rate is at most the given.)
-                due = max(due, time.monotonic() - interval) + interval
+                    continue
+                # The next request at least an interval after this one: a client behind its pace (its last answer
+                # came late) does not catch up with a burst, so the offered rate is at most the one given.
+                due = max(due, time.monotonic()) + interval
             backoff = await _one(http, _pick(rng), rng, tally, mine)
             if backoff:
                 await asyncio.sleep(min(backoff * (0.5 + rng.random()), max(0.0, deadline - time.monotonic())))

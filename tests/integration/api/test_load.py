@@ -264,9 +264,9 @@ def test_bench_load_paced_sends_at_most_the_rate_asked(stack, tenant):
         figures = run(url=url, key=tenant.admin_key, clients=3, seconds=4, rate=6, log=lambda m: None)
     values = {f["metric"]: f["value"] for f in figures}
     assert all(f["params"] == {"clients": 3, "seconds": 4, "tenants": 1, "rate": 6} for f in figures)
-    # 6 a second for 4 s: each client's first request comes within its first interval (0.5 s), then one every
-    # 0.5 s. Unpaced, three clients send hundreds in 4 s.
-    assert 18 <= values["requests"] <= 24, values["requests"]
+    # 6 a second for 4 s: each client's first request comes within its first interval (0.5 s), then one at least
+    # every 0.5 s, so at most 8 a client (fewer when an answer takes longer). Unpaced, three send hundreds in 4 s.
+    assert 12 <= values["requests"] <= 24, values["requests"]
     assert values["lost_writes"] == 0 and values["connection_errors"] == 0
 
 
