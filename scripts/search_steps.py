@@ -1,12 +1,15 @@
 """Where a search's CPU goes, step by step: thread CPU around each step of the search service, per search.
 
     python scripts/search_steps.py [--mode hybrid] [--searches 300] [--memories 10000] [--entities 1000]
+        [--pause-ms 0]
 
 Builds the `engram bench search` tenant on a throwaway stack, warms every mode, then times `--searches`
 generated searches of `--mode` with `time.thread_time_ns` around the steps of core.search.service and the
 parts of the dense and full-text channels named below (their wrappers cost ~1 µs a call). A step's figure
 includes the steps it calls: `open_channels` holds the entity channel's round trip and the full-text searches
 run while it is out; `sql.run_many` holds what runs meanwhile. CPU of this thread only: PostgreSQL's is not in it.
+`--pause-ms` idles the process that long before each search, as an API process that is not kept busy idles between
+requests: the same searches then cost more CPU (docs/benchmarks.md, Processes).
 """
 
 from __future__ import annotations
@@ -60,6 +63,7 @@ def main() -> None:
     parser.add_argument("--searches", type=int, default=300)
     parser.add_argument("--memories", type=int, default=10_000)
     parser.add_argument("--entities", type=int, default=1_000)
+    parser.add_argument("--pause-ms", type=float, default=0.0, help="idle this long before each timed search")
     args = parser.parse_args()
     os.environ.setdefault("ENGRAM_SECRET_KEY", base64.urlsafe_b64encode(os.urandom(32)).decode())
     import importlib
@@ -82,10 +86,13 @@ def main() -> None:
         for mode in MODES:
             measure_answers(corpus, mode=mode, queries=30)  # (the index opened, the matrix read, the facts loaded)
         spent.clear()
-        _, cpu, _ = measure_answers(corpus, mode=args.mode, queries=args.searches, seed=1)
+        started = time.monotonic()
+        _, cpu, _ = measure_answers(corpus, mode=args.mode, queries=args.searches, seed=1, pause=args.pause_ms / 1000)
+        took = time.monotonic() - started
     print(f"python_loop_ms {machine_speed_ms():.1f}")
     p50, mean = statistics.median(cpu), statistics.fmean(cpu)
-    print(f"{args.mode}: {args.searches} searches, CPU p50 {p50:.3f} ms, mean {mean:.3f}")
+    paused = f", {args.pause_ms:g} ms idle before each" if args.pause_ms else ""
+    print(f"{args.mode}: {args.searches} searches{paused}, CPU p50 {p50:.3f} ms, mean {mean:.3f}, in {took:.2f} s")
     for _, _, label in STEPS:
         print(f"{label:55s} {spent[label] / args.searches / 1000:8.1f} µs a search")
 

@@ -85,9 +85,11 @@ def measure_both(corpus: Corpus, *, mode: str, queries: int, seed: int = 11) -> 
 
 
 def measure_answers(
-    corpus: Corpus, *, mode: str, queries: int, seed: int = 11
+    corpus: Corpus, *, mode: str, queries: int, seed: int = 11, pause: float = 0.0
 ) -> tuple[list[float], list[float], list[Any]]:
-    """As `measure_both`, with the responses, so a figure can show what the timed calls answered."""
+    """As `measure_both`, with the responses, so a figure can show what the timed calls answered; ``pause``:
+    seconds this process sleeps before each call (untimed), as an API process that is not kept busy idles
+    between requests."""
 
     caller = Caller(
         tenant_id=corpus.tenant_id,
@@ -101,6 +103,8 @@ def measure_answers(
     timings, cpu, answers = [], [], []
     for _ in range(queries):
         request = SearchRequest(**MODES[mode](corpus, rng))
+        if pause:
+            time.sleep(pause)
         started, cpu_started = time.perf_counter(), time.process_time()
         with tenant_session(corpus.tenant_id) as session:
             answer = search(session, caller=caller, request=request)

@@ -76,3 +76,29 @@ def test_bench_tenants_reports_warm_and_cold_latency_rss_and_open_files(tmp_path
     # A tenant's first search with a question after one without is counted apart, once per tenant at most.
     assert 0 <= by_metric["first_questions"][0]["value"] <= by_metric["tenants_touched"][0]["value"]
     assert by_metric["rss_mb"][0]["value"] > 10 and by_metric["open_files"][0]["value"] > 0
+
+
+def test_search_steps_times_each_step_and_idles_between_searches_when_asked(tmp_path):
+    """`scripts/search_steps.py` (docs/benchmarks.md, Search and Processes): a line per step, the run's CPU p50, and
+    with --pause-ms the idle before each search, outside the timed calls."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ENGRAM_")}
+    env["ENGRAM_HOME"] = str(tmp_path / "home")
+    searches, pause_ms = 8, 250
+    done = subprocess.run(
+        [sys.executable, "scripts/search_steps.py", "--memories", "300", "--entities", "60"]
+        + ["--searches", str(searches), "--pause-ms", str(pause_ms)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    lines = done.stdout.splitlines()
+    summary = next(line for line in lines if line.startswith("hybrid:"))
+    assert f"{searches} searches, {pause_ms} ms idle before each, CPU p50" in summary
+    cpu_p50 = float(summary.split("CPU p50 ")[1].split(" ms")[0])
+    assert 0 < cpu_p50 < pause_ms  # (the idle is not in the timed CPU)
+    assert float(summary.split(" in ")[1].split(" s")[0]) >= searches * pause_ms / 1000  # (but in the wall time)
+    spent = {line[:55].strip(): float(line[55:].split()[0]) for line in lines if line.endswith("µs a search")}
+    assert spent["run_search"] > 0 and spent["full-text: searches"] > 0 and spent["dense: exact rankings"] > 0
+    assert spent["run_search"] >= spent["fuse"] > 0
