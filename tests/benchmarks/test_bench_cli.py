@@ -12,13 +12,18 @@ import pytest
 pytestmark = pytest.mark.benchmark
 
 
-def _bench(tmp_path, *args: str) -> list[dict]:  # type: ignore[no-untyped-def,type-arg]
-    """The figures of `engram bench ... --json` run on its own throwaway stack (no ENGRAM_* of the suite's)."""
+def _own_stack_env(tmp_path) -> dict[str, str]:  # type: ignore[no-untyped-def]
+    """The environment of a command that starts its own throwaway stack: none of the suite's ENGRAM_* settings."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("ENGRAM_")}
     env["ENGRAM_HOME"] = str(tmp_path / "home")
+    return env
+
+
+def _bench(tmp_path, *args: str) -> list[dict]:  # type: ignore[no-untyped-def,type-arg]
+    """The figures of `engram bench ... --json` run on its own throwaway stack (no ENGRAM_* of the suite's)."""
     done = subprocess.run(
         [sys.executable, "-m", "api.cli", "bench", *args, "--json"],
-        env=env,
+        env=_own_stack_env(tmp_path),
         capture_output=True,
         text=True,
         timeout=300,
@@ -81,13 +86,11 @@ def test_bench_tenants_reports_warm_and_cold_latency_rss_and_open_files(tmp_path
 def test_search_steps_times_each_step_and_idles_between_searches_when_asked(tmp_path):
     """`scripts/search_steps.py` (docs/benchmarks.md, Search and Processes): a line per step, the run's CPU p50, and
     with --pause-ms the idle before each search, outside the timed calls."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ENGRAM_")}
-    env["ENGRAM_HOME"] = str(tmp_path / "home")
     searches, pause_ms = 8, 250
     done = subprocess.run(
         [sys.executable, "scripts/search_steps.py", "--memories", "300", "--entities", "60"]
         + ["--searches", str(searches), "--pause-ms", str(pause_ms)],
-        env=env,
+        env=_own_stack_env(tmp_path),
         capture_output=True,
         text=True,
         timeout=300,
