@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import base64
 import functools
+import importlib
 import os
 import statistics
 import sys
@@ -66,8 +67,6 @@ def main() -> None:
     parser.add_argument("--pause-ms", type=float, default=0.0, help="idle this long before each timed search")
     args = parser.parse_args()
     os.environ.setdefault("ENGRAM_SECRET_KEY", base64.urlsafe_b64encode(os.urandom(32)).decode())
-    import importlib
-
     from api.bench import machine_speed_ms
     from api.bench.search import MODES, build, measure_answers
     from api.bench.stack import bench_stack

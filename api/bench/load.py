@@ -392,13 +392,11 @@ async def _run(
         tenant.seeded = await _seed(url, tenant.key, SEED_MEMORIES)
     tally = Tally()
     cpu_before, roles_before, machine_before = cpu_seconds(pids), cpu_by_role(root, pids), machine_cpu_seconds()
+    interval = clients / rate if rate else None  # (each client's share of the rate)
     deadline = time.monotonic() + seconds
     await asyncio.gather(
         _health(url, deadline, tally),
-        *(
-            _client(url, tenants[n % len(tenants)], n, deadline, tally, interval=clients / rate if rate else None)
-            for n in range(clients)
-        ),
+        *(_client(url, tenants[n % len(tenants)], n, deadline, tally, interval=interval) for n in range(clients)),
     )
     roles = {role: spent - roles_before.get(role, 0.0) for role, spent in cpu_by_role(root, pids).items()}
     usage = Usage(cpu_seconds(pids) - cpu_before, len(pids), roles, machine_cpu_seconds() - machine_before)
