@@ -24,6 +24,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 MODES = ("hybrid", "question", "entities")
 
@@ -102,11 +103,24 @@ def work(spec_path: Path, home: str) -> None:
 
 
 def _answer(response: object) -> list[list[tuple[str, float]]]:
-    """A search response's hits, bucket by bucket: ids and scores (rounded past float noise)."""
+    """A search response's hits, bucket by bucket: ids and scores."""
     return [
-        [(hit.id, round(hit.score, 5)) for hit in getattr(response, bucket)]
+        [(hit.id, hit.score) for hit in getattr(response, bucket)]
         for bucket in ("memories", "example_queries", "entities")
     ]
+
+
+# Scores closer than this are the same answer: two ways of summing the same float32 products differ in the last bits.
+SAME_SCORE = 1e-5
+
+
+def _same(a: list[list[list[Any]]], b: list[list[list[Any]]]) -> bool:
+    """Whether two answers (:func:`_answer`, through JSON) hold the same hits in the same order, scores within
+    SAME_SCORE."""
+    return len(a) == len(b) and all(
+        len(x) == len(y) and all(p[0] == q[0] and abs(p[1] - q[1]) <= SAME_SCORE for p, q in zip(x, y, strict=True))
+        for x, y in zip(a, b, strict=True)
+    )
 
 
 def main() -> None:
@@ -161,7 +175,7 @@ def main() -> None:
                 worker.stdin.write(f"answers:{mode} {args.queries} 99\n")  # type: ignore[union-attr]
                 worker.stdin.flush()  # type: ignore[union-attr]
                 got[name] = json.loads(worker.stdout.readline())  # type: ignore[union-attr]
-            differ = sum(a != b for a, b in zip(got["A"], got["B"], strict=True))
+            differ = sum(not _same(a, b) for a, b in zip(got["A"], got["B"], strict=True))
             print(f"{mode:12s} answers: {differ} of {args.queries} differ between A and B")
         from api.bench import machine_speed_ms
 
