@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from core.search.dense import CONTEXT_WEIGHT, with_context
 from tests.helpers.api import ids, save, search
+from tests.helpers.embeddings import converge
 
 
 def test_with_context_blends_neighbour_mean_and_keeps_lone_rows():
@@ -97,3 +99,47 @@ def test_dense_feedback_uses_only_eligible_fulltext_hits(client, tenant, member_
     assert response.channels.dense is True
     assert private not in run.feedback[MEMORIES] and len(run.feedback[MEMORIES]) == FEEDBACK_DOCS
     assert private not in ids(response.model_dump()["memories"])
+
+
+@pytest.mark.parametrize("runs", [False, True])
+def test_the_scan_of_int8_codes_answers_as_the_float32_rows(client, make_tenant, monkeypatch, runs):
+    """A tenant's searches ranked from the codes of its rows (every side scanned so: APPROXIMATE_MIN_ROWS at 1) and
+    from the float32 rows answer the same: hits, order and scores, through context, feedback and the floor."""
+    from core.embeddings.matrix import Side
+    from core.search import dense
+
+    tenant = make_tenant()
+    topics = ("invoice", "garden", "deploy", "billing", "refund", "schema")
+    items = []
+    for i in range(90):
+        body = {
+            "content": f"turn {i}: the {topics[i % 6]} plan, step {i % 7}, owner {topics[(i * 5) % 6]}",
+        }
+        if runs:
+            body["run_id"] = f"run-{i % 4}"
+        if i % 9 == 0:
+            body["query"] = {"measures": [f"{topics[i % 6]}_total"]}
+        items.append(body)
+    response = client.post("/v1/memories:batch", json={"items": items}, headers=tenant.headers())
+    assert response.status_code == 200, response.text
+    assert not [r for r in response.json()["results"] if "error" in r]
+    converge(client, tenant, dense.dense_model())
+    questions = [f"what is the {topic} plan owner" for topic in topics] + ["step 3 of the refund", "garden invoice"]
+    body = {"max_memories": 8, "max_example_queries": 3}
+
+    def answers():
+        return [search(client, tenant, {**body, "question": question}) for question in questions]
+
+    exact = answers()
+    scans = []
+    approximate = Side.approximate
+    monkeypatch.setattr(Side, "approximate", lambda side, query: scans.append(side.n) or approximate(side, query))
+    monkeypatch.setattr(dense, "APPROXIMATE_MIN_ROWS", 1)
+    coded = answers()
+    assert scans and all(n == 90 for n in scans)
+    for one, other in zip(exact, coded, strict=True):
+        assert one["channels"]["dense"] and other["channels"]["dense"]
+        for bucket in ("memories", "example_queries"):
+            assert ids(one[bucket]) == ids(other[bucket])
+            assert [h["score"] for h in one[bucket]] == pytest.approx([h["score"] for h in other[bucket]], abs=1e-5)
+    assert any(answer["memories"] for answer in exact) and any(answer["example_queries"] for answer in exact)

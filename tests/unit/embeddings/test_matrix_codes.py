@@ -1,0 +1,130 @@
+"""The int8 codes of a tenant's matrix (core.embeddings.matrix): an approximate scan and its error bound, and the
+exact top rows the dense channel refines from it (core.search.dense.refined_top)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from core.embeddings.matrix import PACK_ROWS, merged, side_of
+from core.search.dense import CONTEXT_TURNS, refined_top, top_rows, with_context
+
+
+def _vectors(rng: np.random.Generator, n: int, dims: int = 64) -> np.ndarray:
+    """Unit-able rows whose first dims carry most of their length, as the bundled model's do; one zero row."""
+    vectors = rng.standard_normal((n, dims)).astype(np.float32)
+    vectors[:, :3] *= 8
+    vectors[n // 2] = 0
+    return vectors
+
+
+def _clustered(rng: np.random.Generator, n: int, dims: int = 64) -> np.ndarray:
+    """Rows close to one another: their cosines with a query near them lie closer together than the codes' error,
+    so the codes alone would rank them wrongly."""
+    centre = rng.standard_normal(dims).astype(np.float32)
+    centre[:3] *= 8
+    return centre + 0.6 * rng.standard_normal((n, dims)).astype(np.float32)
+
+
+def _ids(start: int, n: int) -> list[str]:
+    return [f"memory:{i}" for i in range(start, start + n)]
+
+
+def _queries(rng: np.random.Generator, side_matrix: np.ndarray) -> list[np.ndarray]:
+    """A stored row, a random unit vector, and a mix moved towards a few rows (as feedback moves a question)."""
+    random = rng.standard_normal(side_matrix.shape[1]).astype(np.float32)
+    moved = side_matrix[3] + 0.5 * side_matrix[[7, 11, 13]].mean(axis=0)
+    return [side_matrix[5].copy(), random / np.linalg.norm(random), (moved / np.linalg.norm(moved)).astype(np.float32)]
+
+
+def _within_bounds(side, query: np.ndarray) -> None:
+    scores, error = side.approximate(query)
+    exact = side.matrix.astype(np.float64) @ query.astype(np.float64)
+    off = np.abs(exact - scores)
+    assert off.max() <= error.bound
+    assert np.all(off <= error.bounds(error.residuals))
+    # The bound is not vacuous: it is a small fraction of a cosine, and the codes are closer than it.
+    assert error.bound < 0.05 and off.max() > 0
+
+
+def test_approximate_scores_stay_within_their_bound_across_chunks():
+    rng = np.random.default_rng(7)
+    n = 2 * PACK_ROWS + 37  # two packed chunks and a partial one
+    side = side_of(_ids(0, n), _vectors(rng, n), dims=64)
+    for query in _queries(rng, side.matrix):
+        _within_bounds(side, query)
+
+
+def test_the_bound_is_reached_by_a_query_along_a_rows_rounding():
+    """A query pointing along what a row's codes leave out scores that row off by about its whole bound: the
+    bound cannot be taken smaller."""
+    rng = np.random.default_rng(9)
+    side = side_of(_ids(0, 500), _vectors(rng, 500), dims=64)
+    side.approximate(side.matrix[0])
+    codes = side._buffer.codes
+    row = 17
+    rounding = side.matrix[row] - codes.codes[row] * codes.scales[row]
+    rounding[codes.heavy] = 0
+    query = (rounding / np.linalg.norm(rounding)).astype(np.float32)
+    scores, error = side.approximate(query)
+    off = abs(float(side.matrix[row].astype(np.float64) @ query) - float(scores[row]))
+    assert 0.9 * error.bounds(error.residuals[row : row + 1])[0] <= off
+
+
+def test_rows_added_after_the_codes_are_coded_like_the_rest():
+    rng = np.random.default_rng(8)
+    side = side_of(_ids(0, 300), _vectors(rng, 300), dims=64, headroom=400)
+    query = _queries(rng, side.matrix)[1]
+    side.approximate(query)  # (the buffer's codes are made here)
+    grown = merged(side, _ids(300, 250), _vectors(rng, 250))  # appended in the buffer's headroom
+    assert grown.n == 550
+    _within_bounds(grown, query)
+    replaced = merged(grown, ["memory:4", *_ids(550, 10)], _vectors(rng, 11))  # a new vector for a row: copied
+    assert replaced.n == 560 and replaced.lineage == side.lineage
+    _within_bounds(replaced, query)
+    # The older sides still read their own rows.
+    _within_bounds(side, query)
+    _within_bounds(grown, query)
+
+
+def _neighbours(rng: np.random.Generator, n: int) -> np.ndarray:
+    near = rng.integers(-1, n, size=(n, 2 * CONTEXT_TURNS))
+    near[rng.random(n) < 0.3] = -1  # a third of the rows in no run
+    return near
+
+
+@pytest.mark.parametrize("clustered", [False, True])
+@pytest.mark.parametrize("context", [False, True])
+@pytest.mark.parametrize("k", [1, 10, 60, 400])
+def test_refined_top_ranks_as_exact_scores_of_every_row(clustered, context, k):
+    rng = np.random.default_rng(k)
+    n = 3000
+    side = side_of(_ids(0, n), (_clustered if clustered else _vectors)(rng, n), dims=64)
+    matrix = side.matrix
+    rows = np.sort(rng.choice(n, size=2400, replace=False))  # a bucket: most of the rows
+    misranked = 0
+    for query in _queries(rng, matrix):
+        raw, error = side.approximate(query)
+        exact_raw = matrix @ query
+        neighbours = _neighbours(rng, n)[rows] if context else None
+        if context:
+            sub, expected = with_context(raw, neighbours, rows), with_context(exact_raw, neighbours, rows)
+        else:
+            sub, expected = raw[rows], exact_raw[rows]
+        places, scores, moved = refined_top(
+            sub,
+            k,
+            error=error,
+            rows=rows,
+            matrix=matrix,
+            query=query,
+            raw=raw if context else None,
+            neighbours=neighbours,
+        )
+        want = top_rows(expected, k)
+        misranked += top_rows(sub, k).tolist() != want.tolist()
+        assert places.tolist() == want.tolist()
+        assert np.allclose(scores, expected[want], atol=1e-6)
+        assert np.allclose(moved, exact_raw[rows[want]], atol=1e-6)
+    if clustered and k >= 10:
+        assert misranked  # (the codes alone would not do: the refinement is what ranks these right)
