@@ -25,7 +25,7 @@ of the bytes, which on this kind of machine is what the scan's time follows (the
 at 10k memories and 384 dims, and pushed the rest of the search out of the CPU cache). Each approximate score
 comes with a bound on its error, so the caller can find the rows whose exact score could rank and compute just
 those from the float32 rows (core.search.dense). The codes are packed for numkong's int8 kernel in chunks of
-``PACK_ROWS`` rows: a full chunk once per buffer, the last, partial one once per side that ends in it.
+``PACK_ROWS`` rows: a full chunk once per buffer, the rows after the last full chunk as they grow (see Side._packed).
 """
 
 from __future__ import annotations
@@ -50,6 +50,8 @@ MEMORY_KIND = "memory"
 # Rows per packed chunk of int8 codes (see the module docstring): a side that ends mid-chunk packs that chunk's
 # rows itself, at most this many (~3 µs per 100 rows at 384 dims).
 PACK_ROWS = 2048
+# Rows past a buffer's packed tail that a scan scores from their float32 vectors before it packs the tail again.
+EXACT_TAIL_ROWS = 128
 # Dims of a buffer's rows kept in float32 beside the codes (see quantised).
 HEAVY_DIMS = 4
 # What float32 arithmetic may add to an approximate score's error beyond its bound (see Side.approximate).
@@ -106,8 +108,10 @@ class _Buffer:
     lock: threading.Lock = field(default_factory=threading.Lock)
     # The rows as int8 codes, made by the first approximate scan (Side.approximate), then kept with the rows.
     codes: Codes | None = None
-    # Packed codes of each full chunk of PACK_ROWS rows, by chunk (rows below ``used`` never change).
+    # Packed codes of each full chunk of PACK_ROWS rows, by chunk (rows below ``used`` never change), and of the
+    # rows from the last full chunk's end up to some row: (that first row, the row past the last, the pack).
     packed: dict[int, Any] = field(default_factory=dict)
+    tail: tuple[int, int, Any] | None = None
 
 
 class Codes(NamedTuple):
@@ -139,14 +143,16 @@ def quantised(vectors: np.ndarray, heavy: np.ndarray) -> tuple[np.ndarray, np.nd
     dims, the same for every vector (the bundled model's first dims, say): kept apart, they no longer set the
     scale of every other dim, and the residuals shrink ~2.3x. A zero row gets zero codes, scale and residual."""
     kept = np.ascontiguousarray(vectors[:, heavy])
-    rest = vectors.copy()
+    rest = np.array(vectors, dtype=np.float32)
     rest[:, heavy] = 0
     peak = np.abs(rest).max(axis=1) if rest.size else np.zeros(len(rest), dtype=np.float32)
     scales = (peak / 127).astype(np.float32)
-    safe = np.where(scales > 0, scales, 1).astype(np.float32)
-    codes = np.clip(np.rint(rest / safe[:, None]), -127, 127).astype(np.int8)
-    residuals = np.linalg.norm(rest - codes.astype(np.float32) * scales[:, None], axis=1).astype(np.float32)
-    return codes, scales, residuals, kept
+    # (Each row's peak codes as ±127 exactly: no code needs clipping. numpy casts int8 to float slowly here, so
+    # the rounding is undone from the rounded floats.)
+    rounded = np.rint(rest / np.where(scales > 0, scales, 1).astype(np.float32)[:, None])
+    rest -= rounded * scales[:, None]
+    residuals = np.sqrt(np.einsum("ij,ij->i", rest, rest)).astype(np.float32)
+    return rounded.astype(np.int8), scales, residuals, kept
 
 
 def _empty_codes(capacity: int, dims: int, heavy: np.ndarray) -> Codes:
@@ -230,7 +236,7 @@ _lineages = itertools.count(1)
 class Side:
     """One side of a matrix: ``ids`` and their unit vectors (``matrix``), row for row."""
 
-    __slots__ = ("ids", "memory_ids", "n", "_buffer", "_tail", "_residual")
+    __slots__ = ("ids", "memory_ids", "n", "_buffer", "_residual")
 
     def __init__(self, ids: list[str], memory_ids: list[str], buffer: _Buffer) -> None:
         self.ids = ids
@@ -238,7 +244,6 @@ class Side:
         self.memory_ids = memory_ids
         self.n = len(ids)
         self._buffer = buffer
-        self._tail: Any = None  # the packed codes of the rows past the last full chunk (see _packed)
         self._residual: float | None = None  # the largest residual of its rows' codes (see approximate)
 
     @property
@@ -257,8 +262,9 @@ class Side:
         return self._buffer.data[: self.n]
 
     def approximate(self, query: np.ndarray) -> tuple[np.ndarray, ScanError]:
-        """(scores, error): every row's dot product with ``query`` from the int8 codes, and how far from the exact
-        products they may be (:class:`ScanError`)."""
+        """(scores, error): every row's dot product with ``query``, from the int8 codes, and how far from the exact
+        products they may be (:class:`ScanError`). The few rows past the last packed ones (see ``_packed``) are
+        scored from their float32 vectors: exact, within any bound."""
         n = self.n
         if n == 0:
             return np.zeros(0, dtype=np.float32), ScanError(np.zeros(0, dtype=np.float32), 0.0, 0.0, 0.0)
@@ -266,33 +272,46 @@ class Side:
         rest_of_query = query.copy()
         rest_of_query[codes.heavy] = 0
         query_codes, scales, rest = _query_codes(rest_of_query)
-        packs = self._packed(codes)
-        dots = [np.asarray(numkong.dots_packed(query_codes, packed)) for packed in packs]
+        packs, packed = self._packed(codes)
+        dots = [np.asarray(numkong.dots_packed(query_codes, pack)) for pack in packs]
         both = (dots[0] if len(dots) == 1 else np.concatenate(dots, axis=1)).astype(np.float32)
-        scores = (both[0] * np.float32(scales[0]) + both[1] * np.float32(scales[1])) * codes.scales[:n]
-        scores += codes.kept[:n] @ query[codes.heavy]
+        scores = (both[0] * np.float32(scales[0]) + both[1] * np.float32(scales[1])) * codes.scales[:packed]
+        scores += codes.kept[:packed] @ query[codes.heavy]
+        if packed < n:
+            scores = np.concatenate([scores, self._buffer.data[packed:n] @ query])
         if self._residual is None:
             self._residual = float(codes.residuals[:n].max())
         coded_norm = float(np.linalg.norm(query_codes.T.astype(np.float64) @ scales))
         return scores, ScanError(codes.residuals[:n], coded_norm, rest, self._residual * coded_norm + rest)
 
-    def _packed(self, codes: Codes) -> list[Any]:
-        """The side's codes packed for numkong, chunk by chunk: the full chunks shared with every side of the
-        buffer, the last partial one this side's own."""
+    def _packed(self, codes: Codes) -> tuple[list[Any], int]:
+        """The side's codes packed for numkong, and how many rows they cover (at least all but EXACT_TAIL_ROWS).
+
+        The full chunks of PACK_ROWS rows are packed once per buffer. The rows past them are packed together as
+        the buffer's tail, which the next sides reuse while it leaves at most EXACT_TAIL_ROWS of their rows out:
+        under a stream of saves, each search's side has a row or two more than the last one's, and those are
+        scored exactly instead of the whole tail being packed again."""
         buffer, n = self._buffer, self.n
         full = n // PACK_ROWS
-        chunks = []
+        packs = []
         for chunk in range(full):
-            packed = buffer.packed.get(chunk)
-            if packed is None:
+            pack = buffer.packed.get(chunk)
+            if pack is None:
                 rows = codes.codes[chunk * PACK_ROWS : (chunk + 1) * PACK_ROWS]
-                packed = buffer.packed.setdefault(chunk, numkong.dots_pack(rows))
-            chunks.append(packed)
-        if full * PACK_ROWS < n:
-            if self._tail is None:
-                self._tail = numkong.dots_pack(np.ascontiguousarray(codes.codes[full * PACK_ROWS : n]))
-            chunks.append(self._tail)
-        return chunks
+                pack = buffer.packed.setdefault(chunk, numkong.dots_pack(rows))
+            packs.append(pack)
+        start = full * PACK_ROWS
+        if start == n:
+            return packs, n
+        tail = buffer.tail
+        if tail is not None and tail[0] == start and tail[1] <= n <= tail[1] + EXACT_TAIL_ROWS:
+            packs.append(tail[2])
+            return packs, tail[1]
+        pack = numkong.dots_pack(np.ascontiguousarray(codes.codes[start:n]))
+        if tail is None or tail[0] != start or tail[1] < n:
+            buffer.tail = (start, n, pack)
+        packs.append(pack)
+        return packs, n
 
     def row(self, doc_id: str) -> int | None:
         """The row of ``doc_id``, None when this side does not hold it."""

@@ -87,6 +87,21 @@ def test_rows_added_after_the_codes_are_coded_like_the_rest():
     _within_bounds(grown, query)
 
 
+def test_a_side_a_few_rows_past_the_packed_tail_scores_those_rows_exactly():
+    rng = np.random.default_rng(10)
+    side = side_of(_ids(0, PACK_ROWS + 100), _vectors(rng, PACK_ROWS + 100), dims=64, headroom=300)
+    query = _queries(rng, side.matrix)[1]
+    _within_bounds(side, query)  # (packs the rows past the full chunk: the buffer's tail)
+    grown = side
+    for start in range(PACK_ROWS + 100, PACK_ROWS + 106):  # a save at a time, as under a stream of saves
+        grown = merged(grown, [f"memory:{start}"], _vectors(rng, 2)[:1])
+    assert grown._buffer.tail is not None and grown._buffer.tail[1] == side.n  # (the tail was not packed again)
+    scores, _ = grown.approximate(query)
+    assert np.array_equal(scores[side.n :], grown.matrix[side.n :] @ query)  # past it: the float32 product
+    _within_bounds(grown, query)
+    _within_bounds(side, query)
+
+
 def _neighbours(rng: np.random.Generator, n: int) -> np.ndarray:
     near = rng.integers(-1, n, size=(n, 2 * CONTEXT_TURNS))
     near[rng.random(n) < 0.3] = -1  # a third of the rows in no run
