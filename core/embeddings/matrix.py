@@ -31,6 +31,7 @@ those from the float32 rows (core.search.dense). The codes are packed for numkon
 from __future__ import annotations
 
 import itertools
+import math
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -213,21 +214,23 @@ class ScanError(NamedTuple):
         return residuals * self.coded_norm + (self.rest + _ROUNDING)
 
 
-def _query_codes(query: np.ndarray) -> tuple[np.ndarray, np.ndarray, float]:
+def _query_codes(query: np.ndarray) -> tuple[np.ndarray, np.ndarray, float, float]:
     """The query as two rows of int8 codes, the second coding what the first leaves out, with their scales: the
-    query's own rounding then adds next to nothing to a score's error. Returns (codes (2, dims), scales (2,),
-    the length of what the two leave out)."""
+    query's own rounding then adds next to nothing to a score's error. Returns (codes (2, dims), scales (2,) as
+    float32, the length of what the codes make of the query, the length of what they leave out)."""
     codes = np.zeros((2, len(query)), dtype=np.int8)
-    scales = np.zeros(2, dtype=np.float64)
+    scales = np.zeros(2, dtype=np.float32)
     rest = query.astype(np.float64)
     for i in range(2):
         peak = float(np.abs(rest).max()) if len(rest) else 0.0
         if peak == 0.0:
             break
-        scales[i] = peak / 127
-        codes[i] = np.rint(rest * (1 / scales[i]))  # (within ±127: the peak's own code is ±127)
-        rest -= codes[i] * scales[i]
-    return codes, scales, float(np.linalg.norm(rest))
+        scale = np.float32(peak / 127)
+        rounded = np.rint(rest * (1 / float(scale)))  # (within ±127: the peak's own code is ±127)
+        codes[i], scales[i] = rounded, scale
+        rest -= rounded * float(scale)
+    coded = query - rest
+    return codes, scales, math.sqrt(float(coded @ coded)), math.sqrt(float(rest @ rest))
 
 
 _lineages = itertools.count(1)
@@ -271,17 +274,16 @@ class Side:
         codes = _codes(self._buffer)
         rest_of_query = query.copy()
         rest_of_query[codes.heavy] = 0
-        query_codes, scales, rest = _query_codes(rest_of_query)
+        query_codes, scales, coded_norm, rest = _query_codes(rest_of_query)
         packs, packed = self._packed(codes)
         dots = [np.asarray(numkong.dots_packed(query_codes, pack)) for pack in packs]
-        both = (dots[0] if len(dots) == 1 else np.concatenate(dots, axis=1)).astype(np.float32)
-        scores = (both[0] * np.float32(scales[0]) + both[1] * np.float32(scales[1])) * codes.scales[:packed]
+        scores = scales @ (dots[0] if len(dots) == 1 else np.concatenate(dots, axis=1)).astype(np.float32)
+        scores *= codes.scales[:packed]
         scores += codes.kept[:packed] @ query[codes.heavy]
         if packed < n:
             scores = np.concatenate([scores, self._buffer.data[packed:n] @ query])
         if self._residual is None:
             self._residual = float(codes.residuals[:n].max())
-        coded_norm = float(np.linalg.norm(query_codes.T.astype(np.float64) @ scales))
         return scores, ScanError(codes.residuals[:n], coded_norm, rest, self._residual * coded_norm + rest)
 
     def _packed(self, codes: Codes) -> tuple[list[Any], int]:
