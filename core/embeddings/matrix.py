@@ -48,6 +48,9 @@ from core.embeddings.wire import decode_vectors, driver_connection
 from core.refs import MEMORY_PREFIX
 
 MEMORY_KIND = "memory"
+# From this many rows, a search scans a side through its int8 codes (core.search.dense); below, the float32 rows (a
+# few MB) cost less to scan than the codes and the rescoring of the rows that could rank, and no codes are made.
+APPROXIMATE_MIN_ROWS = 4096
 # Rows per packed chunk of int8 codes (see the module docstring): a side that ends mid-chunk packs that chunk's
 # rows itself, at most this many (~3 µs per 100 rows at 384 dims).
 PACK_ROWS = 2048
@@ -326,7 +329,13 @@ class Side:
     @property
     def nbytes(self) -> int:
         buffer = self._buffer
-        coded = 0 if buffer.codes is None else sum(column.nbytes for column in buffer.codes)
+        if buffer.codes is not None:
+            coded = sum(column.nbytes for column in buffer.codes[1:])
+        elif self.n >= APPROXIMATE_MIN_ROWS:  # (made by its first search: counted from the start)
+            capacity, dims = buffer.data.shape
+            coded = capacity * (dims + 8 + 4 * HEAVY_DIMS)
+        else:
+            coded = 0
         return int(buffer.data.nbytes) + coded + 100 * self.n
 
 

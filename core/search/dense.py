@@ -47,7 +47,7 @@ from core import sql
 from core.caches import BoundedCache
 from core.config import get_settings
 from core.db import driver_connection
-from core.embeddings.matrix import ScanError, Side, TenantMatrix, tenant_matrix, vector_stats
+from core.embeddings.matrix import APPROXIMATE_MIN_ROWS, ScanError, Side, TenantMatrix, tenant_matrix, vector_stats
 from core.embeddings.matrix import clear_cache as clear_matrices
 from core.embeddings.providers import Embedder, EmbeddingProviderError, get_embedder
 from core.memories.models import Memory
@@ -70,9 +70,6 @@ FEEDBACK_WEIGHT = 0.5
 # What the similarity floor's bound (see floor_verdicts) leaves to an exact product: cosines this close to the
 # floor, float32 rounding being ~1e-5 at these dimensions.
 FLOOR_MARGIN = 1e-3
-# From this many memory rows, a search scans the int8 codes of the rows and scores exactly only the rows that could
-# rank (DenseSearch._refined); below, the float32 rows (a few MB) cost less to scan than the refinement.
-APPROXIMATE_MIN_ROWS = 4096
 # top_rows reads its threshold off every TOP_STRIDE-th score of a ranking of at least TOP_SAMPLE_MIN rows.
 TOP_STRIDE = 16
 TOP_SAMPLE_MIN = 2048

@@ -143,3 +143,18 @@ def test_refined_top_ranks_as_exact_scores_of_every_row(clustered, context, k):
         assert np.allclose(moved, exact_raw[rows[want]], atol=1e-6)
     if clustered and k >= 10:
         assert misranked  # (the codes alone would not do: the refinement is what ranks these right)
+
+
+def test_a_side_is_weighed_with_the_codes_its_first_search_makes():
+    """The matrix cache's byte bound (ENGRAM_DENSE_CACHE_MAX_MB) weighs a side when it is cached, before its first
+    scan makes its codes: a side large enough to get them is weighed with them from the start."""
+    from core.embeddings.matrix import APPROXIMATE_MIN_ROWS
+
+    rng = np.random.default_rng(11)
+    small = side_of(_ids(0, 100), _vectors(rng, 100), dims=64)
+    large = side_of(_ids(0, APPROXIMATE_MIN_ROWS), _vectors(rng, APPROXIMATE_MIN_ROWS), dims=64)
+    before = small.nbytes, large.nbytes
+    assert large.nbytes > large.matrix.nbytes * 5 // 4  # (float32 rows, and a quarter of that in codes)
+    small.approximate(small.matrix[0])
+    large.approximate(large.matrix[0])
+    assert (small.nbytes, large.nbytes) == (before[0] + 100 * (64 + 8 + 16), before[1])
