@@ -40,6 +40,7 @@ STEPS = (
     ("core.search.fulltext", "FulltextIndex.search", "full-text: searches"),
     ("core.search.dense", "DenseSearch._exact_rank", "dense: exact rankings"),
     ("core.search.dense", "DenseSearch._product", "  dense: the memories' product"),
+    ("core.search.dense", "refined_top", "  dense: the rows that could rank, scored exactly"),
     ("core.search.dense", "DenseSearch._query_for", "  dense: feedback query"),
     ("core.search.dense", "top_rows", "  dense: top rows"),
     ("core.search.dense", "DenseSearch._above_floor", "  dense: similarity floor"),
