@@ -229,6 +229,8 @@ def _query_codes(query: np.ndarray) -> tuple[np.ndarray, np.ndarray, float, floa
         if peak == 0.0:
             break
         scale = np.float32(peak / 127)
+        if scale == 0:  # (a subnormal peak: what is left stays in the rest, and in the bound)
+            break
         rounded = np.rint(rest * (1 / float(scale)))  # (within ±127: the peak's own code is ±127)
         codes[i], scales[i] = rounded, scale
         rest -= rounded * float(scale)

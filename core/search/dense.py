@@ -407,13 +407,15 @@ def refined_top(
     lower = near_sub - bounds
     could = near_sub + bounds >= np.partition(lower, len(lower) - k)[len(lower) - k]
     places, picked = places[could], picked[could]
+    # (einsum scores a row the same wherever it stands among the rows given: BLAS's gemv takes the last few rows
+    # by another path, and two memories of the same text would no longer tie, to be ordered by place.)
     if raw is None or near is None:
-        exact = moved = matrix[picked] @ query
+        exact = moved = np.einsum("ij,j->i", matrix[picked], query)
     else:
         near = near[could]
         wanted = np.concatenate([picked, near[near >= 0]])
         exact_raw = raw.copy()
-        exact_raw[wanted] = matrix[wanted] @ query
+        exact_raw[wanted] = np.einsum("ij,j->i", matrix[wanted], query)
         exact, moved = with_context(exact_raw, near, picked), exact_raw[picked]
     order = top_rows(exact, k)
     return places[order], exact[order], moved[order]

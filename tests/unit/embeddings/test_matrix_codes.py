@@ -120,7 +120,7 @@ def test_refined_top_ranks_as_exact_scores_of_every_row(clustered, context, k):
     misranked = 0
     for query in _queries(rng, matrix):
         raw, error = side.approximate(query)
-        exact_raw = matrix @ query
+        exact_raw = np.einsum("ij,j->i", matrix, query)  # (each row scored alike, wherever it stands)
         neighbours = _neighbours(rng, n)[rows] if context else None
         if context:
             sub, expected = with_context(raw, neighbours, rows), with_context(exact_raw, neighbours, rows)
@@ -158,3 +158,44 @@ def test_a_side_is_weighed_with_the_codes_its_first_search_makes():
     small.approximate(small.matrix[0])
     large.approximate(large.matrix[0])
     assert (small.nbytes, large.nbytes) == (before[0] + 100 * (64 + 8 + 16), before[1])
+
+
+def test_a_query_whose_peak_is_subnormal_is_scanned_without_failing():
+    rng = np.random.default_rng(12)
+    side = side_of(_ids(0, 300), _vectors(rng, 300), dims=64)
+    query = np.zeros(64, dtype=np.float32)
+    query[10] = 1e-40
+    scores, error = side.approximate(query)
+    assert np.all(np.abs(side.matrix.astype(np.float64) @ query.astype(np.float64) - scores) <= error.bound)
+
+
+@pytest.mark.parametrize("context", [False, True])
+def test_memories_of_the_same_vector_tie_and_rank_by_place(context):
+    """Twenty vectors saved many times over (the same text saved again): the refinement scores each copy alike, so
+    copies tie and rank by place, as top_rows ranks the exact scores."""
+    rng = np.random.default_rng(13)
+    distinct = _vectors(rng, 20)
+    n = 4500
+    side = side_of(_ids(0, n), distinct[rng.integers(0, 20, size=n)], dims=64)
+    matrix, rows = side.matrix, np.arange(n)
+    neighbours = _neighbours(rng, n) if context else None
+    for pick in range(6):
+        query = matrix[pick].copy()
+        raw, error = side.approximate(query)
+        exact_raw = np.einsum("ij,j->i", matrix, query)
+        if context:
+            sub, expected = with_context(raw, neighbours, rows), with_context(exact_raw, neighbours, rows)
+        else:
+            sub, expected = raw, exact_raw
+        for k in (1, 7, 60):
+            places, _, _ = refined_top(
+                sub,
+                k,
+                error=error,
+                rows=rows,
+                matrix=matrix,
+                query=query,
+                raw=raw if context else None,
+                neighbours=neighbours,
+            )
+            assert places.tolist() == top_rows(expected, k).tolist()
