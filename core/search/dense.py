@@ -319,7 +319,7 @@ def _layout(
 
 def _block(layout: _Layout, bucket: str, side: Side) -> np.ndarray:
     """The vectors of a bucket's rows as one contiguous (dims, rows) array, copied once per layout and buffer:
-    gathering a few thousand scattered columns of the matrix at every search cost more than the product."""
+    gathering a few thousand scattered rows of the matrix at every search cost more than the product."""
     buffer = side.matrix.base
     held = layout.blocks.get(bucket)
     if held is not None and held[0]() is buffer:
