@@ -108,6 +108,32 @@ def _neighbours(rng: np.random.Generator, n: int) -> np.ndarray:
     return near
 
 
+def _both_ways(side, query: np.ndarray, rows: np.ndarray, neighbours: np.ndarray | None):  # type: ignore[no-untyped-def]
+    """A bucket's approximate scores and its exact ones (every row scored alike, wherever it stands), blended with
+    run context when ``neighbours`` are given; the exact cosines of every row; and refined_top over the approximate
+    scores, as a function of k."""
+    raw, error = side.approximate(query)
+    exact_raw = np.einsum("ij,j->i", side.matrix, query)
+    if neighbours is not None:
+        sub, expected = with_context(raw, neighbours, rows), with_context(exact_raw, neighbours, rows)
+    else:
+        sub, expected = raw[rows], exact_raw[rows]
+
+    def refine(k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        return refined_top(
+            sub,
+            k,
+            error=error,
+            rows=rows,
+            matrix=side.matrix,
+            query=query,
+            raw=None if neighbours is None else raw,
+            neighbours=neighbours,
+        )
+
+    return sub, expected, exact_raw, refine
+
+
 @pytest.mark.parametrize("clustered", [False, True])
 @pytest.mark.parametrize("context", [False, True])
 @pytest.mark.parametrize("k", [1, 10, 60, 400])
@@ -119,23 +145,9 @@ def test_refined_top_ranks_as_exact_scores_of_every_row(clustered, context, k):
     rows = np.sort(rng.choice(n, size=2400, replace=False))  # a bucket: most of the rows
     misranked = 0
     for query in _queries(rng, matrix):
-        raw, error = side.approximate(query)
-        exact_raw = np.einsum("ij,j->i", matrix, query)  # (each row scored alike, wherever it stands)
         neighbours = _neighbours(rng, n)[rows] if context else None
-        if context:
-            sub, expected = with_context(raw, neighbours, rows), with_context(exact_raw, neighbours, rows)
-        else:
-            sub, expected = raw[rows], exact_raw[rows]
-        places, scores, moved = refined_top(
-            sub,
-            k,
-            error=error,
-            rows=rows,
-            matrix=matrix,
-            query=query,
-            raw=raw if context else None,
-            neighbours=neighbours,
-        )
+        sub, expected, exact_raw, refine = _both_ways(side, query, rows, neighbours)
+        places, scores, moved = refine(k)
         want = top_rows(expected, k)
         misranked += top_rows(sub, k).tolist() != want.tolist()
         assert places.tolist() == want.tolist()
@@ -177,25 +189,10 @@ def test_memories_of_the_same_vector_tie_and_rank_by_place(context):
     distinct = _vectors(rng, 20)
     n = 4500
     side = side_of(_ids(0, n), distinct[rng.integers(0, 20, size=n)], dims=64)
-    matrix, rows = side.matrix, np.arange(n)
+    rows = np.arange(n)
     neighbours = _neighbours(rng, n) if context else None
     for pick in range(6):
-        query = matrix[pick].copy()
-        raw, error = side.approximate(query)
-        exact_raw = np.einsum("ij,j->i", matrix, query)
-        if context:
-            sub, expected = with_context(raw, neighbours, rows), with_context(exact_raw, neighbours, rows)
-        else:
-            sub, expected = raw, exact_raw
+        _, expected, _, refine = _both_ways(side, side.matrix[pick].copy(), rows, neighbours)
         for k in (1, 7, 60):
-            places, _, _ = refined_top(
-                sub,
-                k,
-                error=error,
-                rows=rows,
-                matrix=matrix,
-                query=query,
-                raw=raw if context else None,
-                neighbours=neighbours,
-            )
+            places, _, _ = refine(k)
             assert places.tolist() == top_rows(expected, k).tolist()
