@@ -19,8 +19,9 @@ head, its hits, replies, graph and eligibility look-ups; a save) is a *generic* 
 cost PostgreSQL as much as running it, or more (0.1-0.5 ms a statement, ~0.9 ms of a search's ~1.2 ms of
 PostgreSQL planning), so it is prepared once per connection, under a name given by its text with every value
 a parameter (the same for every tenant) and the parameters' types, and runs on PostgreSQL's generic plan.
-Statements that read what changed since a sequence number stay planned for their values (how many rows
-changed decides the plan). A call holding one goes out through libpq's pipeline (one round trip still, driven
+The change feeds (the rows stamped after a sequence number) are generic too, their range bounded on both
+sides so that PostgreSQL's plan without values is the index's (core.changes.feed_range). A call holding one
+goes out through libpq's pipeline (one round trip still, driven
 from here, not by psycopg's Python pipeline): the other statements as unnamed ones, planned for their values,
 then the generic ones between two ``SET LOCAL plan_cache_mode`` (the first joined to the transaction's opening
 setting when the call opens it and holds no other statement, the second left out when the ``COMMIT`` follows,

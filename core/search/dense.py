@@ -45,6 +45,7 @@ from sqlalchemy.orm import Session
 
 from core import sql
 from core.caches import BoundedCache
+from core.changes import feed_range, feed_values
 from core.config import get_settings
 from core.db import driver_connection
 from core.embeddings.matrix import APPROXIMATE_MIN_ROWS, ScanError, Side, TenantMatrix, tenant_matrix, vector_stats
@@ -203,9 +204,9 @@ _layouts: BoundedCache[_Layout] = BoundedCache(
 _LAYOUT_CHANGES = text(
     f"SELECT memories.id, memories.status <> 'forgotten' AND ({HAS_QUERY_SQL} OR memories.run_id IS NOT NULL "
     "OR memories.occurred_at <> memories.created_at) "
-    "FROM memories WHERE memories.tenant_id = :tenant AND memories.change_seq > :since "
+    "FROM memories WHERE memories.tenant_id = :tenant AND " + feed_range("memories.change_seq") + " "
     f"UNION ALL SELECT substr(tombstones.doc_id, {len(MEMORY_PREFIX) + 1}), false FROM tombstones "
-    "WHERE tombstones.tenant_id = :tenant AND tombstones.change_seq > :since "
+    "WHERE tombstones.tenant_id = :tenant AND " + feed_range("tombstones.change_seq") + " "
     f"AND starts_with(tombstones.doc_id, '{MEMORY_PREFIX}')"
 )
 
@@ -213,7 +214,7 @@ _LAYOUT_CHANGES = text(
 def layout_feed_queries(tenant_id: int, since: int) -> list[sql.Query]:
     """The memories written after ``since`` (each with whether a layout is made from it), for
     :func:`core.sql.run_many`: what a search asks when the tenant's layout is older than its head."""
-    return [sql.Query("layout-changes", lambda: _LAYOUT_CHANGES, {"tenant": tenant_id, "since": since})]
+    return [sql.Query("layout-changes", lambda: _LAYOUT_CHANGES, feed_values(tenant_id, since), generic=True)]
 
 
 def held_layout_seq(tenant_id: int, model: str) -> int | None:

@@ -31,6 +31,7 @@ from sqlalchemy.orm import Session
 
 from core import sql
 from core.caches import CACHE_BYTES, CACHE_ENTRIES, CACHE_EVICTIONS, CACHE_HITS, CACHE_MISSES
+from core.changes import feed_range, feed_values
 from core.config import get_settings
 from core.entities.canonical import is_memory_ref
 from core.refs import MEMORY_PREFIX
@@ -95,11 +96,11 @@ class Fact(NamedTuple):
 _FACT_SQL = (
     "SELECT memories.id, memories.status, memories.persona, memories.agent_id, memories.category, memories.kind, "
     f"memories.occurred_at, {HAS_QUERY_SQL}, memories.entities, memories.tags FROM memories "
-    "WHERE memories.tenant_id = :tenant AND memories.change_seq > :since"
+    "WHERE memories.tenant_id = :tenant AND " + feed_range("memories.change_seq")
 )
 _GONE_SQL = (
     "SELECT tombstones.doc_id FROM tombstones WHERE tombstones.tenant_id = :tenant "
-    "AND tombstones.change_seq > :since AND starts_with(tombstones.doc_id, '" + MEMORY_PREFIX + "')"
+    "AND " + feed_range("tombstones.change_seq") + " AND starts_with(tombstones.doc_id, '" + MEMORY_PREFIX + "')"
 )
 
 
@@ -217,10 +218,10 @@ _registry_lock = threading.Lock()
 
 def feed_queries(tenant_id: int, since: int) -> list[sql.Query]:
     """The memories changed after ``since`` and those purged, for :func:`core.sql.run_many`."""
-    values = {"tenant": tenant_id, "since": since}
+    values = feed_values(tenant_id, since)
     return [
-        sql.Query("facts", lambda: text(_FACT_SQL), values),
-        sql.Query("facts-gone", lambda: text(_GONE_SQL), values),
+        sql.Query("facts", lambda: text(_FACT_SQL), values, generic=True),
+        sql.Query("facts-gone", lambda: text(_GONE_SQL), values, generic=True),
     ]
 
 

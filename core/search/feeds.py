@@ -21,6 +21,7 @@ from typing import Any
 from sqlalchemy import text
 
 from core import sql
+from core.changes import feed_range, feed_values
 from core.refs import MEMORY_PREFIX
 from core.search.facts import Fed
 from core.search.filters import HAS_QUERY_SQL
@@ -33,7 +34,7 @@ _MEMORY_COLUMNS = (
     f"memories.run_id, memories.occurred_at, memories.created_at, {HAS_QUERY_SQL}, memories.persona, "
     "memories.agent_id, memories.category, memories.kind"
 )
-_MEMORIES = "SELECT {columns} FROM memories WHERE memories.tenant_id = :tenant AND memories.change_seq > :since"
+_MEMORIES = "SELECT {columns} FROM memories WHERE memories.tenant_id = :tenant AND " + feed_range("memories.change_seq")
 # With the full-text index among the caches (the only one that reads contents: of the rows after its point
 # alone, should another cache stand far behind it), and without.
 _WITH_CONTENT = text(
@@ -44,20 +45,21 @@ _WITH_CONTENT = text(
 _WITHOUT_CONTENT = text(_MEMORIES.format(columns=_MEMORY_COLUMNS.format(content="NULL")))
 _TOMBSTONES = text(
     "SELECT tombstones.doc_id, tombstones.change_seq FROM tombstones"
-    " WHERE tombstones.tenant_id = :tenant AND tombstones.change_seq > :since"
+    " WHERE tombstones.tenant_id = :tenant AND " + feed_range("tombstones.change_seq")
 )
 
 
 def queries(tenant_id: int, points: Mapping[str, int]) -> list[sql.Query]:
     """The statements reading every feed of ``points`` (each cache's name and the change seq it stands at), for
-    :func:`core.sql.run_many`; :func:`split` makes each cache's rows of their results, in the same order."""
-    values = {"tenant": tenant_id, "since": min(points.values())}
+    :func:`core.sql.run_many`; :func:`split` makes each cache's rows of their results, in the same order. Each runs
+    on its generic plan (core.changes.feed_range)."""
+    values = feed_values(tenant_id, min(points.values()))
     content = FULLTEXT in points
     statements = [
-        sql.Query("feed-changes", lambda: _WITH_CONTENT, {**values, "text_since": points[FULLTEXT]})
+        sql.Query("feed-changes", lambda: _WITH_CONTENT, {**values, "text_since": points[FULLTEXT]}, generic=True)
         if content
-        else sql.Query("feed-changes-no-content", lambda: _WITHOUT_CONTENT, values),
-        sql.Query("feed-gone", lambda: _TOMBSTONES, values),
+        else sql.Query("feed-changes-no-content", lambda: _WITHOUT_CONTENT, values, generic=True),
+        sql.Query("feed-gone", lambda: _TOMBSTONES, values, generic=True),
     ]
     return statements
 

@@ -37,6 +37,7 @@ from sqlalchemy.orm import Session
 
 from core import sql
 from core.caches import BoundedCache
+from core.changes import feed_values
 from core.config import get_settings
 from core.db import driver_connection, read_one_snapshot, tenant_session
 from core.entities.canonical import is_memory_ref
@@ -141,12 +142,12 @@ def fetch_changes(tenant_id: int, since: int) -> tuple[list[DocChange], int]:
 def feed_queries(tenant_id: int, since: int) -> list[sql.Query]:
     """The change seq, the changed memories, the tombstones and whether the tenant has a catalog, after
     ``since``: the statements of a catch-up's first read, for :func:`core.sql.run_many` (driver SQL)."""
-    values = {"tenant": tenant_id, "since": since}
+    values = feed_values(tenant_id, since)
     return [
-        sql.Query("feed-seq", lambda: _SEQ_SQL, values),
-        sql.Query("feed-memories", _changed_memories, values),
-        sql.Query("feed-tombstones", _changed_tombstones, values),
-        sql.Query("feed-has-catalog", _has_catalog, values),
+        sql.Query("feed-seq", lambda: _SEQ_SQL, values, generic=True),
+        sql.Query("feed-memories", _changed_memories, values, generic=True),
+        sql.Query("feed-tombstones", _changed_tombstones, values, generic=True),
+        sql.Query("feed-has-catalog", _has_catalog, values, generic=True),
     ]
 
 
@@ -175,15 +176,18 @@ _SEQ_SQL = text("SELECT change_seq FROM tenants WHERE id = :tenant")
 
 
 def _changed_memories() -> Executable:
-    return select(*_COLUMNS, has_query()).where(
-        Memory.tenant_id == bindparam("tenant"), Memory.change_seq > bindparam("since")
-    )
+    return select(*_COLUMNS, has_query()).where(Memory.tenant_id == bindparam("tenant"), _in_feed(Memory.change_seq))
 
 
 def _changed_tombstones() -> Executable:
     return select(Tombstone.doc_id, Tombstone.change_seq).where(
-        Tombstone.tenant_id == bindparam("tenant"), Tombstone.change_seq > bindparam("since")
+        Tombstone.tenant_id == bindparam("tenant"), _in_feed(Tombstone.change_seq)
     )
+
+
+def _in_feed(column: Any) -> ColumnElement[bool]:
+    """core.changes.feed_range's condition on ``column``."""
+    return and_(column > bindparam("since"), column <= bindparam("upto"))
 
 
 def _has_catalog() -> Executable:

@@ -305,3 +305,46 @@ def test_a_cache_far_behind_the_head_reads_its_own_feed(client, tenant, monkeypa
     assert not _feeds(first), seen
     assert any("feed-memories" in keys for keys in rest), seen  # the index read its own
     assert ids(found["memories"])[0] == fresh
+
+
+def test_the_change_feeds_run_on_generic_plans_that_scan_the_change_seq_index(client, tenant, stack):
+    """Every change feed statement (core.changes.feed_range) is prepared once per connection and runs on its
+    generic plan, never planned for its values, and for the memories that plan is a range scan of the
+    (tenant_id, change_seq) index: not a scan of the table, which an open-ended range's plan without values is."""
+    import psycopg
+
+    from core import sql
+    from core.search import dense, feeds
+
+    _filled(client, tenant)
+    with psycopg.connect(stack.database_url.replace("postgresql+psycopg://", "postgresql://")) as owner:
+        owner.execute("ANALYZE memories")
+    tenant_id = tenant.tenant_id
+    with tenant_session(tenant_id) as session:
+        since = index._change_seq(session, tenant_id)
+    save(client, tenant, {"content": "one more crate shipped from the depot"})
+    points = {feeds.FULLTEXT: since, feeds.FACTS: since, feeds.DENSE: since}
+    with tenant_session(tenant_id) as session:
+        read_one_snapshot(session)
+        for _ in range(2):  # (the second time on statements the connection has prepared)
+            for queries in (
+                feeds.queries(tenant_id, points),
+                index.feed_queries(tenant_id, since),
+                facts.feed_queries(tenant_id, since),
+                dense.layout_feed_queries(tenant_id, since),
+            ):
+                results = sql.run_many(session, queries)
+                assert any(rows for rows in results)  # (the note saved after ``since``)
+        driver = session.connection().connection.driver_connection
+        prepared = driver.execute(
+            "SELECT statement, generic_plans, custom_plans FROM pg_prepared_statements"
+            " WHERE name LIKE 'engram_%' AND statement LIKE '%change_seq <=%'"
+        ).fetchall()
+        # feed-changes, feed-gone, feed-memories, feed-tombstones, facts, facts-gone, layout-changes (and those
+        # of the earlier searches on this pooled connection)
+        assert len(prepared) >= 7, prepared
+        for statement, generic_plans, custom_plans in prepared:
+            assert generic_plans >= 2 and custom_plans == 0, statement
+            if "FROM memories" in statement:
+                plan = "\n".join(row[0] for row in driver.execute(f"EXPLAIN (GENERIC_PLAN) {statement}"))
+                assert "ix_memories_tenant_seq" in plan and "Seq Scan on memories" not in plan, plan
