@@ -3,10 +3,10 @@
 Judging a few hundred candidate ids was one query per search (an index probe and a heap fetch per id,
 a few milliseconds at 10k memories): the same few columns of the same rows, read again and again. A
 tenant's facts (status, persona, agent, category, kind, event time, whether it carries a query, the
-datasources its entities are rooted at, its tags) are loaded once and then caught up from the tenant's change
-feed, as the full-text index is: every write that touches a memory stamps it with the tenant's new
-``change_seq`` and a purge leaves a tombstone, so the rows with ``change_seq`` above the last one
-applied, read in the search's own snapshot (which the head's ``change_seq`` came from), are all that
+datasources its entities are rooted at, its tags, whether it is in an episode) are loaded once and then
+caught up from the tenant's change feed, as the full-text index is: every write that touches a memory stamps
+it with the tenant's new ``change_seq`` and a purge leaves a tombstone, so the rows with ``change_seq`` above
+the last one applied, read in the search's own snapshot (which the head's ``change_seq`` came from), are all that
 changed. A search with nothing new makes no query for eligibility at all.
 
 The verdict (:meth:`MemoryFilter.verdict`) is the same predicate as the SQL one of
@@ -91,11 +91,15 @@ class Fact(NamedTuple):
     carries_query: bool
     roots: frozenset[str]
     tags: frozenset[str]
+    # In an episode (a run, or an explicit event time: core.search.index.episode_of), where a memory may have a reply
+    # (core.search.replies).
+    in_episode: bool
 
 
 _FACT_SQL = (
     "SELECT memories.id, memories.status, memories.persona, memories.agent_id, memories.category, memories.kind, "
-    f"memories.occurred_at, {HAS_QUERY_SQL}, memories.entities, memories.tags FROM memories "
+    f"memories.occurred_at, {HAS_QUERY_SQL}, memories.entities, memories.tags, "
+    "(memories.run_id IS NOT NULL OR memories.occurred_at <> memories.created_at) FROM memories "
     "WHERE memories.tenant_id = :tenant AND " + feed_range("memories.change_seq")
 )
 _GONE_SQL = (
@@ -183,7 +187,8 @@ class TenantFacts:
         rows, share = self.rows, self._share
         for (doc_id,) in gone:
             rows.pop(doc_id[len(MEMORY_PREFIX) :], None)
-        for memory_id, status, persona, agent_id, category, kind, occurred_at, carries_query, entities, tags in changed:
+        for row in changed:
+            memory_id, status, persona, agent_id, category, kind, occurred_at, carries_query, entities, tags = row[:10]
             if status == "forgotten":
                 rows.pop(memory_id, None)
                 continue
@@ -198,6 +203,7 @@ class TenantFacts:
                 bool(carries_query),
                 share(roots),
                 share(frozenset(tags or ())),
+                bool(row[10]),  # (in an episode)
             )
 
     def _share(self, value: Any) -> Any:

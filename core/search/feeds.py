@@ -25,6 +25,7 @@ from core.changes import feed_range, feed_values
 from core.refs import MEMORY_PREFIX
 from core.search.facts import Fed
 from core.search.filters import HAS_QUERY_SQL
+from core.search.index import episode_of
 
 # The caches, by the name service._head_queries gives their feeds.
 FULLTEXT, FACTS, DENSE = "fulltext", "facts", "dense"
@@ -101,7 +102,11 @@ def _fulltext(changed: Rows, tombstones: Rows, seq_rows: Rows, catalogs: Rows, p
 def _facts(changed: Rows, tombstones: Rows, point: int) -> list[Rows]:
     """facts.feed_queries' rows after ``point``."""
     return [
-        [(r[0], r[2], r[10], r[11], r[12], r[13], r[7], r[9], r[4], r[5]) for r in changed if r[1] > point],
+        [
+            (r[0], r[2], r[10], r[11], r[12], r[13], r[7], r[9], r[4], r[5], episode_of(r[6], r[7], r[8]) is not None)
+            for r in changed
+            if r[1] > point
+        ],
         [(doc_id,) for doc_id, seq in tombstones if seq > point and doc_id.startswith(MEMORY_PREFIX)],
     ]
 

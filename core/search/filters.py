@@ -252,6 +252,10 @@ class Eligibility:
         """Whether verdicts come from the tenant's facts held in this process (no query per check)."""
         return self._facts() is not None
 
+    def facts(self) -> TenantFacts | None:
+        """The tenant's facts the verdicts come from (caught up to the search's snapshot at least), or None."""
+        return self._facts()
+
     def known(self, memory_id: str) -> bool:
         """Whether the verdict on ``memory_id`` is known (asked or learned)."""
         return memory_id in self._verdicts

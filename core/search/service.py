@@ -717,19 +717,21 @@ def fuse(state: SearchState) -> dict[str, Ranking]:
         # The hits a caller would see that ask something lend their relevance to the memory replying to them.
         asking = {bucket: fused[bucket][: state.caps[bucket]] for bucket in live}
         asking_ids = {bucket: [d for d, _ in ranking] for bucket, ranking in asking.items()}
+        episodic = _in_episodes(state, asking_ids)
         tenant_id = state.caller.tenant_id
         with state.clock.timing("graph"):
             # The search's last statements, as a rule: its COMMIT goes with them. Hits the graph's hops or the
             # names lift that were not loaded here are read after, in a transaction of their own (_load).
-            edges, rows, answered = sql.run_many(
+            edges, rows, *rest = sql.run_many(
                 state.session,
                 [
                     graph.query(seeds=seeds, eligibility=eligibility),
                     hits.memories_query(tenant_id=tenant_id, memory_ids=likely),
-                    replies.query(tenant_id=tenant_id, seeds=asking_ids),
+                    *([replies.query(tenant_id=tenant_id, seeds=episodic)] if episodic else []),
                 ],
                 commit=True,
             )
+            answered = rest[0] if rest else []
             state.ended = True
             hops = graph.from_rows(edges, seeds=seeds, eligibility=eligibility, seed_scores=seed_scores)
             answers = replies.from_rows(
@@ -747,6 +749,17 @@ def fuse(state: SearchState) -> dict[str, Ranking]:
         out[bucket] = above(fused[bucket], request.min_score)[: state.caps[bucket]]
     state.buckets = out
     return out
+
+
+def _in_episodes(state: SearchState, seeds: dict[str, list[str]]) -> dict[str, list[str]]:
+    """The seeds that may have a reply: only a memory of an episode has one (core.search.replies), and the tenant's
+    facts, when held, say which are (all the seeds otherwise); buckets left with none are left out."""
+    facts = state.eligibility.facts()
+    if facts is None:
+        return {bucket: ids for bucket, ids in seeds.items() if ids}
+    fact_of = facts.get
+    kept = {bucket: [d for d in ids if (f := fact_of(d)) is None or f.in_episode] for bucket, ids in seeds.items()}
+    return {bucket: ids for bucket, ids in kept.items() if ids}
 
 
 def _load(state: SearchState, memory_ids: list[str], *, last: bool = False) -> dict[str, Memory]:

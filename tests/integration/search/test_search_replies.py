@@ -123,3 +123,27 @@ def test_reply_outside_the_filters_is_not_returned(client, tenant):
         eligible_candidates(state)
         found = [d for d, _ in fuse(state)[MEMORIES]]
     assert question in found and reply not in found
+
+
+def test_only_hits_in_an_episode_are_asked_for_a_reply(client, tenant):
+    """Only a memory of an episode has a reply, and the tenant's facts say which hits are: a search none of whose
+    hits is in one sends no statement for replies, and one whose hits include a question of a run still lifts its
+    reply."""
+    from tests.helpers.api import search
+    from tests.helpers.events import sql_calls
+
+    for n in range(3):
+        save(client, tenant, {"content": f"Is the glacier hike guide {n} booked for spring?"})
+    body = {"question": "glacier hike booked", "max_example_queries": 0}
+    search(client, tenant, body)  # (the facts loaded)
+    with sql_calls(tenant.tenant_id) as seen:
+        found = search(client, tenant, body)["memories"]
+    assert len(found) == 3
+    assert not any("replies" in keys for keys in seen), seen
+
+    save(client, tenant, {"content": "Did you enjoy the glacier hike?", **RUN})
+    reply = save(client, tenant, {"content": "Honestly it was the best day of my whole year", **RUN})
+    with sql_calls(tenant.tenant_id) as seen:
+        found = search(client, tenant, {**body, "question": "glacier hike enjoy"})["memories"]
+    assert any("replies" in keys for keys in seen), seen
+    assert reply in [hit["id"] for hit in found]

@@ -50,6 +50,7 @@ def _fact(rng: random.Random) -> Fact:
         carries_query=rng.random() < 0.3,
         roots=frozenset(rng.sample(["shop", "crm"], rng.randrange(3))),
         tags=frozenset(rng.sample(["billing", "eu", "ops"], rng.randrange(4))),
+        in_episode=rng.random() < 0.3,
     )
 
 
