@@ -11,7 +11,8 @@ and a memory that is not a reply is not moved.
 Episodes are those whose memories lend each other context (core.search.index.episode_of): a run, else
 the memories given one same explicit event time. The next memory is the next by event time, then save
 order, then id, among the episode's memories that are not forgotten: the order the context windows use.
-Replies are judged by the search's filters like any hop (the caller's eligibility step).
+Replies are judged by the search's filters like any hop (the caller's eligibility step). A search asks only of
+its seeds that the tenant's facts place in an episode (core.search.service), and nothing of a tenant without one.
 """
 
 from __future__ import annotations
@@ -33,8 +34,8 @@ _REPLY = ", ".join(f"m.{column}" for column in hits.HitMemory._fields)
 # so a reply lifted into the hits needs no query of its own to be shown. Each seed is read by its primary key
 # (the LIMIT keeps the planner from joining the seeds to a scan of the tenant when the table has no statistics
 # yet), then probes the index that leads with its kind of episode and follows its order (migration 0015): two
-# index descents per seed, whatever the size of its run or of the tenant. One statement with two references
-# to the table: the search plans every statement afresh (core.db), and each reference costs planning time.
+# index descents per seed, whatever the size of its run or of the tenant. One statement, on its generic plan
+# (core.sql).
 REPLIES_SQL = f"""
 SELECT s.id, n.* FROM unnest(CAST(:seeds AS text[])) AS seed(id) CROSS JOIN LATERAL (
     SELECT s.tenant_id, s.id, s.run_id, s.occurred_at, s.created_at FROM memories AS s
