@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import BigInteger, Executable, bindparam, func, select, update
+from sqlalchemy import BigInteger, ColumnElement, Executable, and_, bindparam, func, select, update
 from sqlalchemy.orm import Session
 
 from core import sql
@@ -29,6 +29,11 @@ FEED_END = 2**63 - 1
 def feed_range(column: str) -> str:
     """SQL: ``column`` (a change seq) after ``:since``, up to ``:upto`` (see :data:`FEED_END`)."""
     return f"{column} > :since AND {column} <= :upto"
+
+
+def feed_condition(column: Any) -> ColumnElement[bool]:
+    """:func:`feed_range` as a SQLAlchemy condition on ``column``."""
+    return and_(column > bindparam("since"), column <= bindparam("upto"))
 
 
 def feed_values(tenant_id: int, since: int) -> dict[str, int]:

@@ -55,7 +55,7 @@ from core.memories.models import Memory
 from core.native import single_threaded_blas
 from core.refs import MEMORY_PREFIX
 from core.search.facts import Fed, feed_after
-from core.search.filters import EXAMPLE_QUERIES, HAS_QUERY_SQL, MEMORIES, has_query
+from core.search.filters import EXAMPLE_QUERIES, HAS_QUERY_SQL, IN_EPISODE_SQL, MEMORIES, has_query
 from core.search.index import CONTEXT_TURNS, episode_of
 
 MEMORY_KIND = "memory"
@@ -202,8 +202,7 @@ _layouts: BoundedCache[_Layout] = BoundedCache(
 )
 # Memories changed since a layout whose ids a search reads to know whether the layout still holds.
 _LAYOUT_CHANGES = text(
-    f"SELECT memories.id, memories.status <> 'forgotten' AND ({HAS_QUERY_SQL} OR memories.run_id IS NOT NULL "
-    "OR memories.occurred_at <> memories.created_at) "
+    f"SELECT memories.id, memories.status <> 'forgotten' AND ({HAS_QUERY_SQL} OR {IN_EPISODE_SQL}) "
     "FROM memories WHERE memories.tenant_id = :tenant AND " + feed_range("memories.change_seq") + " "
     f"UNION ALL SELECT substr(tombstones.doc_id, {len(MEMORY_PREFIX) + 1}), false FROM tombstones "
     "WHERE tombstones.tenant_id = :tenant AND " + feed_range("tombstones.change_seq") + " "

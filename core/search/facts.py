@@ -35,7 +35,7 @@ from core.changes import feed_range, feed_values
 from core.config import get_settings
 from core.entities.canonical import is_memory_ref
 from core.refs import MEMORY_PREFIX
-from core.search.filters import HAS_QUERY_SQL
+from core.search.filters import HAS_QUERY_SQL, IN_EPISODE_SQL
 
 # Filters (what a verdict depends on: statuses, the caller's visibility, kind, ...) whose verdicts a tenant's facts
 # remember, least recent out first.
@@ -98,8 +98,7 @@ class Fact(NamedTuple):
 
 _FACT_SQL = (
     "SELECT memories.id, memories.status, memories.persona, memories.agent_id, memories.category, memories.kind, "
-    f"memories.occurred_at, {HAS_QUERY_SQL}, memories.entities, memories.tags, "
-    "(memories.run_id IS NOT NULL OR memories.occurred_at <> memories.created_at) FROM memories "
+    f"memories.occurred_at, {HAS_QUERY_SQL}, memories.entities, memories.tags, {IN_EPISODE_SQL} FROM memories "
     "WHERE memories.tenant_id = :tenant AND " + feed_range("memories.change_seq")
 )
 _GONE_SQL = (
@@ -189,6 +188,7 @@ class TenantFacts:
             rows.pop(doc_id[len(MEMORY_PREFIX) :], None)
         for row in changed:
             memory_id, status, persona, agent_id, category, kind, occurred_at, carries_query, entities, tags = row[:10]
+            episodic = row[10]
             if status == "forgotten":
                 rows.pop(memory_id, None)
                 continue
@@ -203,7 +203,7 @@ class TenantFacts:
                 bool(carries_query),
                 share(roots),
                 share(frozenset(tags or ())),
-                bool(row[10]),  # (in an episode)
+                bool(episodic),  # (in an episode)
             )
 
     def _share(self, value: Any) -> Any:

@@ -131,4 +131,4 @@ def _fulltext_row(row: Sequence[Any]) -> tuple[Any, ...]:
 def _layout_member(row: Sequence[Any]) -> bool:
     """Whether the dense layout is made from this memory (as dense._LAYOUT_CHANGES says it): not forgotten, and
     carrying a query, in a run, or given its own event time."""
-    return row[2] != "forgotten" and bool(row[9] or row[6] is not None or row[7] != row[8])
+    return row[2] != "forgotten" and bool(row[9] or episode_of(row[6], row[7], row[8]) is not None)

@@ -51,6 +51,8 @@ def any_of(column: Any, values: Iterable[str]) -> ColumnElement[bool]:
 
 
 HAS_QUERY_SQL = "coalesce(jsonb_typeof(memories.query), 'null') <> 'null'"
+# A memory in an episode (a run, or an explicit event time), as core.search.index.episode_of says it in Python.
+IN_EPISODE_SQL = "(memories.run_id IS NOT NULL OR memories.occurred_at <> memories.created_at)"
 
 
 def has_query() -> ColumnElement[bool]:
@@ -220,7 +222,7 @@ class Eligibility:
         if not missing:
             return
         memory_filter = self.memory_filter
-        facts = self._facts()
+        facts = self.facts()
         if facts is not None:
             memo = facts.memo(memory_filter.verdict_key())
             # The verdicts the memo lacks are judged here; the rest are copied from it in one pass in C.
@@ -242,7 +244,8 @@ class Eligibility:
         for memory_id in missing:
             self._verdicts[memory_id] = found.get(memory_id)
 
-    def _facts(self) -> TenantFacts | None:
+    def facts(self) -> TenantFacts | None:
+        """The tenant's facts the verdicts come from (caught up to the search's snapshot at least), or None."""
         source, self.facts_source = self.facts_source, None
         if source is not None:
             self._tenant_facts = source()
@@ -250,11 +253,7 @@ class Eligibility:
 
     def in_memory(self) -> bool:
         """Whether verdicts come from the tenant's facts held in this process (no query per check)."""
-        return self._facts() is not None
-
-    def facts(self) -> TenantFacts | None:
-        """The tenant's facts the verdicts come from (caught up to the search's snapshot at least), or None."""
-        return self._facts()
+        return self.facts() is not None
 
     def known(self, memory_id: str) -> bool:
         """Whether the verdict on ``memory_id`` is known (asked or learned)."""

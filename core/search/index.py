@@ -37,7 +37,7 @@ from sqlalchemy.orm import Session
 
 from core import sql
 from core.caches import BoundedCache
-from core.changes import feed_values
+from core.changes import feed_condition, feed_values
 from core.config import get_settings
 from core.db import driver_connection, read_one_snapshot, tenant_session
 from core.entities.canonical import is_memory_ref
@@ -176,18 +176,15 @@ _SEQ_SQL = text("SELECT change_seq FROM tenants WHERE id = :tenant")
 
 
 def _changed_memories() -> Executable:
-    return select(*_COLUMNS, has_query()).where(Memory.tenant_id == bindparam("tenant"), _in_feed(Memory.change_seq))
+    return select(*_COLUMNS, has_query()).where(
+        Memory.tenant_id == bindparam("tenant"), feed_condition(Memory.change_seq)
+    )
 
 
 def _changed_tombstones() -> Executable:
     return select(Tombstone.doc_id, Tombstone.change_seq).where(
-        Tombstone.tenant_id == bindparam("tenant"), _in_feed(Tombstone.change_seq)
+        Tombstone.tenant_id == bindparam("tenant"), feed_condition(Tombstone.change_seq)
     )
-
-
-def _in_feed(column: Any) -> ColumnElement[bool]:
-    """core.changes.feed_range's condition on ``column``."""
-    return and_(column > bindparam("since"), column <= bindparam("upto"))
 
 
 def _has_catalog() -> Executable:
