@@ -110,6 +110,10 @@ class Settings(BaseSettings):
     # Redis redelivers an unacknowledged message (worker killed) after this long.
     broker_visibility_timeout_seconds: float = 3600.0
     api_workers: int = 1
+    # How many of the api_workers processes serve each tenant, its connections in turn (api.serve.routed): one
+    # keeps each tenant's caches in one process; two let one busy tenant use two cores, each of its processes
+    # keeping its own copy of the tenant's caches.
+    api_processes_per_tenant: int = Field(default=2, ge=1)
     # Load (per API process). Requests running at once; more wait up to api_queue_wait_seconds in a queue
     # of at most api_max_queued, and the rest are answered 503 + Retry-After at once (no 5xx other than
     # that, no request left hanging). The database pool holds a connection for each running request

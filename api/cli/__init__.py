@@ -100,7 +100,15 @@ def api(
         from core.runtime import engram_command
 
         argv = [*engram_command(), "api", "--no-migrate", "--workers", "1", *(["--home", home] if home else [])]
-        sys.exit(run_routed(argv, host=options["host"], port=options["port"], processes=processes))
+        sys.exit(
+            run_routed(
+                argv,
+                host=options["host"],
+                port=options["port"],
+                processes=processes,
+                per_tenant=settings.api_processes_per_tenant,
+            )
+        )
 
 
 @main.command()

@@ -13,11 +13,15 @@ descriptor to that process (``SCM_RIGHTS`` over a Unix socket pair). The process
 its first byte as if it had accepted it: nothing is copied or proxied, and the router spends a few syscalls
 per connection, none per request.
 
-The owner of a key is its tenant's process (tenant id modulo N) once the router knows the key's tenant,
-and until then the process its hash names. A process that authenticates a key it had not cached tells the
-router the key's tenant (the key's CRC-32 and the tenant id, over the same socket pair), so a tenant whose
-agents use many keys is still served by one process. A load balancer in front of replicas cannot know the
-tenant and hashes the header instead (deploy/SCALING.md).
+A tenant is served by ``ENGRAM_API_PROCESSES_PER_TENANT`` of the processes (2 by default, at most N): the
+one its id names (tenant id modulo N) and the next ones, its new connections passed to each in turn. One keeps
+each tenant's caches in one process, but then one process's interpreter lock bounds a busy tenant's requests
+(one core); with two, one tenant's load of the bench ran 1.23x the requests/s on two cores at the same CPU per
+request, the catching up of the second copy of its caches costing too little to show (docs/benchmarks.md,
+Load). A key is known to be its tenant's once a process that authenticated it tells the router the key's
+tenant (the key's CRC-32 and the tenant id, over the same socket pair), so a tenant whose agents use many keys
+is still served by its processes; until then its connections go to the process the key's hash names. A load
+balancer in front of replicas cannot know the tenant and hashes the header instead (deploy/SCALING.md).
 
 A connection without a key in its first request (``/healthz``, the dashboard's page) goes to the processes
 in turn. Later requests on a keep-alive connection stay with the process that has it: a client using
@@ -102,11 +106,17 @@ def key_digest(token: bytes) -> int:
 
 
 def owner(token: bytes, processes: int, tenants: dict[int, int] | None = None) -> int:
-    """The process that serves requests with the API key ``token``: its tenant's, when ``tenants`` (key
+    """The first process that serves requests with the API key ``token``: its tenant's, when ``tenants`` (key
     digest -> tenant id) knows it, else the one the key's hash names."""
     digest = key_digest(token)
     tenant = tenants.get(digest) if tenants else None
     return (tenant if tenant is not None else digest) % processes
+
+
+def tenant_processes(tenant_id: int, processes: int, per_tenant: int) -> list[int]:
+    """The processes that serve a tenant: the one its id names and the next ones, ``per_tenant`` in all (at most
+    every process)."""
+    return [(tenant_id + step) % processes for step in range(min(per_tenant, processes))]
 
 
 @dataclass
@@ -135,9 +145,11 @@ class _Waiting:
 class Router:
     """The listening process: routes each new connection to its key's process, keeps the processes running."""
 
-    def __init__(self, listener: socket.socket, argv: Sequence[str], processes: int) -> None:
+    def __init__(self, listener: socket.socket, argv: Sequence[str], processes: int, per_tenant: int = 1) -> None:
         self.listener = listener
         self.processes = [_Process(index, [*argv, "--handoff-fd"]) for index in range(processes)]
+        self.per_tenant = per_tenant
+        self.turns: dict[int, int] = {}  # tenant id -> connections passed (which of its processes is next)
         self.selector = selectors.DefaultSelector()
         self.waiting: dict[int, _Waiting] = {}  # by fd: connections not routed yet
         self.rechecking: set[int] = set()  # those of them whose head came in part (no longer selected)
@@ -258,8 +270,21 @@ class Router:
         if credential is None and head is not None and not head_complete(head) and now < waiting.deadline:
             return False
         token = bearer(credential) if credential else None
-        self._send(connection, owner(token, len(self.processes), self.tenants) if token else self._turn())
+        self._send(connection, self._route(token) if token else self._turn())
         return True
+
+    def _route(self, token: bytes) -> int:
+        """The process for a new connection of the key ``token``: its tenant's processes in turn once the key's
+        tenant is known, else the process the key's hash names."""
+        tenant = self.tenants.get(key_digest(token))
+        if tenant is None:
+            return owner(token, len(self.processes))
+        serving = tenant_processes(tenant, len(self.processes), self.per_tenant)
+        turn = self.turns.get(tenant, 0)
+        if len(self.turns) >= MAX_KNOWN_KEYS:
+            self.turns.clear()
+        self.turns[tenant] = turn + 1
+        return serving[turn % len(serving)]
 
     def _turn(self) -> int:
         self.next_index = (self.next_index + 1) % len(self.processes)
@@ -372,8 +397,11 @@ class Router:
         self.unsent = []
 
 
-def run_routed(argv: Sequence[str], *, host: str, port: int, processes: int, backlog: int = 2048) -> int:
-    """Listen on ``host:port`` and run ``processes`` API processes (each ``argv`` + ``--handoff-fd FD``)."""
+def run_routed(
+    argv: Sequence[str], *, host: str, port: int, processes: int, per_tenant: int = 1, backlog: int = 2048
+) -> int:
+    """Listen on ``host:port`` and run ``processes`` API processes (each ``argv`` + ``--handoff-fd FD``), each
+    tenant served by ``per_tenant`` of them."""
     listener = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
     listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
@@ -382,7 +410,7 @@ def run_routed(argv: Sequence[str], *, host: str, port: int, processes: int, bac
         click.echo(f"cannot listen on {host}:{port}: {error}", err=True)
         return 3  # uvicorn's STARTUP_FAILURE
     listener.listen(backlog)
-    router = Router(listener, argv, processes)
+    router = Router(listener, argv, processes, per_tenant)
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, router.stop)
     return router.run()

@@ -33,7 +33,9 @@ from tests.helpers.processes import REPO, WorkerProcess, answers_health, stop_pr
 class Replica:
     """One `engram api` process with a home of its own."""
 
-    def __init__(self, stack, base: Path, name: str, *, workers: int = 1):  # type: ignore[no-untyped-def]
+    def __init__(  # type: ignore[no-untyped-def]
+        self, stack, base: Path, name: str, *, workers: int = 1, env: dict[str, str] | None = None
+    ):
         from api.serve.embedded import free_port
 
         self.home = base / name
@@ -41,7 +43,7 @@ class Replica:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self._log = open(base / f"{name}.log", "wb")  # noqa: SIM115
-        env = {**os.environ, **stack.env, "ENGRAM_HOME": str(self.home)}
+        env = {**os.environ, **stack.env, "ENGRAM_HOME": str(self.home), **(env or {})}
         args = ["api", "--port", str(self.port), "--no-migrate", "--workers", str(workers)]
         self.process = subprocess.Popen(
             [sys.executable, "-m", "api.cli", *args], cwd=REPO, env=env, stdout=self._log, stderr=subprocess.STDOUT
@@ -259,11 +261,13 @@ def _fresh_connection_pid(url: str, router: int, headers: dict[str, str], path: 
 
 
 @contextmanager
-def _routed(stack, workers: int) -> Iterator[Replica]:  # type: ignore[no-untyped-def]
-    """`engram api --workers N` on a home of its own, stopped and removed after."""
+def _routed(stack, workers: int, per_tenant: int | None = None) -> Iterator[Replica]:  # type: ignore[no-untyped-def]
+    """`engram api --workers N` on a home of its own (each tenant served by ``per_tenant`` of the processes,
+    unset: the default), stopped and removed after."""
     base = Path(tempfile.mkdtemp(prefix="engram-routed-", dir="/tmp"))
     base.chmod(0o755)
-    replica = Replica(stack, base, "home", workers=workers)
+    env = {} if per_tenant is None else {"ENGRAM_API_PROCESSES_PER_TENANT": str(per_tenant)}
+    replica = Replica(stack, base, "home", workers=workers, env=env)
     try:
         yield replica
     finally:
@@ -293,14 +297,15 @@ def _process_index(pid: int) -> int:
 
 
 def test_routed_processes_serve_each_tenant_from_one_process(stack, make_tenant):
-    """`engram api --workers 3`: a key's first connection goes to the process its hash names, which tells the
-    router the key's tenant; from then on every connection of every key of that tenant goes to the tenant's
-    process, so one process does a tenant's per-change work. Connections without a key go to each in turn."""
+    """`engram api --workers 3` with one process a tenant: a key's first connection goes to the process its hash
+    names, which tells the router the key's tenant; from then on every connection of every key of that tenant
+    goes to the tenant's process, so one process does a tenant's per-change work. Connections without a key go
+    to each in turn."""
     import psutil
 
     from api.serve.routed import owner
 
-    with _routed(stack, workers=3) as replica:
+    with _routed(stack, workers=3, per_tenant=1) as replica:
         router = replica.process.pid
         tenants = [make_tenant("routed") for _ in range(3)]
         keys = {t.tenant_id: [t.admin_key, *_keys(replica.url, t.headers(), 3)] for t in tenants}
@@ -324,10 +329,38 @@ def test_routed_processes_serve_each_tenant_from_one_process(stack, make_tenant)
             assert _process_index(pid) == owner(stranger.encode(), 3)
 
 
+def test_by_default_each_tenant_is_served_by_two_routed_processes_in_turn(stack, make_tenant):
+    """`engram api --workers 3` as it comes: once the router knows a key's tenant, the tenant's new connections
+    go in turn to the process its id names and the next one, so one busy tenant can use two cores; no third
+    process ever serves it, and what one process saved the other finds at once."""
+    with _routed(stack, workers=3) as replica:
+        router = replica.process.pid
+        tenants = [make_tenant("routed-pair") for _ in range(3)]
+        for tenant in tenants:
+            headers = tenant.headers()
+            _fresh_connection_pid(replica.url, router, headers)  # (its hash's process tells the router)
+            served = [_process_index(_fresh_connection_pid(replica.url, router, headers)) for _ in range(6)]
+            pair = {tenant.tenant_id % 3, (tenant.tenant_id + 1) % 3}
+            assert set(served) == pair, (tenant.tenant_id, served)
+            assert all(a != b for a, b in zip(served, served[1:], strict=False)), served  # in turn
+        # Read-your-writes across the pair: each save is found at once by a search on the next connection, which
+        # (the connections going in turn, as above) the other process serves.
+        headers = tenants[0].headers()
+        for i in range(4):
+            token = f"pair{i}q{uuid.uuid4().hex[:6]}"
+            with httpx.Client(base_url=replica.url, headers=headers, timeout=30) as http:
+                saved = http.post("/v1/memories", json={"content": f"note {token} kept"})
+            assert saved.status_code == 201, saved.text
+            with httpx.Client(base_url=replica.url, headers=headers, timeout=30) as http:
+                found = http.post("/v1/search", json={"question": token})
+            assert found.status_code == 200, found.text
+            assert [h["id"] for h in found.json()["memories"]][:1] == [saved.json()["memory_id"]]
+
+
 def test_a_routed_process_killed_is_replaced_and_its_keys_answered_meanwhile(stack, make_tenant):
     import psutil
 
-    with _routed(stack, workers=2) as replica:
+    with _routed(stack, workers=2, per_tenant=1) as replica:  # (the tenant's one process is the one killed)
         headers = _headers(make_tenant)
         before = _tenant_process(replica, headers)
         other = ({p.pid for p in psutil.Process(replica.process.pid).children()} - {before}).pop()
@@ -349,7 +382,7 @@ def test_connections_queued_to_a_routed_process_that_dies_are_served_by_another(
 
     import psutil
 
-    with _routed(stack, workers=2) as replica:
+    with _routed(stack, workers=2, per_tenant=1) as replica:  # (every connection of the tenant to the stopped one)
         headers = _headers(make_tenant)
         owner = _tenant_process(replica, headers)
         os.kill(owner, signal.SIGSTOP)  # it takes nothing from its socket pair from now on

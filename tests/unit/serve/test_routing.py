@@ -49,3 +49,23 @@ def test_a_key_whose_tenant_is_known_goes_to_its_tenants_process():
     tenants = {key_digest(key): 7 for key in keys}  # forty keys of tenant 7
     assert {owner(key, 4, tenants) for key in keys} == {7 % 4}
     assert {owner(key, 4, {key_digest(key): tenant}) for tenant in range(8) for key in keys[:1]} == {0, 1, 2, 3}
+
+
+def test_a_tenant_is_served_by_its_processes_in_turn_and_an_unknown_key_by_its_hash():
+    import socket
+
+    from api.serve.routed import Router, tenant_processes
+
+    assert tenant_processes(7, 4, 2) == [3, 0]
+    assert tenant_processes(7, 4, 1) == [3]
+    assert tenant_processes(5, 2, 3) == [1, 0]  # (never more than every process)
+    with socket.socket() as listener:
+        router = Router(listener, ["engram"], 4, per_tenant=2)
+        known, other, stranger = b"egk_known", b"egk_other", b"egk_stranger"
+        router.tenants = {key_digest(known): 7, key_digest(other): 7}
+        turns = [router._route(known), router._route(other), router._route(known), router._route(known)]
+        assert turns == [3, 0, 3, 0]  # one tenant's connections alternate, whichever of its keys they carry
+        assert {router._route(stranger) for _ in range(4)} == {owner(stranger, 4)}
+        alone = Router(listener, ["engram"], 4, per_tenant=1)
+        alone.tenants = router.tenants
+        assert {alone._route(known) for _ in range(4)} == {3}
