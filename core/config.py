@@ -110,9 +110,9 @@ class Settings(BaseSettings):
     # Redis redelivers an unacknowledged message (worker killed) after this long.
     broker_visibility_timeout_seconds: float = 3600.0
     api_workers: int = 1
-    # How many of the api_workers processes serve each tenant, its connections in turn (api.serve.routed): one
-    # keeps each tenant's caches in one process; two let one busy tenant use two cores, each of its processes
-    # keeping its own copy of the tenant's caches.
+    # The most api_workers processes one tenant is served by, its connections in turn (api.serve.routed): a tenant
+    # with more than its share of the connections takes a second one, so one busy tenant can use two cores; each
+    # of its processes keeps its own copy of the tenant's caches. 1: every tenant in one process.
     api_processes_per_tenant: int = Field(default=2, ge=1)
     # Load (per API process). Requests running at once; more wait up to api_queue_wait_seconds in a queue
     # of at most api_max_queued, and the rest are answered 503 + Retry-After at once (no 5xx other than

@@ -13,15 +13,17 @@ descriptor to that process (``SCM_RIGHTS`` over a Unix socket pair). The process
 its first byte as if it had accepted it: nothing is copied or proxied, and the router spends a few syscalls
 per connection, none per request.
 
-A tenant is served by ``ENGRAM_API_PROCESSES_PER_TENANT`` of the processes (2 by default, at most N): the
-one its id names (tenant id modulo N) and the next ones, its new connections passed to each in turn. One keeps
-each tenant's caches in one process, but then one process's interpreter lock bounds a busy tenant's requests
-(one core); with two, one tenant's load of the bench ran 1.23x the requests/s on two cores at the same CPU per
-request, the catching up of the second copy of its caches costing too little to show (docs/benchmarks.md,
-Load). A key is known to be its tenant's once a process that authenticated it tells the router the key's
-tenant (the key's CRC-32 and the tenant id, over the same socket pair), so a tenant whose agents use many keys
-is still served by its processes; until then its connections go to the process the key's hash names. A load
-balancer in front of replicas cannot know the tenant and hashes the header instead (deploy/SCALING.md).
+A tenant is served by the process its id names (tenant id modulo N), and a busy one by the next process too
+(``ENGRAM_API_PROCESSES_PER_TENANT``, at most 2 by default), its new connections then passed to each in turn.
+One process keeps a tenant's caches once, but its interpreter lock bounds the tenant's requests at one core:
+one tenant's load mix ran 1.23x the requests/s on two processes at the same CPU per request (docs/benchmarks.md,
+Load). Tenants sharing the load evenly gain nothing by it and pay for the second copies of their caches (four
+tenants on four processes, 1.1-1.3x the API's CPU a request), so a tenant takes more processes only for its
+share of the connections the router passed lately (:class:`Shares`): about one process per 1/N of them. A key
+is known to be its tenant's once a process that authenticated it tells the router the key's tenant (the key's
+CRC-32 and the tenant id, over the same socket pair), so a tenant whose agents use many keys is still served by
+its processes; until then its connections go to the process the key's hash names. A load balancer in front of
+replicas cannot know the tenant and hashes the header instead (deploy/SCALING.md).
 
 A connection without a key in its first request (``/healthz``, the dashboard's page) goes to the processes
 in turn. Later requests on a keep-alive connection stay with the process that has it: a client using
@@ -38,6 +40,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import os
 import selectors
 import signal
@@ -74,6 +77,8 @@ _LEARNED = struct.Struct("!cIq")
 ACKNOWLEDGE_SECONDS = 2.0
 # Keys whose tenant the router remembers (then it forgets them all and learns again).
 MAX_KNOWN_KEYS = 200_000
+# How long a connection counts towards its tenant's share of the connections routed (the half-life of its weight).
+SHARE_HALF_LIFE_SECONDS = 60.0
 
 
 def authorization(head: bytes) -> bytes | None:
@@ -119,6 +124,36 @@ def tenant_processes(tenant_id: int, processes: int, per_tenant: int) -> list[in
     return [(tenant_id + step) % processes for step in range(min(per_tenant, processes))]
 
 
+class Shares:
+    """Each tenant's share of the connections routed lately, each connection's weight halving every
+    ``half_life`` seconds (updated in O(1) a connection, whatever the number of tenants)."""
+
+    def __init__(self, half_life: float = SHARE_HALF_LIFE_SECONDS) -> None:
+        self._rate = math.log(2) / half_life
+        self._weights: dict[int, tuple[float, float]] = {}  # tenant id -> (weight, when)
+        self._total = (0.0, 0.0)
+
+    def _decayed(self, weight: float, when: float, now: float) -> float:
+        return weight * math.exp(-self._rate * (now - when)) if now > when else weight
+
+    def add(self, tenant_id: int, now: float) -> float:
+        """Count a connection of the tenant; returns the tenant's share of the recent connections, this one in."""
+        if len(self._weights) >= MAX_KNOWN_KEYS:
+            self._weights.clear()
+        weight, when = self._weights.get(tenant_id, (0.0, now))
+        weight = self._decayed(weight, when, now) + 1.0
+        total = self._decayed(*self._total, now) + 1.0
+        self._weights[tenant_id] = (weight, now)
+        self._total = (total, now)
+        return weight / total
+
+
+def processes_for_share(share: float, processes: int, most: int) -> int:
+    """How many processes serve a tenant with ``share`` of the recent connections: one per 1/N of them, rounded
+    down past a quarter (a tenant at 1.75/N of them gets two), at least one, at most ``most``."""
+    return max(1, min(most, processes, int(share * processes + 0.25)))
+
+
 @dataclass
 class _Process:
     index: int
@@ -148,8 +183,10 @@ class Router:
     def __init__(self, listener: socket.socket, argv: Sequence[str], processes: int, per_tenant: int = 1) -> None:
         self.listener = listener
         self.processes = [_Process(index, [*argv, "--handoff-fd"]) for index in range(processes)]
-        self.per_tenant = per_tenant
+        self.per_tenant = per_tenant  # the most processes one tenant is served by
         self.turns: dict[int, int] = {}  # tenant id -> connections passed (which of its processes is next)
+        self.shares = Shares()
+        self.clock = time.monotonic
         self.selector = selectors.DefaultSelector()
         self.waiting: dict[int, _Waiting] = {}  # by fd: connections not routed yet
         self.rechecking: set[int] = set()  # those of them whose head came in part (no longer selected)
@@ -274,12 +311,15 @@ class Router:
         return True
 
     def _route(self, token: bytes) -> int:
-        """The process for a new connection of the key ``token``: its tenant's processes in turn once the key's
-        tenant is known, else the process the key's hash names."""
+        """The process for a new connection of the key ``token``: once the key's tenant is known, its processes in
+        turn, as many as its share of the recent connections calls for; until then the process the key's hash
+        names."""
         tenant = self.tenants.get(key_digest(token))
         if tenant is None:
             return owner(token, len(self.processes))
-        serving = tenant_processes(tenant, len(self.processes), self.per_tenant)
+        count = len(self.processes)
+        wanted = processes_for_share(self.shares.add(tenant, self.clock()), count, self.per_tenant)
+        serving = tenant_processes(tenant, count, wanted)
         turn = self.turns.get(tenant, 0)
         if len(self.turns) >= MAX_KNOWN_KEYS:
             self.turns.clear()

@@ -329,23 +329,21 @@ def test_routed_processes_serve_each_tenant_from_one_process(stack, make_tenant)
             assert _process_index(pid) == owner(stranger.encode(), 3)
 
 
-def test_by_default_each_tenant_is_served_by_two_routed_processes_in_turn(stack, make_tenant):
-    """`engram api --workers 3` as it comes: once the router knows a key's tenant, the tenant's new connections
-    go in turn to the process its id names and the next one, so one busy tenant can use two cores; no third
-    process ever serves it, and what one process saved the other finds at once."""
+def test_a_busy_tenant_is_served_by_two_routed_processes_in_turn_and_a_sharing_one_by_one(stack, make_tenant):
+    """`engram api --workers 3` as it comes: a tenant alone on the API takes a second process, its new connections
+    going in turn to the process its id names and the next one (so one busy tenant can use two cores), and what
+    one of them saved the other finds at once; a tenant that then has no more than its share of the connections
+    stays on its one process. No third process serves either."""
     with _routed(stack, workers=3) as replica:
         router = replica.process.pid
-        tenants = [make_tenant("routed-pair") for _ in range(3)]
-        for tenant in tenants:
-            headers = tenant.headers()
-            _fresh_connection_pid(replica.url, router, headers)  # (its hash's process tells the router)
-            served = [_process_index(_fresh_connection_pid(replica.url, router, headers)) for _ in range(6)]
-            pair = {tenant.tenant_id % 3, (tenant.tenant_id + 1) % 3}
-            assert set(served) == pair, (tenant.tenant_id, served)
-            assert all(a != b for a, b in zip(served, served[1:], strict=False)), served  # in turn
+        busy, sharing = make_tenant("routed-busy"), make_tenant("routed-sharing")
+        headers = busy.headers()
+        _fresh_connection_pid(replica.url, router, headers)  # (its hash's process tells the router)
+        served = [_process_index(_fresh_connection_pid(replica.url, router, headers)) for _ in range(6)]
+        assert set(served) == {busy.tenant_id % 3, (busy.tenant_id + 1) % 3}, served
+        assert all(a != b for a, b in zip(served, served[1:], strict=False)), served  # in turn
         # Read-your-writes across the pair: each save is found at once by a search on the next connection, which
         # (the connections going in turn, as above) the other process serves.
-        headers = tenants[0].headers()
         for i in range(4):
             token = f"pair{i}q{uuid.uuid4().hex[:6]}"
             with httpx.Client(base_url=replica.url, headers=headers, timeout=30) as http:
@@ -355,6 +353,10 @@ def test_by_default_each_tenant_is_served_by_two_routed_processes_in_turn(stack,
                 found = http.post("/v1/search", json={"question": token})
             assert found.status_code == 200, found.text
             assert [h["id"] for h in found.json()["memories"]][:1] == [saved.json()["memory_id"]]
+        headers = sharing.headers()
+        _fresh_connection_pid(replica.url, router, headers)
+        served = [_process_index(_fresh_connection_pid(replica.url, router, headers)) for _ in range(6)]
+        assert set(served) == {sharing.tenant_id % 3}, served
 
 
 def test_a_routed_process_killed_is_replaced_and_its_keys_answered_meanwhile(stack, make_tenant):

@@ -51,7 +51,7 @@ def test_a_key_whose_tenant_is_known_goes_to_its_tenants_process():
     assert {owner(key, 4, {key_digest(key): tenant}) for tenant in range(8) for key in keys[:1]} == {0, 1, 2, 3}
 
 
-def test_a_tenant_is_served_by_its_processes_in_turn_and_an_unknown_key_by_its_hash():
+def test_a_busy_tenant_is_served_by_its_processes_in_turn_and_an_unknown_key_by_its_hash():
     import socket
 
     from api.serve.routed import Router, tenant_processes
@@ -61,11 +61,45 @@ def test_a_tenant_is_served_by_its_processes_in_turn_and_an_unknown_key_by_its_h
     assert tenant_processes(5, 2, 3) == [1, 0]  # (never more than every process)
     with socket.socket() as listener:
         router = Router(listener, ["engram"], 4, per_tenant=2)
+        router.clock = lambda: 0.0
         known, other, stranger = b"egk_known", b"egk_other", b"egk_stranger"
         router.tenants = {key_digest(known): 7, key_digest(other): 7}
+        # The only tenant connecting: it takes a second process, its keys' connections alternating.
         turns = [router._route(known), router._route(other), router._route(known), router._route(known)]
-        assert turns == [3, 0, 3, 0]  # one tenant's connections alternate, whichever of its keys they carry
+        assert turns == [3, 0, 3, 0]
         assert {router._route(stranger) for _ in range(4)} == {owner(stranger, 4)}
         alone = Router(listener, ["engram"], 4, per_tenant=1)
         alone.tenants = router.tenants
         assert {alone._route(known) for _ in range(4)} == {3}
+
+
+def test_tenants_sharing_the_connections_evenly_keep_one_process_each():
+    import socket
+
+    from api.serve.routed import Router
+
+    with socket.socket() as listener:
+        router = Router(listener, ["engram"], 4, per_tenant=2)
+        router.clock = lambda: 0.0
+        keys = [f"egk_{n}".encode() for n in range(4)]
+        router.tenants = {key_digest(key): tenant for tenant, key in enumerate(keys)}
+        routed: dict[int, set[int]] = {tenant: set() for tenant in range(4)}
+        for _ in range(10):
+            for tenant, key in enumerate(keys):
+                routed[tenant].add(router._route(key))
+        assert routed == {tenant: {tenant} for tenant in range(4)}
+        # One of them then takes most of the new connections: past ~1.75/4 of the recent ones, a second process.
+        hot = [router._route(keys[1]) for _ in range(40)]
+        assert set(hot) == {1, 2}
+
+
+def test_a_tenants_share_of_the_connections_fades_with_their_age():
+    from api.serve.routed import Shares, processes_for_share
+
+    shares = Shares(half_life=60.0)
+    assert shares.add(1, now=0.0) == 1.0
+    assert abs(shares.add(2, now=60.0) - 1 / 1.5) < 1e-9  # (tenant 1's one connection weighs half by then)
+    assert abs(shares.add(2, now=600.0) - 1.0) < 0.01
+    assert [processes_for_share(share, 4, 2) for share in (1.0, 0.5, 0.4, 0.25)] == [2, 2, 1, 1]
+    assert [processes_for_share(share, 2, 2) for share in (1.0, 0.9, 0.6, 0.5)] == [2, 2, 1, 1]
+    assert processes_for_share(1.0, 4, 1) == 1
