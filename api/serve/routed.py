@@ -16,14 +16,15 @@ per connection, none per request.
 A tenant is served by the process its id names (tenant id modulo N), and a busy one by the next process too
 (``ENGRAM_API_PROCESSES_PER_TENANT``, at most 2 by default), its new connections then passed to each in turn.
 One process keeps a tenant's caches once, but its interpreter lock bounds the tenant's requests at one core:
-one tenant's load mix ran 1.23x the requests/s on two processes at the same CPU per request (docs/benchmarks.md,
-Load). Tenants sharing the load evenly gain nothing by it and pay for the second copies of their caches (four
-tenants on four processes, 1.1-1.3x the API's CPU a request), so a tenant takes more processes only for its
-share of the connections the router passed lately (:class:`Shares`): about one process per 1/N of them. A key
-is known to be its tenant's once a process that authenticated it tells the router the key's tenant (the key's
-CRC-32 and the tenant id, over the same socket pair), so a tenant whose agents use many keys is still served by
-its processes; until then its connections go to the process the key's hash names. A load balancer in front of
-replicas cannot know the tenant and hashes the header instead (deploy/SCALING.md).
+one tenant's load mix ran 1.13-1.23x the requests/s on two processes, at 0.98-1.07x the CPU a request
+(docs/benchmarks.md, Load). Tenants sharing the load evenly gain nothing by it and pay for the second copies
+of their caches (four tenants on four processes, each on two: no more requests/s than each on one,
+docs/benchmarks.md, Processes), so a tenant takes more processes only for its share of the connections the
+router passed lately (:class:`Shares`): about one process per 1/N of them. A key is known to be its tenant's
+once a process that authenticated it tells the router the key's tenant (the key's CRC-32 and the tenant id,
+over the same socket pair), so a tenant whose agents use many keys is still served by its processes; until
+then its connections go to the process the key's hash names. A load balancer in front of replicas cannot know
+the tenant and hashes the header instead (deploy/SCALING.md).
 
 A connection without a key in its first request (``/healthz``, the dashboard's page) goes to the processes
 in turn. Later requests on a keep-alive connection stay with the process that has it: a client using
