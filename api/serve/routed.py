@@ -139,8 +139,9 @@ class Shares:
 
     def add(self, tenant_id: int, now: float) -> float:
         """Count a connection of the tenant; returns the tenant's share of the recent connections, this one in."""
-        if len(self._weights) >= MAX_KNOWN_KEYS:
+        if len(self._weights) >= MAX_KNOWN_KEYS:  # (then every share starts again)
             self._weights.clear()
+            self._total = (0.0, now)
         weight, when = self._weights.get(tenant_id, (0.0, now))
         weight = self._decayed(weight, when, now) + 1.0
         total = self._decayed(*self._total, now) + 1.0
@@ -442,7 +443,7 @@ def run_routed(
     argv: Sequence[str], *, host: str, port: int, processes: int, per_tenant: int = 1, backlog: int = 2048
 ) -> int:
     """Listen on ``host:port`` and run ``processes`` API processes (each ``argv`` + ``--handoff-fd FD``), each
-    tenant served by ``per_tenant`` of them."""
+    tenant served by at most ``per_tenant`` of them."""
     listener = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
     listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
