@@ -23,6 +23,7 @@ import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -357,6 +358,46 @@ def test_a_busy_tenant_is_served_by_two_routed_processes_in_turn_and_a_sharing_o
         _fresh_connection_pid(replica.url, router, headers)
         served = [_process_index(_fresh_connection_pid(replica.url, router, headers)) for _ in range(6)]
         assert set(served) == {sharing.tenant_id % 3}, served
+
+
+def test_a_key_revoked_through_one_routed_process_is_refused_at_once_by_the_other(stack, make_tenant):
+    """A busy tenant's connections are spread over two processes, each caching its keys' callers: a key revoked
+    through one (its admin's request) is refused by both on the next request, not after the cache's TTL (the
+    revocation reaches the other by NOTIFY engram_tenants)."""
+    import http.client
+
+    with _routed(stack, workers=2) as replica:
+        router = replica.process.pid
+        admin = make_tenant("routed-revoke").headers()
+        for n in range(3):
+            issued = httpx.post(
+                f"{replica.url}/v1/keys", json={"user": f"revoked{n}@example.com", "role": "member"}, headers=admin
+            )
+            assert issued.status_code == 201, issued.text
+            headers = {"Authorization": f"Bearer {issued.json()['api_key']}"}
+            connections = [http.client.HTTPConnection("127.0.0.1", replica.port, timeout=30) for _ in range(4)]
+
+            try:
+                assert _statuses(connections, headers) == [200] * 4
+                serving = {_serving_pid(router, c.sock.getsockname()[1]) for c in connections}
+                assert len(serving) == 2, serving  # (the key's caller is cached in both processes)
+                revoked = httpx.delete(f"{replica.url}/v1/keys/{issued.json()['id']}", headers=admin)
+                assert revoked.status_code == 200, revoked.text
+                assert _statuses(connections, headers) == [401] * 4
+            finally:
+                for connection in connections:
+                    connection.close()
+
+
+def _statuses(connections: list[Any], headers: dict[str, str]) -> list[int]:
+    """One GET on each kept-alive connection (the same process answers a connection every time): the statuses."""
+    answers = []
+    for connection in connections:
+        connection.request("GET", "/v1/memories?limit=1", headers=headers)
+        response = connection.getresponse()
+        response.read()
+        answers.append(response.status)
+    return answers
 
 
 def test_a_routed_process_killed_is_replaced_and_its_keys_answered_meanwhile(stack, make_tenant):
