@@ -127,27 +127,29 @@ def tenant_processes(tenant_id: int, processes: int, per_tenant: int) -> list[in
 
 class Shares:
     """Each tenant's share of the connections routed lately, each connection's weight halving every
-    ``half_life`` seconds (updated in O(1) a connection, whatever the number of tenants)."""
+    ``half_life`` seconds (updated in O(1) a connection, whatever the number of tenants), and how many of its
+    connections were routed (which of its processes is next)."""
 
     def __init__(self, half_life: float = SHARE_HALF_LIFE_SECONDS) -> None:
         self._rate = math.log(2) / half_life
-        self._weights: dict[int, tuple[float, float]] = {}  # tenant id -> (weight, when)
+        self._weights: dict[int, tuple[float, float, int]] = {}  # tenant id -> (weight, when, connections)
         self._total = (0.0, 0.0)
 
     def _decayed(self, weight: float, when: float, now: float) -> float:
         return weight * math.exp(-self._rate * (now - when)) if now > when else weight
 
-    def add(self, tenant_id: int, now: float) -> float:
-        """Count a connection of the tenant; returns the tenant's share of the recent connections, this one in."""
+    def add(self, tenant_id: int, now: float) -> tuple[float, int]:
+        """Count a connection of the tenant; returns the tenant's share of the recent connections, this one in,
+        and how many of its connections came before it."""
         if len(self._weights) >= MAX_KNOWN_KEYS:  # (then every share starts again)
             self._weights.clear()
             self._total = (0.0, now)
-        weight, when = self._weights.get(tenant_id, (0.0, now))
+        weight, when, before = self._weights.get(tenant_id, (0.0, now, 0))
         weight = self._decayed(weight, when, now) + 1.0
         total = self._decayed(*self._total, now) + 1.0
-        self._weights[tenant_id] = (weight, now)
+        self._weights[tenant_id] = (weight, now, before + 1)
         self._total = (total, now)
-        return weight / total
+        return weight / total, before
 
 
 def processes_for_share(share: float, processes: int, most: int) -> int:
@@ -186,7 +188,6 @@ class Router:
         self.listener = listener
         self.processes = [_Process(index, [*argv, "--handoff-fd"]) for index in range(processes)]
         self.per_tenant = per_tenant  # the most processes one tenant is served by
-        self.turns: dict[int, int] = {}  # tenant id -> connections passed (which of its processes is next)
         self.shares = Shares()
         self.clock = time.monotonic
         self.selector = selectors.DefaultSelector()
@@ -320,12 +321,8 @@ class Router:
         if tenant is None:
             return owner(token, len(self.processes))
         count = len(self.processes)
-        wanted = processes_for_share(self.shares.add(tenant, self.clock()), count, self.per_tenant)
-        serving = tenant_processes(tenant, count, wanted)
-        turn = self.turns.get(tenant, 0)
-        if len(self.turns) >= MAX_KNOWN_KEYS:
-            self.turns.clear()
-        self.turns[tenant] = turn + 1
+        share, turn = self.shares.add(tenant, self.clock())
+        serving = tenant_processes(tenant, count, processes_for_share(share, count, self.per_tenant))
         return serving[turn % len(serving)]
 
     def _turn(self) -> int:

@@ -97,9 +97,11 @@ def test_a_tenants_share_of_the_connections_fades_with_their_age():
     from api.serve.routed import Shares, processes_for_share
 
     shares = Shares(half_life=60.0)
-    assert shares.add(1, now=0.0) == 1.0
-    assert abs(shares.add(2, now=60.0) - 1 / 1.5) < 1e-9  # (tenant 1's one connection weighs half by then)
-    assert abs(shares.add(2, now=600.0) - 1.0) < 0.01
+    assert shares.add(1, now=0.0) == (1.0, 0)
+    share, before = shares.add(2, now=60.0)
+    assert abs(share - 1 / 1.5) < 1e-9 and before == 0  # (tenant 1's one connection weighs half by then)
+    share, before = shares.add(2, now=600.0)
+    assert abs(share - 1.0) < 0.01 and before == 1
     assert [processes_for_share(share, 4, 2) for share in (1.0, 0.5, 0.4, 0.25)] == [2, 2, 1, 1]
     assert [processes_for_share(share, 2, 2) for share in (1.0, 0.9, 0.6, 0.5)] == [2, 2, 1, 1]
     assert processes_for_share(1.0, 4, 1) == 1
