@@ -23,7 +23,9 @@ from core.tenancy.context import Caller
 from core.tenancy.service import authenticate, hash_key
 from core.tenancy.usage import buffer as usage_buffer
 
-# Revocations made through this process apply at once; other processes see them within the TTL.
+# A key revoked or a tenant changed through this process is dropped from the cache here and, before the answer
+# goes out, in the other API processes of this host (forget_tenant_callers); other replicas drop it when the
+# database's notification reaches them (api.tenant_events), and whatever misses both expires after this long.
 _CACHE_TTL_SECONDS = 5.0
 # A key unknown a moment ago is answered 401 from memory; a key issued since is found after this long.
 _UNKNOWN_TTL_SECONDS = 2.0
@@ -31,6 +33,8 @@ _UNKNOWN_MAX_ENTRIES = 10_000
 _cache: dict[str, tuple[float, Caller]] = {}
 _unknown: dict[str, float] = {}
 _cache_lock = threading.Lock()
+# Counts the forgets: a lookup begun before one may have read what it dropped, so its answer is not cached.
+_forgets = 0
 
 # POST calls that only read; every other non-GET /v1 call writes and is refused to a read-only key.
 _READING_POSTS = frozenset({"/v1/search", "/v1/hydrate"})
@@ -54,7 +58,9 @@ def bearer_token(request: Request) -> str | None:
 
 def forget_cached_keys(*, tenant_id: int | None = None) -> None:
     """Drop cached callers: every one, or one tenant's (its state or keys changed, maybe on another replica)."""
+    global _forgets
     with _cache_lock:
+        _forgets += 1
         if tenant_id is None:
             _cache.clear()
             _unknown.clear()
@@ -63,12 +69,24 @@ def forget_cached_keys(*, tenant_id: int | None = None) -> None:
             del _cache[digest]
 
 
+def forget_tenant_callers(tenant_id: int) -> None:
+    """After a change to a tenant's keys, state or quotas committed: drop its cached callers in this process and
+    in every other API process of this host, waiting for them (api.serve.routed), so the change applies to the
+    next request whichever process serves it. Other replicas hear of it from the database (api.tenant_events)."""
+    forget_cached_keys(tenant_id=tenant_id)
+    routed.forget_everywhere(tenant_id)
+
+
+routed.on_forget(lambda tenant_id: forget_cached_keys(tenant_id=tenant_id))
+
+
 def caller_for_key(api_key: str) -> Caller:
     digest = hash_key(api_key)
     now = time.monotonic()
     with _cache_lock:
         hit = _cache.get(digest)
         unknown_until = _unknown.get(digest, 0.0)
+        forgets = _forgets
     if hit is not None and hit[0] > now:
         return hit[1]
     if unknown_until > now:
@@ -84,7 +102,8 @@ def caller_for_key(api_key: str) -> Caller:
             _unknown[digest] = now + _UNKNOWN_TTL_SECONDS
         raise
     with _cache_lock:
-        _cache[digest] = (now + _CACHE_TTL_SECONDS, caller)
+        if forgets == _forgets:  # (else a revocation may have committed after this lookup read the key)
+            _cache[digest] = (now + _CACHE_TTL_SECONDS, caller)
     routed.learned(api_key, caller.tenant_id)  # with ENGRAM_API_WORKERS > 1: route its tenant to one process
     return caller
 

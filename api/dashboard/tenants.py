@@ -10,7 +10,7 @@ from fastapi import APIRouter, Body, Request
 from fastapi.responses import FileResponse, Response
 from sqlalchemy import text
 
-from api.auth import forget_cached_keys
+from api.auth import forget_tenant_callers
 from api.dashboard.routes import STATIC_DIR, is_operator_request, login_page, require_operator
 from api.routes.tenants import page_limit
 from api.threads import Route
@@ -87,6 +87,6 @@ def api_patch_tenant(name: str, request: Request, body: Any = Body(default=None)
     with system_session() as session:
         tenant, _ = operations.update_tenant(session, name=name, state=body.get("state"), quotas=body.get("quotas"))
         tenant_id = tenant.id
-    forget_cached_keys(tenant_id=tenant_id)
+    forget_tenant_callers(tenant_id)
     with system_session() as session:
         return operations.describe(session, name=name)

@@ -7,7 +7,7 @@ from typing import Any, Literal
 from fastapi import APIRouter, Body, Depends
 from pydantic import BaseModel, ConfigDict, Field
 
-from api.auth import forget_cached_keys, require_admin
+from api.auth import forget_tenant_callers, require_admin
 from api.openapi import KeyIdPath, operation
 from api.schemas import IssuedKeyOut, KeyList, KeyRevoked
 from api.threads import Route
@@ -111,5 +111,5 @@ def delete_key(key_id: KeyIdPath, caller: Caller = Depends(require_admin)) -> di
         revoke_key(session, caller=caller, key_id=key_id)
         record(session, caller_or_actor=caller, action="key.revoke", target=f"key:{key_id}")
         announce(session, tenant_id=caller.tenant_id, event="keys")  # other replicas drop it at commit
-    forget_cached_keys(tenant_id=caller.tenant_id)
+    forget_tenant_callers(caller.tenant_id)
     return {"id": key_id, "revoked": True}

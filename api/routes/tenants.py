@@ -10,7 +10,7 @@ from fastapi import APIRouter, Body, Depends, Path, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
-from api.auth import bearer_token, forget_cached_keys, is_operator_key, require_admin
+from api.auth import bearer_token, forget_tenant_callers, is_operator_key, require_admin
 from api.openapi import operation
 from api.threads import Route
 from core.db import system_session, tenant_session
@@ -231,7 +231,7 @@ def patch_tenant(name: TenantPath, body: Any = Body(default=None)) -> dict[str, 
             session, name=name, state=body.get("state"), quotas=body.get("quotas")
         )
         tenant_id = tenant.id
-    forget_cached_keys(tenant_id=tenant_id)
+    forget_tenant_callers(tenant_id)
     with system_session() as session:
         return operations.describe(session, name=name)
 
@@ -248,7 +248,7 @@ def delete_tenant(name: TenantPath) -> JSONResponse:
     with system_session() as session:
         tenant, job_id = operations.offboard(session, name=name)
         tenant_id = tenant.id
-    forget_cached_keys(tenant_id=tenant_id)
+    forget_tenant_callers(tenant_id)
     return JSONResponse({"job_id": job_id}, status_code=202)
 
 

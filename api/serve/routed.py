@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import math
 import os
 import selectors
@@ -48,10 +49,11 @@ import signal
 import socket
 import struct
 import subprocess
+import threading
 import time
 import zlib
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from types import FrameType
 from typing import Any
@@ -71,9 +73,16 @@ PEEK_SECONDS = 0.5
 _REPEEK_SECONDS = 0.002
 
 
-# What a process tells its router: b"t", a key's CRC-32 and its tenant id (the key belongs to the tenant), or
-# b"a", a count and 0 (it took that many more of the connections passed to it).
+# What a process tells its router, one message each: b"t", a key's CRC-32 and its tenant id (the key belongs to the
+# tenant); b"a", a count and 0 (it took that many more of the connections passed to it); b"f", a number of its own
+# and a tenant id (have every other process drop the tenant's cached callers); b"k", the router's number of such a
+# request and the tenant id (done here). What a router tells a process: b"c" with a connection's descriptor; b"f",
+# its number and a tenant id (drop them, then say b"k"); b"d", the process's own number and the tenant id (every
+# other process has).
 _LEARNED = struct.Struct("!cIq")
+# How long a process that changed a tenant's keys or state waits for the others to drop the tenant's callers
+# (one that does not answer by then gets the database's notification, api.tenant_events, as a replica does).
+FORGET_SECONDS = 2.0
 # How long a stopping process waits to tell its router of the last connections it took (else it leaves them).
 ACKNOWLEDGE_SECONDS = 2.0
 # Keys whose tenant the router remembers (then it forgets them all and learns again).
@@ -181,6 +190,16 @@ class _Waiting:
     deadline: float
 
 
+@dataclass
+class _Forgetting:
+    """A process's request that the others drop a tenant's cached callers, until each has said it did."""
+
+    origin: int  # the asking process
+    number: int  # the asking process's number for it
+    tenant: int
+    unanswered: set[int] = field(default_factory=set)  # the processes that have not said so yet
+
+
 class Router:
     """The listening process: routes each new connection to its key's process, keeps the processes running."""
 
@@ -195,6 +214,8 @@ class Router:
         self.rechecking: set[int] = set()  # those of them whose head came in part (no longer selected)
         self.unsent: list[tuple[socket.socket, int]] = []  # no process could take them yet
         self.tenants: dict[int, int] = {}  # key digest -> tenant id, as the processes report them
+        self.forgetting: dict[int, _Forgetting] = {}  # by the router's number for it
+        self.next_forgetting = 0
         self.next_index = 0
         self.stopping = False
         self.code = 0
@@ -244,6 +265,44 @@ class Router:
                 elif kind == b"a":
                     for _ in range(min(number, len(process.pending))):
                         process.pending.popleft().close()
+                elif kind == b"f":
+                    self._forget(process, number, tenant)
+                elif kind == b"k":
+                    self._forgot(process.index, number)
+
+    def _forget(self, origin: _Process, number: int, tenant: int) -> None:
+        """Pass a process's request to drop a tenant's cached callers to every other live process; the asking
+        process is told once each has done so (or has died)."""
+        self.next_forgetting = (self.next_forgetting + 1) % 2**32
+        forgetting = _Forgetting(origin.index, number, tenant)
+        message = _LEARNED.pack(b"f", self.next_forgetting, tenant)
+        for process in self.processes:
+            if process is origin or not process.live:
+                continue
+            assert process.channel is not None
+            try:
+                process.channel.send(message)
+            except OSError:  # its queue is full (it takes nothing) or it died: it hears of it from the database
+                continue
+            forgetting.unanswered.add(process.index)
+        self.forgetting[self.next_forgetting] = forgetting
+        self._forgot(None, self.next_forgetting)
+
+    def _forgot(self, index: int | None, number: int) -> None:
+        """Process ``index`` dropped what request ``number`` named; the asking process is told when none is left."""
+        forgetting = self.forgetting.get(number)
+        if forgetting is None:
+            return
+        if index is not None:
+            forgetting.unanswered.discard(index)
+        if forgetting.unanswered:
+            return
+        del self.forgetting[number]
+        origin = self.processes[forgetting.origin]
+        if origin.live:
+            assert origin.channel is not None
+            with contextlib.suppress(OSError):  # (it waits FORGET_SECONDS at most)
+                origin.channel.send(_LEARNED.pack(b"d", forgetting.number, forgetting.tenant))
 
     def _end(self, process: _Process) -> None:
         """A process's end of the pair closed: it takes nothing more, and the connections it had not taken go
@@ -257,6 +316,8 @@ class Router:
         pending, process.pending = process.pending, deque()
         for connection in pending:
             self._send(connection, process.index)
+        for number in list(self.forgetting):  # nothing more to wait for from it
+            self._forgot(process.index, number)
 
     def _tend(self) -> None:
         """Start again a process that died on its own, as api.serve.supervise does (restart_delay)."""
@@ -456,6 +517,35 @@ def run_routed(
 
 
 _router: socket.socket | None = None  # in a routed API process: its end of the socket pair
+_forget_here: Callable[[int], None] | None = None  # drops a tenant's cached callers in this process (api.auth)
+_forgotten: dict[int, threading.Event] = {}  # this process's requests to the others, by number, set when done
+_numbers = itertools.count(1)
+
+
+def on_forget(forget: Callable[[int], None]) -> None:
+    """What this process runs when another routed process changed a tenant's keys or state (api.auth)."""
+    global _forget_here
+    _forget_here = forget
+
+
+def forget_everywhere(tenant_id: int) -> bool:
+    """Have every other API process of this router drop the tenant's cached callers, and wait until each has (at
+    most FORGET_SECONDS): a key revoked or a tenant suspended through this process is then refused by all of them
+    from the next request on, not only once the database's notification reaches them. True when each did, or
+    when this process is not routed. Blocks: a request thread's call, never the event loop's."""
+    router = _router
+    if router is None:
+        return True
+    number = next(_numbers) % 2**32
+    done = threading.Event()
+    _forgotten[number] = done
+    try:
+        router.send(_LEARNED.pack(b"f", number, tenant_id))
+        return done.wait(FORGET_SECONDS)
+    except OSError:  # the router's queue is full or it is gone: the notification still reaches the others
+        return False
+    finally:
+        _forgotten.pop(number, None)
 
 
 def learned(token: str, tenant_id: int) -> None:
@@ -498,6 +588,9 @@ class HandoffServer(DrainingServer):
                 asyncio.get_running_loop().remove_reader(self.handoff.fileno())
                 self.should_exit = True
                 break
+            if len(data) == _LEARNED.size:  # not a connection: about another process's request to forget
+                self._heard(data)
+                continue
             # One connection a message, counted even when its descriptor did not come (this process is out of
             # them: the kernel drops it), so that the router's count of what it holds stays in step.
             self._unacknowledged += 1
@@ -538,6 +631,25 @@ class HandoffServer(DrainingServer):
     def _retry(self) -> None:
         self._retrying = False
         self._acknowledge()
+
+    def _heard(self, message: bytes) -> None:
+        kind, number, tenant = _LEARNED.unpack(message)
+        if kind == b"f":  # another process changed the tenant: drop its callers here, then say so
+            if _forget_here is not None:
+                _forget_here(tenant)
+            self._say(_LEARNED.pack(b"k", number, tenant))
+        elif kind == b"d":  # every other process dropped them: the request thread waiting for it goes on
+            done = _forgotten.get(number)
+            if done is not None:
+                done.set()
+
+    def _say(self, message: bytes) -> None:
+        try:
+            self.handoff.send(message)
+        except (BlockingIOError, InterruptedError):  # its queue is full: again shortly
+            asyncio.get_running_loop().call_later(0.001, self._say, message)
+        except OSError:  # the router is gone
+            pass
 
     async def _accept_backlog(self) -> None:
         """Serve what the router passed before it asked this process to stop, then take no more."""

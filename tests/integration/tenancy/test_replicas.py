@@ -28,6 +28,7 @@ from typing import Any
 import httpx
 import pytest
 
+from tests.helpers.api import OPERATOR_KEY
 from tests.helpers.processes import REPO, WorkerProcess, answers_health, stop_process, wait_for
 
 
@@ -262,12 +263,16 @@ def _fresh_connection_pid(url: str, router: int, headers: dict[str, str], path: 
 
 
 @contextmanager
-def _routed(stack, workers: int, per_tenant: int | None = None) -> Iterator[Replica]:  # type: ignore[no-untyped-def]
+def _routed(  # type: ignore[no-untyped-def]
+    stack, workers: int, per_tenant: int | None = None, env: dict[str, str] | None = None
+) -> Iterator[Replica]:
     """`engram api --workers N` on a home of its own (each tenant served by ``per_tenant`` of the processes,
     unset: the default), stopped and removed after."""
     base = Path(tempfile.mkdtemp(prefix="engram-routed-", dir="/tmp"))
     base.chmod(0o755)
-    env = {} if per_tenant is None else {"ENGRAM_API_PROCESSES_PER_TENANT": str(per_tenant)}
+    env = dict(env or {})
+    if per_tenant is not None:
+        env["ENGRAM_API_PROCESSES_PER_TENANT"] = str(per_tenant)
     replica = Replica(stack, base, "home", workers=workers, env=env)
     try:
         yield replica
@@ -360,33 +365,110 @@ def test_a_busy_tenant_is_served_by_two_routed_processes_in_turn_and_a_sharing_o
         assert set(served) == {sharing.tenant_id % 3}, served
 
 
-def test_a_key_revoked_through_one_routed_process_is_refused_at_once_by_the_other(stack, make_tenant):
-    """A busy tenant's connections are spread over two processes, each caching its keys' callers: a key revoked
-    through one (its admin's request) is refused by both on the next request, not after the cache's TTL (the
-    revocation reaches the other by NOTIFY engram_tenants)."""
+def test_a_key_revoked_through_one_replica_is_refused_by_the_other_long_before_its_cache_expires(
+    deployment, make_tenant
+):
+    """Replicas do not know each other: the other replica drops the key's cached caller when the database's
+    notification (NOTIFY engram_tenants, api.tenant_events) reaches it, within milliseconds, not when its cached
+    entry expires (api.auth's 5 s): it was cached just before the revocation, so a refusal within a second is the
+    notification's."""
+    a, b = deployment.replicas
+    admin = make_tenant("replica-revoke").headers()
+    for n in range(3):
+        issued = httpx.post(
+            f"{a.url}/v1/keys", json={"user": f"revoked{n}@example.com", "role": "member"}, headers=admin
+        )
+        assert issued.status_code == 201, issued.text
+        headers = {"Authorization": f"Bearer {issued.json()['api_key']}"}
+        with httpx.Client(base_url=b.url, headers=headers, timeout=30) as on_b:
+            assert on_b.get("/v1/memories?limit=1").status_code == 200  # (cached by B from now on)
+            revoked = httpx.delete(f"{a.url}/v1/keys/{issued.json()['id']}", headers=admin)
+            assert revoked.status_code == 200, revoked.text
+            deadline = time.monotonic() + 1.0
+            statuses = [on_b.get("/v1/memories?limit=1").status_code]
+            while statuses[-1] != 401 and time.monotonic() < deadline:
+                time.sleep(0.02)
+                statuses.append(on_b.get("/v1/memories?limit=1").status_code)
+            assert statuses[-1] == 401, statuses
+
+
+def test_a_change_made_through_one_routed_process_applies_in_the_others_before_it_is_answered(stack, make_tenant):
+    """The process through which a key is revoked or a tenant suspended has the host's other processes drop the
+    tenant's cached callers before it answers (api.serve.routed.forget_everywhere): the next request is refused
+    whichever process serves it, even when the database's notification does not reach them. Here each process's
+    listening connection is cut just before the change; a listener reconnects after a pause and then drops every
+    cached caller, so an attempt that it overtook proves nothing and is made again."""
     import http.client
 
-    with _routed(stack, workers=2) as replica:
-        router = replica.process.pid
-        admin = make_tenant("routed-revoke").headers()
-        for n in range(3):
-            issued = httpx.post(
-                f"{replica.url}/v1/keys", json={"user": f"revoked{n}@example.com", "role": "member"}, headers=admin
-            )
-            assert issued.status_code == 201, issued.text
-            headers = {"Authorization": f"Bearer {issued.json()['api_key']}"}
-            connections = [http.client.HTTPConnection("127.0.0.1", replica.port, timeout=30) for _ in range(4)]
+    import psycopg
 
+    from core.tenancy.operations import CHANNEL
+
+    application = f"engram-routed-{uuid.uuid4().hex[:8]}"  # (libpq names every connection of the replica so)
+    dsn = stack.database_url.replace("postgresql+psycopg://", "postgresql://", 1)
+    listening = "FROM pg_stat_activity WHERE application_name = %s AND query = %s"
+    with (
+        _routed(stack, workers=2, env={"PGAPPNAME": application}) as replica,
+        psycopg.connect(dsn, autocommit=True) as database,
+    ):
+
+        def listeners() -> int:
+            return database.execute(f"SELECT count(*) {listening}", (application, f"LISTEN {CHANNEL}")).fetchone()[0]
+
+        def refused_at_once(change: Any, headers: dict[str, str]) -> list[int] | None:
+            """The statuses on four connections (over both processes) right after ``change``, or None when a
+            listener was back by then."""
+            wait_for(lambda: listeners() == 2)
+            connections = [http.client.HTTPConnection("127.0.0.1", replica.port, timeout=30) for _ in range(4)]
             try:
                 assert _statuses(connections, headers) == [200] * 4
-                serving = {_serving_pid(router, c.sock.getsockname()[1]) for c in connections}
-                assert len(serving) == 2, serving  # (the key's caller is cached in both processes)
-                revoked = httpx.delete(f"{replica.url}/v1/keys/{issued.json()['id']}", headers=admin)
-                assert revoked.status_code == 200, revoked.text
-                assert _statuses(connections, headers) == [401] * 4
+                serving = {_serving_pid(replica.process.pid, c.sock.getsockname()[1]) for c in connections}
+                assert len(serving) == 2, serving
+                cut = database.execute(
+                    f"SELECT pg_terminate_backend(pid) {listening}", (application, f"LISTEN {CHANNEL}")
+                ).fetchall()
+                assert len(cut) == 2
+                change()
+                statuses = _statuses(connections, headers)
+                return statuses if listeners() == 0 else None
             finally:
                 for connection in connections:
                     connection.close()
+
+        admin_tenant = make_tenant("routed-forget")
+        admin = admin_tenant.headers()
+        operator = {"Authorization": f"Bearer {OPERATOR_KEY}"}
+        for attempt in range(3):
+            issued = httpx.post(
+                f"{replica.url}/v1/keys", json={"user": f"gone{attempt}@example.com", "role": "member"}, headers=admin
+            )
+            assert issued.status_code == 201, issued.text
+
+            def revoke(key_id: str = issued.json()["id"]) -> None:
+                assert httpx.delete(f"{replica.url}/v1/keys/{key_id}", headers=admin).status_code == 200
+
+            statuses = refused_at_once(revoke, {"Authorization": f"Bearer {issued.json()['api_key']}"})
+            if statuses is not None:
+                assert statuses == [401] * 4
+                break
+        else:
+            pytest.fail("a listener reconnected before the statuses were read, in every attempt")
+
+        # The same tenant (busy enough lately to be served by both processes), suspended, resumed if need be.
+        tenant = f"{replica.url}/v1/tenants/{admin_tenant.name}"
+        for _attempt in range(3):
+            assert httpx.patch(tenant, json={"state": "active"}, headers=operator).status_code == 200
+
+            def suspend() -> None:
+                answer = httpx.patch(tenant, json={"state": "suspended"}, headers=operator)
+                assert answer.status_code == 200, answer.text
+
+            statuses = refused_at_once(suspend, admin)
+            if statuses is not None:
+                assert statuses == [403] * 4
+                break
+        else:
+            pytest.fail("a listener reconnected before the statuses were read, in every attempt")
 
 
 def _statuses(connections: list[Any], headers: dict[str, str]) -> list[int]:

@@ -105,3 +105,65 @@ def test_a_tenants_share_of_the_connections_fades_with_their_age():
     assert [processes_for_share(share, 4, 2) for share in (1.0, 0.5, 0.4, 0.25)] == [2, 2, 1, 1]
     assert [processes_for_share(share, 2, 2) for share in (1.0, 0.9, 0.6, 0.5)] == [2, 2, 1, 1]
     assert processes_for_share(1.0, 4, 1) == 1
+
+
+def test_a_process_asking_the_others_to_forget_a_tenant_is_answered_once_each_did_or_died():
+    """Router side of api.serve.routed.forget_everywhere, over real socket pairs: the request goes to every other
+    live process, and the asking one is told only when each has said it is done, or has ended."""
+    import socket
+    import subprocess
+
+    from api.serve.routed import _LEARNED, Router
+
+    def received(end: socket.socket) -> tuple[bytes, int, int] | None:
+        try:
+            return _LEARNED.unpack(end.recv(64))
+        except BlockingIOError:
+            return None
+
+    with socket.socket() as listener:
+        router = Router(listener, ["engram"], 3)
+        theirs, sleepers = [], []
+        try:
+            for process in router.processes:
+                ours, their = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+                ours.setblocking(False)
+                their.setblocking(False)
+                process.channel = ours
+                process.popen = subprocess.Popen(["sleep", "60"])
+                theirs.append(their)
+                sleepers.append(process.popen)
+            asking, answering, dying = router.processes
+
+            theirs[0].send(_LEARNED.pack(b"f", 7, 42))  # process 0: have the others drop tenant 42
+            router._hear(asking)
+            told = [received(theirs[1]), received(theirs[2])]
+            assert [t[0] for t in told if t] == [b"f", b"f"] and {t[2] for t in told if t} == {42}
+            assert received(theirs[0]) is None
+
+            theirs[1].send(_LEARNED.pack(b"k", told[0][1], 42))  # type: ignore[index]
+            router._hear(answering)
+            assert received(theirs[0]) is None  # (process 2 has not answered)
+
+            dying.popen.kill()  # type: ignore[union-attr]
+            dying.popen.wait()  # type: ignore[union-attr]
+            router._end(dying)
+            assert received(theirs[0]) == (b"d", 7, 42)
+            assert router.forgetting == {}
+
+            theirs[1].send(_LEARNED.pack(b"f", 8, 43))  # no other live process but 0: answered when 0 is
+            router._hear(answering)
+            request = received(theirs[0])
+            assert request is not None and request[0] == b"f"
+            theirs[0].send(_LEARNED.pack(b"k", request[1], 43))
+            router._hear(asking)
+            assert received(theirs[1]) == (b"d", 8, 43)
+        finally:
+            for sleeper in sleepers:
+                sleeper.kill()
+                sleeper.wait()
+            for process in router.processes:
+                if process.channel is not None:
+                    process.channel.close()
+            for their in theirs:
+                their.close()
