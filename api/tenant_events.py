@@ -1,4 +1,8 @@
-"""Each API process applies an operator's change to a tenant at once: a thread LISTENs on ``engram_tenants``.
+"""Each API process applies a change to a tenant made elsewhere: a thread LISTENs on ``engram_tenants``.
+
+A change made through another replica (or by ``engram tenant ...`` on the home) reaches this process within
+milliseconds of its commit; one made through another process of the same routed ``engram api`` has already been
+applied here before it was answered (api.serve.routed.forget_everywhere).
 
 A suspension, new quotas or revoked keys drop the tenant's cached callers, so its next request is
 authenticated afresh; an offboarding also erases the tenant's cached search state and index directory

@@ -26,6 +26,12 @@ over the same socket pair), so a tenant whose agents use many keys is still serv
 then its connections go to the process the key's hash names. A load balancer in front of replicas cannot know
 the tenant and hashes the header instead (deploy/SCALING.md).
 
+Each process caches its keys' callers. A process through which a tenant's keys or state change (a revocation,
+a suspension, new quotas, an offboarding) has the router ask every other live process to drop the tenant's
+callers and waits for each to say it did before it answers (:func:`forget_everywhere`): the change applies to the
+next request whichever process serves it. The database's notification (api.tenant_events) still reaches them
+too, and is what reaches other replicas.
+
 A connection without a key in its first request (``/healthz``, the dashboard's page) goes to the processes
 in turn. Later requests on a keep-alive connection stay with the process that has it: a client using
 several keys on one connection is served correctly, by one process. A process that dies is started again;
