@@ -51,15 +51,17 @@ import itertools
 import math
 import os
 import selectors
+import shutil
 import signal
 import socket
 import struct
 import subprocess
+import tempfile
 import threading
 import time
 import zlib
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from types import FrameType
 from typing import Any
@@ -209,8 +211,16 @@ class _Forgetting:
 class Router:
     """The listening process: routes each new connection to its key's process, keeps the processes running."""
 
-    def __init__(self, listener: socket.socket, argv: Sequence[str], processes: int, per_tenant: int = 1) -> None:
+    def __init__(
+        self,
+        listener: socket.socket,
+        argv: Sequence[str],
+        processes: int,
+        per_tenant: int = 1,
+        env: dict[str, str] | None = None,
+    ) -> None:
         self.listener = listener
+        self.env = env or {}  # set for the processes besides this process's own environment
         self.processes = [_Process(index, [*argv, "--handoff-fd"]) for index in range(processes)]
         self.per_tenant = per_tenant  # the most processes one tenant is served by
         self.shares = Shares()
@@ -237,6 +247,7 @@ class Router:
                 preexec_fn=die_with_parent(signal.SIGKILL),
                 env={
                     **os.environ,
+                    **self.env,
                     "ENGRAM_API_PROCESS": str(process.index),  # which one it is (logs, tests)
                     # How many share the host: each runs its share of the requests (core.config: api_inflight).
                     "ENGRAM_API_WORKERS": str(len(self.processes)),
@@ -516,10 +527,27 @@ def run_routed(
         click.echo(f"cannot listen on {host}:{port}: {error}", err=True)
         return 3  # uvicorn's STARTUP_FAILURE
     listener.listen(backlog)
-    router = Router(listener, argv, processes, per_tenant)
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(signum, router.stop)
-    return router.run()
+    with shared_metrics() as metrics:
+        router = Router(listener, argv, processes, per_tenant, env=metrics)
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(signum, router.stop)
+        return router.run()
+
+
+@contextlib.contextmanager
+def shared_metrics() -> Iterator[dict[str, str]]:
+    """The environment that puts the processes' own metrics (requests, search latency) in prometheus_client's
+    multiprocess mode, in a directory of this router's removed when it stops: GET /metrics, answered by whichever
+    process the connection reached, then counts the requests of all of them (each process counting only its own,
+    a scraper would see counters jump back and forth). An operator's own PROMETHEUS_MULTIPROC_DIR is kept."""
+    if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        yield {}
+        return
+    directory = tempfile.mkdtemp(prefix="engram-metrics-")
+    try:
+        yield {"PROMETHEUS_MULTIPROC_DIR": directory}
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
 
 
 _router: socket.socket | None = None  # in a routed API process: its end of the socket pair

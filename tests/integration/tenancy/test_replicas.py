@@ -365,6 +365,38 @@ def test_a_busy_tenant_is_served_by_two_routed_processes_in_turn_and_a_sharing_o
         assert set(served) == {sharing.tenant_id % 3}, served
 
 
+def test_every_routed_process_answers_metrics_with_the_requests_of_all_of_them(stack, make_tenant):
+    """GET /metrics is answered by whichever process its connection reached (the operator key's, by its hash):
+    it counts the requests every process answered, through prometheus_client's multiprocess mode in a directory
+    the router makes for them and removes when it stops."""
+    import psutil
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with _routed(stack, workers=2) as replica:
+        router = replica.process.pid
+        headers = make_tenant("routed-metrics").headers()
+        served = {_fresh_connection_pid(replica.url, router, headers) for _ in range(5)}
+        assert len(served) == 2, served  # (a tenant alone on the API: both processes, in turn)
+        directories = {psutil.Process(pid).environ()["PROMETHEUS_MULTIPROC_DIR"] for pid in served}
+        assert len(directories) == 1
+        counted = []
+        for _ in range(2):
+            with httpx.Client(base_url=replica.url, timeout=30) as http:
+                scraped = http.get("/metrics", headers={"Authorization": f"Bearer {OPERATOR_KEY}"})
+            assert scraped.status_code == 200, scraped.text
+            counted.append(
+                sum(
+                    sample.value
+                    for family in text_string_to_metric_families(scraped.text)
+                    for sample in family.samples
+                    if sample.name == "engram_http_requests_total"
+                    and sample.labels == {"method": "GET", "route": "/v1/memories", "status": "200"}
+                )
+            )
+        assert counted == [5.0] * 2, counted  # (each process answered some of the five: both were counted)
+    assert not Path(directories.pop()).exists()
+
+
 def test_a_key_revoked_through_one_replica_is_refused_by_the_other_long_before_its_cache_expires(
     deployment, make_tenant
 ):
