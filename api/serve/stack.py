@@ -36,6 +36,17 @@ from core.source_guard import describe_policy, serve_policy
 from core.tenancy.service import create_tenant, get_tenant_by_name
 
 
+def _api_processes(settings: Settings) -> list[str]:
+    """The API's processes as `engram api` options: ENGRAM_API_WORKERS when set; else two on a machine of two
+    cores or more, one on a single core. With two, one busy tenant's connections go to both in turn
+    (api.serve.routed), so its requests can use two cores where one process's interpreter lock holds them to
+    one: the load mix on two cores served 1.3x the requests/s of one process, search p95 under 400 ms
+    (docs/benchmarks.md, Load)."""
+    if "api_workers" in settings.model_fields_set:
+        return ["--workers", str(settings.api_workers)]
+    return ["--workers", "2" if (os.cpu_count() or 1) >= 2 else "1"]
+
+
 @dataclass
 class Child:
     name: str
@@ -190,7 +201,7 @@ def serve(*, host: str, port: int, home: Path) -> None:
         env = dict(os.environ)
         exe = engram_command()
         children = [
-            Child("api", [*exe, "api", "--host", host, "--port", str(port), "--no-migrate"]),
+            Child("api", [*exe, "api", "--host", host, "--port", str(port), "--no-migrate", *_api_processes(settings)]),
             Child("worker", [*exe, "worker"]),
             Child("beat", [*exe, "beat"]),
         ]
