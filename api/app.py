@@ -14,6 +14,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from uvicorn.middleware.proxy_headers import ProxyHeadersMiddleware
 
 import core.schema  # noqa: F401 - every table known to the ORM
+from api.auth import forget_cached_keys
 from api.dashboard import routes as dashboard
 from api.dashboard import tenants as dashboard_tenants
 from api.errors import error_response, install_error_handlers
@@ -36,6 +37,7 @@ from api.routes import (
     transfer,
     webhooks,
 )
+from api.serve import routed
 from api.tenant_events import TenantEventListener
 from core import __version__
 from core.config import get_settings
@@ -135,11 +137,14 @@ def create_app(*, install_queue: bool = False) -> FastAPI:
 
 def _run_tenant_services(app: FastAPI) -> None:
     """While the app runs: apply operators' changes to tenants at once (api.tenant_events), and write the
-    usage this process buffered when it stops."""
+    usage this process buffered when it stops. With ENGRAM_API_WORKERS > 1, another process of the host may ask
+    this one to drop a tenant's cached callers or to write its usage now (api.serve.routed)."""
     previous = app.router.lifespan_context
 
     @asynccontextmanager
     async def lifespan(application: Any) -> AsyncIterator[Any]:
+        routed.on_asked(routed.FORGET, lambda tenant_id: forget_cached_keys(tenant_id=tenant_id))
+        routed.on_asked(routed.FLUSH_USAGE, lambda _tenant_id: buffer.flush())
         listener = TenantEventListener()
         listener.start()
         try:

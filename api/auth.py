@@ -74,10 +74,7 @@ def forget_tenant_callers(tenant_id: int) -> None:
     in every other API process of this host, waiting for them (api.serve.routed), so the change applies to the
     next request whichever process serves it. Other replicas hear of it from the database (api.tenant_events)."""
     forget_cached_keys(tenant_id=tenant_id)
-    routed.forget_everywhere(tenant_id)
-
-
-routed.on_forget(lambda tenant_id: forget_cached_keys(tenant_id=tenant_id))
+    routed.ask_the_others(routed.FORGET, tenant_id)
 
 
 def caller_for_key(api_key: str) -> Caller:

@@ -26,11 +26,12 @@ over the same socket pair), so a tenant whose agents use many keys is still serv
 then its connections go to the process the key's hash names. A load balancer in front of replicas cannot know
 the tenant and hashes the header instead (deploy/SCALING.md).
 
-Each process caches its keys' callers. A process through which a tenant's keys or state change (a revocation,
-a suspension, new quotas, an offboarding) has the router ask every other live process to drop the tenant's
-callers and waits for each to say it did before it answers (:func:`forget_everywhere`): the change applies to the
-next request whichever process serves it. The database's notification (api.tenant_events) still reaches them
-too, and is what reaches other replicas.
+Each process caches its keys' callers and counts its tenants' usage before writing it. A process through which a
+tenant's keys or state change (a revocation, a suspension, new quotas, an offboarding) has the router ask every
+other live process to drop the tenant's callers, and one about to read usage has them write what they counted; it
+waits for each to say it did before it answers (:func:`ask_the_others`): the change applies to the next request
+whichever process serves it, and the usage read counts every process's requests. The database's notification
+(api.tenant_events) still reaches them too, and is what reaches other replicas.
 
 A connection without a key in its first request (``/healthz``, the dashboard's page) goes to the processes
 in turn. Later requests on a keep-alive connection stay with the process that has it: a client using
@@ -48,6 +49,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import logging
 import math
 import os
 import selectors
@@ -72,6 +74,8 @@ import uvicorn
 from api.serve.graceful import DrainingServer
 from api.serve.supervise import die_with_parent, restart_delay
 
+log = logging.getLogger("engram.api")
+
 # The head of a first request is routed once its Authorization line has arrived, or the whole head, or this
 # many bytes (a head that big has no such line within them), or after PEEK_SECONDS (a client that connects
 # and waits is served by whichever process is next; it is answered as usual).
@@ -82,15 +86,20 @@ _REPEEK_SECONDS = 0.002
 
 
 # What a process tells its router, one message each: b"t", a key's CRC-32 and its tenant id (the key belongs to the
-# tenant); b"a", a count and 0 (it took that many more of the connections passed to it); b"f", a number of its own
-# and a tenant id (have every other process drop the tenant's cached callers); b"k", the router's number of such a
-# request and the tenant id (done here). What a router tells a process: b"c" with a connection's descriptor; b"f",
-# its number and a tenant id (drop them, then say b"k"); b"d", the process's own number and the tenant id (every
-# other process has).
+# tenant); b"a", a count and 0 (it took that many more of the connections passed to it); a request to the other
+# processes (FORGET, FLUSH_USAGE), a number of its own and a tenant id; b"k", the router's number of such a request
+# and the tenant id (done here). What a router tells a process: b"c" with a connection's descriptor; a request, the
+# router's number for it and the tenant id (do it, then say b"k"); b"d", the process's own number of its request
+# and the tenant id (every other process did it).
 _LEARNED = struct.Struct("!cIq")
-# How long a process that changed a tenant's keys or state waits for the others to drop the tenant's callers
-# (one that does not answer by then gets the database's notification, api.tenant_events, as a replica does).
-FORGET_SECONDS = 2.0
+# The requests a process makes of the others: drop a tenant's cached callers; write the usage counted so far.
+FORGET = b"f"
+FLUSH_USAGE = b"u"
+_REQUESTS = (FORGET, FLUSH_USAGE)
+# How long a process waits for the others to do what it asked (one that does not answer by then hears of a
+# change from the database's notification, api.tenant_events, as a replica does, and writes its usage within
+# ENGRAM_USAGE_FLUSH_SECONDS).
+ASK_SECONDS = 2.0
 # How long a stopping process waits to tell its router of the last connections it took (else it leaves them).
 ACKNOWLEDGE_SECONDS = 2.0
 # Keys whose tenant the router remembers (then it forgets them all and learns again).
@@ -199,8 +208,8 @@ class _Waiting:
 
 
 @dataclass
-class _Forgetting:
-    """A process's request that the others drop a tenant's cached callers, until each has said it did."""
+class _Asked:
+    """A process's request to the others, until each has said it did it."""
 
     origin: int  # the asking process
     number: int  # the asking process's number for it
@@ -230,8 +239,8 @@ class Router:
         self.rechecking: set[int] = set()  # those of them whose head came in part (no longer selected)
         self.unsent: list[tuple[socket.socket, int]] = []  # no process could take them yet
         self.tenants: dict[int, int] = {}  # key digest -> tenant id, as the processes report them
-        self.forgetting: dict[int, _Forgetting] = {}  # by the router's number for it
-        self.next_forgetting = 0
+        self.asked: dict[int, _Asked] = {}  # the processes' requests to each other, by the router's number
+        self.next_asked = 0
         self.next_index = 0
         self.stopping = False
         self.code = 0
@@ -282,44 +291,44 @@ class Router:
                 elif kind == b"a":
                     for _ in range(min(number, len(process.pending))):
                         process.pending.popleft().close()
-                elif kind == b"f":
-                    self._forget(process, number, tenant)
+                elif kind in _REQUESTS:
+                    self._ask(process, kind, number, tenant)
                 elif kind == b"k":
-                    self._forgot(process.index, number)
+                    self._answered(process.index, number)
 
-    def _forget(self, origin: _Process, number: int, tenant: int) -> None:
-        """Pass a process's request to drop a tenant's cached callers to every other live process; the asking
-        process is told once each has done so (or has died)."""
-        self.next_forgetting = (self.next_forgetting + 1) % 2**32
-        forgetting = _Forgetting(origin.index, number, tenant)
-        message = _LEARNED.pack(b"f", self.next_forgetting, tenant)
+    def _ask(self, origin: _Process, kind: bytes, number: int, tenant: int) -> None:
+        """Pass a process's request to every other live process; the asking process is told once each has done it
+        (or has died)."""
+        self.next_asked = (self.next_asked + 1) % 2**32
+        asked = _Asked(origin.index, number, tenant)
+        message = _LEARNED.pack(kind, self.next_asked, tenant)
         for process in self.processes:
             if process is origin or not process.live:
                 continue
             assert process.channel is not None
             try:
                 process.channel.send(message)
-            except OSError:  # its queue is full (it takes nothing) or it died: it hears of it from the database
+            except OSError:  # its queue is full (it takes nothing) or it died: not waited for
                 continue
-            forgetting.unanswered.add(process.index)
-        self.forgetting[self.next_forgetting] = forgetting
-        self._forgot(None, self.next_forgetting)
+            asked.unanswered.add(process.index)
+        self.asked[self.next_asked] = asked
+        self._answered(None, self.next_asked)
 
-    def _forgot(self, index: int | None, number: int) -> None:
-        """Process ``index`` dropped what request ``number`` named; the asking process is told when none is left."""
-        forgetting = self.forgetting.get(number)
-        if forgetting is None:
+    def _answered(self, index: int | None, number: int) -> None:
+        """Process ``index`` did what request ``number`` asked; the asking process is told when none is left."""
+        asked = self.asked.get(number)
+        if asked is None:
             return
         if index is not None:
-            forgetting.unanswered.discard(index)
-        if forgetting.unanswered:
+            asked.unanswered.discard(index)
+        if asked.unanswered:
             return
-        del self.forgetting[number]
-        origin = self.processes[forgetting.origin]
+        del self.asked[number]
+        origin = self.processes[asked.origin]
         if origin.live:
             assert origin.channel is not None
-            with contextlib.suppress(OSError):  # (it waits FORGET_SECONDS at most)
-                origin.channel.send(_LEARNED.pack(b"d", forgetting.number, forgetting.tenant))
+            with contextlib.suppress(OSError):  # (it waits ASK_SECONDS at most)
+                origin.channel.send(_LEARNED.pack(b"d", asked.number, asked.tenant))
 
     def _end(self, process: _Process) -> None:
         """A process's end of the pair closed: it takes nothing more, and the connections it had not taken go
@@ -333,8 +342,8 @@ class Router:
         pending, process.pending = process.pending, deque()
         for connection in pending:
             self._send(connection, process.index)
-        for number in list(self.forgetting):  # nothing more to wait for from it
-            self._forgot(process.index, number)
+        for number in list(self.asked):  # nothing more to wait for from it
+            self._answered(process.index, number)
 
     def _tend(self) -> None:
         """Start again a process that died on its own, as api.serve.supervise does (restart_delay)."""
@@ -551,35 +560,37 @@ def shared_metrics() -> Iterator[dict[str, str]]:
 
 
 _router: socket.socket | None = None  # in a routed API process: its end of the socket pair
-_forget_here: Callable[[int], None] | None = None  # drops a tenant's cached callers in this process (api.auth)
-_forgotten: dict[int, threading.Event] = {}  # this process's requests to the others, by number, set when done
+_handlers: dict[bytes, Callable[[int], object]] = {}  # what this process does when another asks (api.app)
+_answers: dict[int, threading.Event] = {}  # this process's requests to the others, by number, set when done
 _numbers = itertools.count(1)
 
 
-def on_forget(forget: Callable[[int], None]) -> None:
-    """What this process runs when another routed process changed a tenant's keys or state (api.auth)."""
-    global _forget_here
-    _forget_here = forget
+def on_asked(kind: bytes, handler: Callable[[int], object]) -> None:
+    """What this process runs (on a thread, with the tenant id) when another routed process asks ``kind``."""
+    if kind not in _REQUESTS:
+        raise ValueError(f"unknown request {kind!r}")
+    _handlers[kind] = handler
 
 
-def forget_everywhere(tenant_id: int) -> bool:
-    """Have every other API process of this router drop the tenant's cached callers, and wait until each has (at
-    most FORGET_SECONDS): a key revoked or a tenant suspended through this process is then refused by all of them
-    from the next request on, not only once the database's notification reaches them. True when each did, or
-    when this process is not routed. Blocks: a request thread's call, never the event loop's."""
+def ask_the_others(kind: bytes, tenant_id: int = 0) -> bool:
+    """Have every other API process of this router do ``kind`` (FORGET: drop the tenant's cached callers, so a key
+    revoked or a tenant suspended through this process is refused by all of them from the next request on, not
+    only once the database's notification reaches them; FLUSH_USAGE: write the usage they counted), and wait
+    until each has, at most ASK_SECONDS. True when each did, or when this process is not routed. Blocks: a
+    request thread's call, never the event loop's."""
     router = _router
     if router is None:
         return True
     number = next(_numbers) % 2**32
     done = threading.Event()
-    _forgotten[number] = done
+    _answers[number] = done
     try:
-        router.send(_LEARNED.pack(b"f", number, tenant_id))
-        return done.wait(FORGET_SECONDS)
-    except OSError:  # the router's queue is full or it is gone: the notification still reaches the others
+        router.send(_LEARNED.pack(kind, number, tenant_id))
+        return done.wait(ASK_SECONDS)
+    except OSError:  # the router's queue is full or it is gone
         return False
     finally:
-        _forgotten.pop(number, None)
+        _answers.pop(number, None)
 
 
 def learned(token: str, tenant_id: int) -> None:
@@ -622,7 +633,7 @@ class HandoffServer(DrainingServer):
                 asyncio.get_running_loop().remove_reader(self.handoff.fileno())
                 self.should_exit = True
                 break
-            if len(data) == _LEARNED.size:  # not a connection: about another process's request to forget
+            if len(data) == _LEARNED.size:  # not a connection: a request of another process, or its answer
                 self._heard(data)
                 continue
             # One connection a message, counted even when its descriptor did not come (this process is out of
@@ -668,14 +679,23 @@ class HandoffServer(DrainingServer):
 
     def _heard(self, message: bytes) -> None:
         kind, number, tenant = _LEARNED.unpack(message)
-        if kind == b"f":  # another process changed the tenant: drop its callers here, then say so
-            if _forget_here is not None:
-                _forget_here(tenant)
-            self._say(_LEARNED.pack(b"k", number, tenant))
-        elif kind == b"d":  # every other process dropped them: the request thread waiting for it goes on
-            done = _forgotten.get(number)
+        if kind == b"d":  # every other process did what this one asked: the request thread waiting goes on
+            done = _answers.get(number)
             if done is not None:
                 done.set()
+        elif kind in _REQUESTS:  # another process asks: done on a thread (it may write to the database), then said
+            handler = _handlers.get(kind)
+            answer = _LEARNED.pack(b"k", number, tenant)
+            if handler is None:
+                self._say(answer)
+                return
+            done_there = asyncio.get_running_loop().run_in_executor(None, handler, tenant)
+            done_there.add_done_callback(lambda finished: self._answer(finished, answer))
+
+    def _answer(self, finished: asyncio.Future[object], answer: bytes) -> None:
+        if not finished.cancelled() and finished.exception() is not None:
+            log.warning("a request of another API process failed here: %s", finished.exception())
+        self._say(answer)
 
     def _say(self, message: bytes) -> None:
         try:

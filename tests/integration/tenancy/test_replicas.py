@@ -397,6 +397,27 @@ def test_every_routed_process_answers_metrics_with_the_requests_of_all_of_them(s
     assert not Path(directories.pop()).exists()
 
 
+def test_usage_read_through_one_routed_process_counts_the_requests_the_other_served(stack, make_tenant):
+    """Each process counts its requests in memory and writes them every ENGRAM_USAGE_FLUSH_SECONDS (an hour here):
+    the process that answers a read of usage first has the others write theirs (api.serve.routed), so the count
+    is every request of the tenant, whichever process served it."""
+    with _routed(stack, workers=2, env={"ENGRAM_USAGE_FLUSH_SECONDS": "3600"}) as replica:
+        tenant = make_tenant("routed-usage")
+        served = [_fresh_connection_pid(replica.url, replica.process.pid, tenant.headers()) for _ in range(6)]
+        assert len(set(served)) == 2, served
+        answers = []
+        for _ in range(2):
+            with httpx.Client(base_url=replica.url, headers=tenant.headers(), timeout=30) as http:
+                read = http.get("/v1/usage")
+            assert read.status_code == 200, read.text
+            answers.append(read.json()["usage"]["requests"])
+        operator = {"Authorization": f"Bearer {OPERATOR_KEY}"}
+        described = httpx.get(f"{replica.url}/v1/tenants/{tenant.name}", headers=operator, timeout=30)
+        assert described.status_code == 200, described.text
+    assert answers == [7, 8], answers  # (the six, then each read counted by its own process)
+    assert described.json()["usage"]["requests"] == 8
+
+
 def test_a_key_revoked_through_one_replica_is_refused_by_the_other_long_before_its_cache_expires(
     deployment, make_tenant
 ):

@@ -107,8 +107,8 @@ def test_a_tenants_share_of_the_connections_fades_with_their_age():
     assert processes_for_share(1.0, 4, 1) == 1
 
 
-def test_a_process_asking_the_others_to_forget_a_tenant_is_answered_once_each_did_or_died():
-    """Router side of api.serve.routed.forget_everywhere, over real socket pairs: the request goes to every other
+def test_a_process_asking_the_others_is_answered_once_each_did_it_or_died():
+    """Router side of api.serve.routed.ask_the_others, over real socket pairs: the request goes to every other
     live process, and the asking one is told only when each has said it is done, or has ended."""
     import socket
     import subprocess
@@ -149,12 +149,12 @@ def test_a_process_asking_the_others_to_forget_a_tenant_is_answered_once_each_di
             dying.popen.wait()  # type: ignore[union-attr]
             router._end(dying)
             assert received(theirs[0]) == (b"d", 7, 42)
-            assert router.forgetting == {}
+            assert router.asked == {}
 
-            theirs[1].send(_LEARNED.pack(b"f", 8, 43))  # no other live process but 0: answered when 0 is
+            theirs[1].send(_LEARNED.pack(b"u", 8, 43))  # no other live process but 0: answered when 0 is
             router._hear(answering)
             request = received(theirs[0])
-            assert request is not None and request[0] == b"f"
+            assert request is not None and request[0] == b"u"
             theirs[0].send(_LEARNED.pack(b"k", request[1], 43))
             router._hear(asking)
             assert received(theirs[1]) == (b"d", 8, 43)
