@@ -24,4 +24,7 @@ fi
 .venv/bin/ruff check core api workers tests scripts clients/python
 .venv/bin/mypy core api workers
 .venv/bin/lint-imports
-exec .venv/bin/python -m pytest "$@"
+# Two processes, each taking whole test files and starting its own stack: most of the suite's time is spent
+# waiting on the processes it starts and kills (serve, workers, replicas), so two take ~12 minutes where one
+# took ~17 (docs/benchmarks.md, Test suite). ENGRAM_TEST_PROCESSES=0 runs it in this process; "$@" may say -n too.
+exec .venv/bin/python -m pytest -n "${ENGRAM_TEST_PROCESSES:-2}" --dist loadfile "$@"
