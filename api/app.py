@@ -43,6 +43,7 @@ from core import __version__
 from core.config import get_settings
 from core.db import limit_waits
 from core.parsing import plain_int
+from core.tenancy import usage
 from core.tenancy.usage import buffer
 
 log = logging.getLogger("engram.api")
@@ -145,6 +146,7 @@ def _run_tenant_services(app: FastAPI) -> None:
     async def lifespan(application: Any) -> AsyncIterator[Any]:
         routed.on_asked(routed.FORGET, lambda tenant_id: forget_cached_keys(tenant_id=tenant_id))
         routed.on_asked(routed.FLUSH_USAGE, lambda _tenant_id: buffer.flush())
+        usage.before_reading_today(lambda: routed.ask_the_others(routed.FLUSH_USAGE))
         listener = TenantEventListener()
         listener.start()
         try:

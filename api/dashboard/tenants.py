@@ -12,7 +12,7 @@ from sqlalchemy import text
 
 from api.auth import forget_tenant_callers
 from api.dashboard.routes import STATIC_DIR, is_operator_request, login_page, require_operator
-from api.routes.tenants import page_limit, usage_written_everywhere
+from api.routes.tenants import page_limit
 from api.threads import Route
 from core.config import get_settings
 from core.db import system_session
@@ -64,7 +64,6 @@ def _backlog_and_coverage(session: Any, names: list[str]) -> dict[str, dict[str,
 def api_tenants(request: Request) -> dict[str, Any]:
     require_operator(request)
     params = request.query_params
-    usage_written_everywhere()
     with system_session() as session:
         page, next_cursor = operations.list_tenants(
             session,

@@ -12,7 +12,6 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from api.auth import bearer_token, forget_tenant_callers, is_operator_key, require_admin
 from api.openapi import operation
-from api.serve import routed
 from api.threads import Route
 from core.db import system_session, tenant_session
 from core.errors import Forbidden, Invalid, Unauthorized
@@ -185,20 +184,11 @@ def list_tenants(request: Request) -> dict[str, Any]:
     """Tenants by name, with their state, quotas and current usage."""
     params = request.query_params
     limit = page_limit(params.get("limit"))
-    usage_written_everywhere()
     with system_session() as session:
         page, next_cursor = operations.list_tenants(
             session, limit=limit, cursor=params.get("cursor"), state=params.get("state"), prefix=params.get("q")
         )
     return {"tenants": page, "next_cursor": next_cursor}
-
-
-def usage_written_everywhere() -> None:
-    """Before usage is read: the host's other API processes write the requests, searches and saves they counted
-    and have not written yet (api.serve.routed), so the figures read count theirs too, not only this process's
-    (whose own unwritten counts core.tenancy.usage adds). Other replicas write theirs every
-    ENGRAM_USAGE_FLUSH_SECONDS."""
-    routed.ask_the_others(routed.FLUSH_USAGE)
 
 
 def page_limit(raw: str | None) -> int:
@@ -217,7 +207,6 @@ def page_limit(raw: str | None) -> int:
 )
 def read_tenant(name: TenantPath) -> dict[str, Any]:
     """One tenant with its current usage."""
-    usage_written_everywhere()
     with system_session() as session:
         return operations.describe(session, name=name)
 
@@ -278,7 +267,6 @@ def delete_tenant(name: TenantPath) -> JSONResponse:
 def read_usage(request: Request, caller: Caller = Depends(require_admin)) -> dict[str, Any]:
     """The caller's tenant: current usage and quotas; with `from`/`to`, the daily counters of those days."""
     first, last = _date(request, "from"), _date(request, "to")
-    usage_written_everywhere()
     with tenant_session(caller.tenant_id) as session:
         figures = usage.usage_of(session, tenant_ids=[caller.tenant_id])[caller.tenant_id]
         quotas = operations.tenant_quotas(session, tenant_id=caller.tenant_id)

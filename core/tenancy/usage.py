@@ -20,7 +20,7 @@ import json
 import logging
 import threading
 import uuid
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -207,12 +207,29 @@ def _zero_day() -> dict[str, int]:
     return dict.fromkeys(DAY_COUNTERS, 0)
 
 
+# What has the host's other API processes write the counts they have not written yet, before today's counters are
+# read (set by the API when it runs routed, api.serve.routed; this process's own are added by the readers below).
+_written_elsewhere: Callable[[], object] | None = None
+
+
+def before_reading_today(write_elsewhere: Callable[[], object] | None) -> None:
+    global _written_elsewhere
+    _written_elsewhere = write_elsewhere
+
+
+def _write_elsewhere() -> None:
+    if _written_elsewhere is not None:
+        _written_elsewhere()
+
+
 def day_counters(session: Session, *, tenant_ids: Iterable[int], day: date) -> dict[int, dict[str, int]]:
-    """Each tenant's counters on ``day`` (zeros where nothing was counted), this process's unflushed included."""
+    """Each tenant's counters on ``day`` (zeros where nothing was counted), every process's unflushed included."""
     ids = list(tenant_ids)
     found = {tenant_id: _zero_day() for tenant_id in ids}
     if not ids:
         return found
+    if day == today():
+        _write_elsewhere()
     rows = session.execute(
         text(
             "SELECT tenant_id, requests, searches, saves, embedded_texts, embedding_tokens FROM tenant_usage "
@@ -231,6 +248,8 @@ def day_counters(session: Session, *, tenant_ids: Iterable[int], day: date) -> d
 
 def days(session: Session, *, tenant_id: int, first: date, last: date) -> list[dict[str, Any]]:
     """The tenant's counters for every day from ``first`` to ``last`` (inclusive), zeros where none."""
+    if last >= today() >= first:
+        _write_elsewhere()
     rows = session.execute(
         text(
             "SELECT day, requests, searches, saves, embedded_texts, embedding_tokens FROM tenant_usage "
