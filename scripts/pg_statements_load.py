@@ -62,14 +62,13 @@ def main() -> None:
         os.environ["PYTHONPATH"] = str(Path(tree).resolve())  # the serve's tree (its children inherit it)
         settings = {"ENGRAM_EMBEDDED_PG_STATEMENTS": "true"}
         with throwaway_serve(log=lambda message: print(message, file=sys.stderr), env=settings) as served:
-            assert served.home is not None
             url = _owner_url(served.home)
             with psycopg.connect(url, autocommit=True) as connection:
                 connection.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
                 connection.execute("SELECT pg_stat_statements_reset()")
                 connection.execute("SELECT pg_stat_reset()")
             figures = figures_of(
-                served.url, [served.admin_key], clients=args.clients, seconds=args.seconds, log=lambda _: None,
+                [served.url], [served.admin_key], clients=args.clients, seconds=args.seconds, log=lambda _: None,
                 root=served.pid,
             )  # fmt: skip
             with psycopg.connect(url, autocommit=True) as connection:

@@ -8,6 +8,10 @@ Afterwards every save that was acknowledged (201) is read back: one that is miss
 
 With ``tenants`` > 1 (a throwaway serve only) the clients are spread over that many tenants, each with its own
 admin key and seed: how a hosted engram is loaded, and what ``ENGRAM_API_WORKERS`` routes by (api.serve.routed).
+With ``replicas`` > 1 the throwaway serve gets that many API replicas in all, each an `engram api` with a home of
+its own on the serve's PostgreSQL and Redis, and each tenant's clients go to one of them (tenant n to replica n
+mod R): what a load balancer that hashes the ``Authorization`` header does with keys spread evenly
+(deploy/SCALING.md). The API's CPU is then that of every replica.
 
 Only loopback is ever contacted: the target must be ``http://127.0.0.1:<port>``, so a mistyped URL cannot
 turn this into a load test of someone else's server. Counts and time are bounded.
@@ -28,7 +32,7 @@ import tempfile
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -39,12 +43,13 @@ import httpx
 import uvloop
 
 from api.bench import figure, machine_speed_ms
-from api.bench.stack import stopped_by_sigterm
+from api.bench.stack import stopped_by_sigterm, wait_healthy
 from api.serve.embedded import free_port
-from core.runtime import engram_command
+from core.runtime import engram_command, read_runtime
 
 MAX_CLIENTS = 1000
 MAX_TENANTS = 100
+MAX_REPLICAS = 8
 MAX_SECONDS = 600
 MAX_RATE = 100_000.0
 UNANSWERED_AFTER = 30.0
@@ -151,6 +156,7 @@ def _message(body: bytes) -> str:
 @dataclass
 class _Tenant:
     key: str
+    url: str  # the API replica its clients are sent to
     seeded: list[str] = field(default_factory=list)
     saved: list[str] = field(default_factory=list)  # acknowledged saves, read back with this key after the run
 
@@ -167,9 +173,7 @@ def _session(url: str, *, connections: int = 1, **settings: Any) -> aiohttp.Clie
     )
 
 
-async def _client(
-    url: str, mine: _Tenant, seed: int, deadline: float, tally: Tally, *, interval: float | None = None
-) -> None:
+async def _client(mine: _Tenant, seed: int, deadline: float, tally: Tally, *, interval: float | None = None) -> None:
     """One client's requests until ``deadline``, each sent as soon as the last was answered; with ``interval``
     (paced), each at least ``interval`` seconds after the one before, the clients' first ones spread over the
     first interval."""
@@ -177,7 +181,7 @@ async def _client(
     # look through every client's connections).
     rng = random.Random(seed)
     due = time.monotonic() + (rng.random() * interval if interval else 0.0)
-    async with _session(url, headers={"Authorization": f"Bearer {mine.key}"}) as http:
+    async with _session(mine.url, headers={"Authorization": f"Bearer {mine.key}"}) as http:
         while time.monotonic() < deadline:
             if interval:
                 if (wait := due - time.monotonic()) > 0:
@@ -382,27 +386,28 @@ class Usage:
 
 
 async def _run(
-    url: str, keys: list[str], *, clients: int, seconds: float, root: int | None, rate: float | None = None
+    urls: list[str], keys: list[str], *, clients: int, seconds: float, root: int | None, rate: float | None = None
 ) -> tuple[Tally, Counter[str], Usage]:
     """The tally, the lost writes (by why their read-back failed), and the CPU used during the clients' run
-    (client n uses key n mod K; with ``rate``, the clients together send at most that many requests a second)."""
-    pids = api_processes(int(urlsplit(url).port or 0))
-    tenants = [_Tenant(key) for key in keys]
+    (client n uses key n mod K, key k is sent to the API at ``urls[k mod R]``; with ``rate``, the clients together
+    send at most that many requests a second)."""
+    pids = sorted({pid for url in urls for pid in api_processes(int(urlsplit(url).port or 0))})
+    tenants = [_Tenant(key, urls[n % len(urls)]) for n, key in enumerate(keys)]
     for tenant in tenants:
-        tenant.seeded = await _seed(url, tenant.key, SEED_MEMORIES)
+        tenant.seeded = await _seed(tenant.url, tenant.key, SEED_MEMORIES)
     tally = Tally()
     cpu_before, roles_before, machine_before = cpu_seconds(pids), cpu_by_role(root, pids), machine_cpu_seconds()
     interval = clients / rate if rate else None  # (each client's share of the rate)
     deadline = time.monotonic() + seconds
     await asyncio.gather(
-        _health(url, deadline, tally),
-        *(_client(url, tenants[n % len(tenants)], n, deadline, tally, interval=interval) for n in range(clients)),
+        *(_health(url, deadline, tally) for url in urls),
+        *(_client(tenants[n % len(tenants)], n, deadline, tally, interval=interval) for n in range(clients)),
     )
     roles = {role: spent - roles_before.get(role, 0.0) for role, spent in cpu_by_role(root, pids).items()}
     usage = Usage(cpu_seconds(pids) - cpu_before, len(pids), roles, machine_cpu_seconds() - machine_before)
     lost: Counter[str] = Counter()
     for tenant in tenants:
-        lost += await _verify(url, tenant.key, tenant.saved)
+        lost += await _verify(tenant.url, tenant.key, tenant.saved)
     return tally, lost, usage
 
 
@@ -423,15 +428,19 @@ def run(
     log: Callable[[str], None],
     tenants: int = 1,
     rate: float | None = None,
+    replicas: int = 1,
 ) -> list[dict]:
-    """Figures of one load run against ``url`` (or a throwaway `engram serve` started for it); ``rate``: the
-    clients pace themselves to that many requests a second in all (None: each sends as soon as answered)."""
+    """Figures of one load run against ``url`` (or a throwaway `engram serve` started for it, with ``replicas``
+    API replicas in all); ``rate``: the clients pace themselves to that many requests a second in all (None: each
+    sends as soon as answered)."""
     if not 1 <= clients <= MAX_CLIENTS:
         raise ValueError(f"clients must be 1..{MAX_CLIENTS}")
     if not 1 <= tenants <= min(MAX_TENANTS, clients):
         raise ValueError(f"tenants must be 1..{MAX_TENANTS} and at most the clients")
     if tenants > 1 and url is not None:
         raise ValueError("--tenants needs the throwaway serve (without --url): it creates the tenants")
+    if not 1 <= replicas <= min(MAX_REPLICAS, tenants):
+        raise ValueError(f"replicas must be 1..{MAX_REPLICAS} and at most the tenants (each tenant goes to one)")
     if not 0 < seconds <= MAX_SECONDS:
         raise ValueError(f"seconds must be in (0, {MAX_SECONDS}]")
     if rate is not None and not 0 < rate <= MAX_RATE:
@@ -440,10 +449,11 @@ def run(
         url = check_loopback(url)
         if not key:
             raise ValueError("give the tenant API key (--key or ENGRAM_API_KEY) with --url")
-        return figures_of(url, [key], clients=clients, seconds=seconds, log=log, root=serving_stack(url), rate=rate)
-    with throwaway_serve(log=log) as served:
+        return figures_of([url], [key], clients=clients, seconds=seconds, log=log, root=serving_stack(url), rate=rate)
+    with throwaway_serve(log=log) as served, served.more_replicas(replicas - 1, log=log) as others:
         keys = served.tenant_keys(tenants)
-        return figures_of(served.url, keys, clients=clients, seconds=seconds, log=log, root=served.pid, rate=rate)
+        urls = [served.url, *others]
+        return figures_of(urls, keys, clients=clients, seconds=seconds, log=log, root=served.pid, rate=rate)
 
 
 class Served(NamedTuple):
@@ -454,7 +464,25 @@ class Served(NamedTuple):
     admin_key: str
     pid: int
     operator_key: str
-    home: Path | None = None
+    home: Path
+
+    def replica_settings(self) -> dict[str, str]:
+        """What another API replica of this serve is started with: its database and Redis, its datasource policy,
+        operator and secret keys (`more_replicas`)."""
+        runtime = read_runtime(self.home)
+        if runtime is None:
+            raise RuntimeError("the serve has no runtime record to start replicas from")
+        return {
+            "ENGRAM_DATABASE_URL": runtime["database_url"],
+            "ENGRAM_REDIS_URL": runtime["redis_url"],
+            "ENGRAM_DATASOURCE_POLICY": runtime["datasource_policy"],
+            "ENGRAM_OPERATOR_KEY": self.operator_key,
+            "ENGRAM_SECRET_KEY": (self.home / "secret_key").read_text().strip(),
+        }
+
+    def more_replicas(self, count: int, *, log: Callable[[str], None]) -> AbstractContextManager[list[str]]:
+        """``count`` more API replicas of this serve, until the block ends (`more_replicas`)."""
+        return more_replicas(self.replica_settings(), self.home.parent, count, log=log)
 
     def tenant_keys(self, tenants: int) -> list[str]:
         """Admin keys of ``tenants`` tenants: the default one, and new ones made with the operator key."""
@@ -468,7 +496,7 @@ class Served(NamedTuple):
 
 
 def figures_of(
-    url: str,
+    urls: list[str],
     keys: list[str],
     *,
     clients: int,
@@ -479,20 +507,22 @@ def figures_of(
 ) -> list[dict]:
     speed = machine_speed_ms()
     paced = f", paced to {rate:g} requests/s" if rate else ""
-    log(f"load: {clients} clients of {len(keys)} tenant(s) for {seconds:g} s against {url}{paced}")
+    log(f"load: {clients} clients of {len(keys)} tenant(s) for {seconds:g} s against {', '.join(urls)}{paced}")
     started = time.monotonic()
-    tally, lost, usage = uvloop.run(_run(url, keys, clients=clients, seconds=seconds, root=root, rate=rate))
+    tally, lost, usage = uvloop.run(_run(urls, keys, clients=clients, seconds=seconds, root=root, rate=rate))
     elapsed = time.monotonic() - started
     for refusal, n in tally.refusals.most_common():
         log(f"answered {n} times: {refusal}")
     params: dict[str, Any] = {"clients": clients, "seconds": seconds, "tenants": len(keys)}
     if rate:
         params["rate"] = rate
+    if len(urls) > 1:
+        params["replicas"] = len(urls)
     out = [
         figure("load", "requests", tally.requests, "count", **params),
         figure("load", "requests_per_s", tally.requests / max(seconds, 1e-9), "1/s", **params),
-        # CPU of every process holding the API's socket (all N workers), per 1,000 answered requests:
-        # the figure that must not grow with ENGRAM_API_WORKERS. 0 processes: none of this user's.
+        # CPU of every process holding an API's socket (all N workers of every replica), per 1,000 answered
+        # requests: the figure that must not grow with ENGRAM_API_WORKERS or replicas. 0 processes: none of this user's.
         figure("load", "api_processes", usage.api_processes, "count", **params),
         figure("load", "api_cpu_s_per_1000", usage.api * 1000 / max(tally.requests, 1), "s", **params),
     ]
@@ -572,3 +602,47 @@ def _throwaway_serve(*, log: Callable[[str], None], env: dict[str, str] | None) 
                     process.kill()
                     process.wait()
             shutil.rmtree(base, ignore_errors=True)
+
+
+@contextmanager
+def more_replicas(
+    settings: dict[str, str], base: Path, count: int, *, log: Callable[[str], None]
+) -> Iterator[list[str]]:
+    """``count`` more API replicas on the services ``settings`` name (a throwaway serve's:
+    `Served.replica_settings`), until the block ends; yields their URLs.
+
+    Each is an `engram api` on a free port with a home of its own under ``base`` (so its own full-text index
+    directory and caches), as replicas behind a load balancer run; this shell's ENGRAM_API_* settings apply to
+    each as they do to the serve's API."""
+    inherited = {k: v for k, v in os.environ.items() if not k.startswith("ENGRAM_") or k.startswith("ENGRAM_API_")}
+    started: list[tuple[subprocess.Popen[bytes], Any]] = []
+    try:
+        urls = []
+        for n in range(2, count + 2):
+            home = Path(tempfile.mkdtemp(prefix=f"replica-{n}-", dir=base))
+            port = free_port()
+            log_file = open(home / "api.log", "wb")  # noqa: SIM115 - closed below
+            process = subprocess.Popen(
+                [*engram_command(), "api", "--port", str(port), "--no-migrate"],
+                env={**inherited, **settings, "ENGRAM_HOME": str(home)},
+                stdout=log_file,
+                stderr=subprocess.STDOUT,
+            )
+            started.append((process, log_file))
+            url = f"http://127.0.0.1:{port}"
+            if not wait_healthy(url, process):
+                raise RuntimeError(f"replica {n} did not start:\n{(home / 'api.log').read_text()[-2000:]}")
+            log(f"started API replica {n} on port {port} (home {home})")
+            urls.append(url)
+        yield urls
+    finally:
+        for process, _ in started:
+            if process.poll() is None:
+                process.send_signal(signal.SIGTERM)
+        for process, log_file in started:
+            try:
+                process.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+            log_file.close()

@@ -86,9 +86,22 @@ def bench_search(memories: int, entities: int, queries: int, as_json: bool) -> N
     type=float,
     help="pace the clients to this many requests a second in all (default: each sends as soon as answered)",
 )
+@click.option(
+    "--replicas",
+    default=1,
+    show_default=True,
+    help="API replicas on the throwaway serve's database, each tenant's clients sent to one (at most the tenants)",
+)
 @json_option
 def bench_load(
-    clients: int, seconds: float, url: str | None, key: str | None, tenants: int, rate: float | None, as_json: bool
+    clients: int,
+    seconds: float,
+    url: str | None,
+    key: str | None,
+    tenants: int,
+    rate: float | None,
+    replicas: int,
+    as_json: bool,
 ) -> None:
     """Mixed load (60% search, 30% save, 10% get): statuses, latencies, lost writes, /healthz latency."""
     from api.bench.load import run
@@ -101,6 +114,7 @@ def bench_load(
             seconds=seconds,
             tenants=tenants,
             rate=rate,
+            replicas=replicas,
             log=lambda m: click.echo(m, err=True),
         )
     except ValueError as exc:

@@ -327,13 +327,54 @@ def test_bench_load_spreads_clients_over_tenants_and_counts_every_routed_process
     keys = [make_tenant("load").admin_key, make_tenant("load").admin_key]
     routed = BenchStack(home=stack.home, env={**stack.env, "ENGRAM_API_WORKERS": "2"})
     with api_process(routed, port=free_port()) as url:
-        figures = figures_of(url, keys, clients=4, seconds=3, log=lambda m: None, root=None)
+        figures = figures_of([url], keys, clients=4, seconds=3, log=lambda m: None, root=None)
     values = {f["metric"]: f["value"] for f in figures}
     assert all(f["params"] == {"clients": 4, "seconds": 3, "tenants": 2} for f in figures)
     assert values["saves_acknowledged"] > 0 and values["lost_writes"] == 0
     assert values["unanswered_30s"] == 0 and values["connection_errors"] == 0
     assert all(m[len("status_") :] in ("200", "201", "503") for m in values if m.startswith("status_"))
     assert values["api_processes"] == 3 and values["api_cpu_s_per_1000"] > 0
+
+
+def test_bench_load_sends_each_tenant_to_one_replica_and_counts_every_replica(stack, make_tenant, tmp_path):
+    """`--replicas 2`: a second `engram api` with a home of its own on the same database; each tenant's clients go
+    to one replica (both answered searches), every acknowledged save is read back, and both replicas' processes
+    are counted as the API."""
+    import httpx
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from api.bench.load import api_processes, figures_of, more_replicas
+    from api.bench.stack import BenchStack, api_process
+    from api.serve.embedded import free_port
+    from tests.helpers.api import OPERATOR_KEY
+
+    keys = [make_tenant("load").admin_key, make_tenant("load").admin_key]
+    settings = {k: v for k, v in stack.env.items() if k != "ENGRAM_HOME"}
+    with (
+        api_process(BenchStack(home=stack.home, env=stack.env), port=free_port()) as url,
+        more_replicas(settings, tmp_path, 1, log=lambda m: None) as others,
+    ):
+        assert len(others) == 1 and others[0] != url
+        figures = figures_of([url, *others], keys, clients=4, seconds=3, log=lambda m: None, root=None)
+        searched = []
+        for replica in (url, *others):
+            scraped = httpx.get(f"{replica}/metrics", headers={"Authorization": f"Bearer {OPERATOR_KEY}"}, timeout=30)
+            assert scraped.status_code == 200, scraped.text
+            searched.append(
+                sum(
+                    sample.value
+                    for family in text_string_to_metric_families(scraped.text)
+                    for sample in family.samples
+                    if sample.name == "engram_http_requests_total" and sample.labels.get("route") == "/v1/search"
+                )
+            )
+    values = {f["metric"]: f["value"] for f in figures}
+    assert all(f["params"] == {"clients": 4, "seconds": 3, "tenants": 2, "replicas": 2} for f in figures)
+    assert all(n > 0 for n in searched), searched
+    assert values["saves_acknowledged"] > 0 and values["lost_writes"] == 0
+    assert values["unanswered_30s"] == 0 and values["connection_errors"] == 0
+    assert values["api_processes"] == 2 and values["api_cpu_s_per_1000"] > 0
+    assert api_processes(int(others[0].rsplit(":", 1)[1])) == []  # (the replica stopped with the block)
 
 
 def test_a_terminated_benchmark_stops_the_stack_it_started_and_removes_its_home():
