@@ -52,6 +52,8 @@ def main() -> None:
     parser.add_argument("trees", nargs="+", help="source trees, in the order to run them")
     parser.add_argument("--clients", type=int, default=50)
     parser.add_argument("--seconds", type=float, default=40.0)
+    parser.add_argument("--tenants", type=int, default=1, help="clients spread over this many tenants")
+    parser.add_argument("--replicas", type=int, default=1, help="API replicas in all, each tenant sent to one")
     parser.add_argument("--top", type=int, default=15, help="how many statements to list")
     parser.add_argument("--watch", action="append", default=[], help="a statement's opening text to count")
     parser.add_argument("--tables", action="store_true", help="rows written per table (HOT updates apart)")
@@ -61,14 +63,16 @@ def main() -> None:
     for tree in args.trees:
         os.environ["PYTHONPATH"] = str(Path(tree).resolve())  # the serve's tree (its children inherit it)
         settings = {"ENGRAM_EMBEDDED_PG_STATEMENTS": "true"}
-        with throwaway_serve(log=lambda message: print(message, file=sys.stderr), env=settings) as served:
+        log = lambda message: print(message, file=sys.stderr)  # noqa: E731
+        with throwaway_serve(log=log, env=settings) as served, served.more_replicas(args.replicas - 1, log=log) as more:
+            keys = served.tenant_keys(args.tenants)
             url = _owner_url(served.home)
             with psycopg.connect(url, autocommit=True) as connection:
                 connection.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
                 connection.execute("SELECT pg_stat_statements_reset()")
                 connection.execute("SELECT pg_stat_reset()")
             figures = figures_of(
-                [served.url], [served.admin_key], clients=args.clients, seconds=args.seconds, log=lambda _: None,
+                [served.url, *more], keys, clients=args.clients, seconds=args.seconds, log=lambda _: None,
                 root=served.pid,
             )  # fmt: skip
             with psycopg.connect(url, autocommit=True) as connection:
