@@ -78,7 +78,9 @@ def main() -> None:
             with psycopg.connect(url, autocommit=True) as connection:
                 executing, planning = connection.execute(_TOTAL).fetchone() or (0.0, 0.0)
                 top = connection.execute(_TOP, (args.top,)).fetchall()
-                watched = [(prefix, connection.execute(_WATCHED, (prefix,)).fetchone()) for prefix in args.watch]
+                watched = [
+                    (prefix, connection.execute(_WATCHED, (prefix,)).fetchone() or (0, 0.0)) for prefix in args.watch
+                ]
                 tables = connection.execute(_TABLES).fetchall() if args.tables else []
         shown = " ".join(f"{f['metric']}={f['value']:g}" for f in figures if f["metric"] in SHOWN)
         print(f"{Path(tree).name} {shown} statements_ms={executing:.0f} planning_ms={planning:.0f}", flush=True)

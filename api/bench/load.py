@@ -45,6 +45,8 @@ import uvloop
 from api.bench import figure, machine_speed_ms
 from api.bench.stack import stopped_by_sigterm, wait_healthy
 from api.serve.embedded import free_port
+from api.serve.stack import api_process_options
+from core.config import get_settings
 from core.runtime import engram_command, read_runtime
 
 MAX_CLIENTS = 1000
@@ -468,7 +470,7 @@ class Served(NamedTuple):
 
     def replica_settings(self) -> dict[str, str]:
         """What another API replica of this serve is started with: its database and Redis, its datasource policy,
-        operator and secret keys (`more_replicas`)."""
+        operator and secret keys, and as many API processes as the serve gives its own (`more_replicas`)."""
         runtime = read_runtime(self.home)
         if runtime is None:
             raise RuntimeError("the serve has no runtime record to start replicas from")
@@ -478,6 +480,7 @@ class Served(NamedTuple):
             "ENGRAM_DATASOURCE_POLICY": runtime["datasource_policy"],
             "ENGRAM_OPERATOR_KEY": self.operator_key,
             "ENGRAM_SECRET_KEY": (self.home / "secret_key").read_text().strip(),
+            "ENGRAM_API_WORKERS": api_process_options(get_settings())[-1],
         }
 
     def more_replicas(self, count: int, *, log: Callable[[str], None]) -> AbstractContextManager[list[str]]:
@@ -613,7 +616,7 @@ def more_replicas(
 
     Each is an `engram api` on a free port with a home of its own under ``base`` (so its own full-text index
     directory and caches), as replicas behind a load balancer run; this shell's ENGRAM_API_* settings apply to
-    each as they do to the serve's API."""
+    each as they do to the serve's API, and ``settings`` win over them."""
     inherited = {k: v for k, v in os.environ.items() if not k.startswith("ENGRAM_") or k.startswith("ENGRAM_API_")}
     started: list[tuple[subprocess.Popen[bytes], Any]] = []
     try:

@@ -36,7 +36,7 @@ from core.source_guard import describe_policy, serve_policy
 from core.tenancy.service import create_tenant, get_tenant_by_name
 
 
-def _api_processes(settings: Settings) -> list[str]:
+def api_process_options(settings: Settings) -> list[str]:
     """The API's processes as `engram api` options: ENGRAM_API_WORKERS when set; else two on a machine of two
     cores or more, one on a single core. With two, one busy tenant's connections go to both in turn
     (api.serve.routed), so its requests can use two cores where one process's interpreter lock holds them to
@@ -201,7 +201,10 @@ def serve(*, host: str, port: int, home: Path) -> None:
         env = dict(os.environ)
         exe = engram_command()
         children = [
-            Child("api", [*exe, "api", "--host", host, "--port", str(port), "--no-migrate", *_api_processes(settings)]),
+            Child(
+                "api",
+                [*exe, "api", "--host", host, "--port", str(port), "--no-migrate", *api_process_options(settings)],
+            ),
             Child("worker", [*exe, "worker"]),
             Child("beat", [*exe, "beat"]),
         ]

@@ -336,6 +336,16 @@ def test_bench_load_spreads_clients_over_tenants_and_counts_every_routed_process
     assert values["api_processes"] == 3 and values["api_cpu_s_per_1000"] > 0
 
 
+def test_bench_load_refuses_more_replicas_than_tenants_before_starting_anything():
+    """Each tenant goes to one replica: a replica without a tenant would idle, so `--replicas` is at most `--tenants`
+    (and at most MAX_REPLICAS); refused before a serve is started."""
+    from api.bench.load import MAX_REPLICAS, run
+
+    for tenants, replicas in ((1, 2), (4, 0), (MAX_REPLICAS + 1, MAX_REPLICAS + 1)):
+        with pytest.raises(ValueError, match="replicas"):
+            run(url=None, key=None, clients=20, seconds=1, tenants=tenants, replicas=replicas, log=lambda m: None)
+
+
 def test_bench_load_sends_each_tenant_to_one_replica_and_counts_every_replica(stack, make_tenant, tmp_path):
     """`--replicas 2`: a second `engram api` with a home of its own on the same database; each tenant's clients go
     to one replica (both answered searches), every acknowledged save is read back, and both replicas' processes
