@@ -351,12 +351,11 @@ def test_bench_load_sends_each_tenant_to_one_replica_and_counts_every_replica(st
     to one replica (both answered searches), every acknowledged save is read back, and both replicas' processes
     are counted as the API."""
     import httpx
-    from prometheus_client.parser import text_string_to_metric_families
 
     from api.bench.load import api_processes, figures_of, more_replicas
     from api.bench.stack import BenchStack, api_process
     from api.serve.embedded import free_port
-    from tests.helpers.api import OPERATOR_KEY
+    from tests.helpers.api import scrape
 
     keys = [make_tenant("load").admin_key, make_tenant("load").admin_key]
     settings = {k: v for k, v in stack.env.items() if k != "ENGRAM_HOME"}
@@ -368,16 +367,9 @@ def test_bench_load_sends_each_tenant_to_one_replica_and_counts_every_replica(st
         figures = figures_of([url, *others], keys, clients=4, seconds=3, log=lambda m: None, root=None)
         searched = []
         for replica in (url, *others):
-            scraped = httpx.get(f"{replica}/metrics", headers={"Authorization": f"Bearer {OPERATOR_KEY}"}, timeout=30)
-            assert scraped.status_code == 200, scraped.text
-            searched.append(
-                sum(
-                    sample.value
-                    for family in text_string_to_metric_families(scraped.text)
-                    for sample in family.samples
-                    if sample.name == "engram_http_requests_total" and sample.labels.get("route") == "/v1/search"
-                )
-            )
+            with httpx.Client(base_url=replica, timeout=30) as http:
+                answered = scrape(http)["engram_http_requests_total"]
+            searched.append(sum(n for labels, n in answered.items() if ("route", "/v1/search") in labels))
     values = {f["metric"]: f["value"] for f in figures}
     assert all(f["params"] == {"clients": 4, "seconds": 3, "tenants": 2, "replicas": 2} for f in figures)
     assert all(n > 0 for n in searched), searched

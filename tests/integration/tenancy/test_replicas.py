@@ -28,7 +28,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.helpers.api import OPERATOR_KEY
+from tests.helpers.api import OPERATOR_KEY, scrape
 from tests.helpers.processes import REPO, WorkerProcess, answers_health, stop_process, wait_for
 
 
@@ -378,7 +378,6 @@ def test_every_routed_process_answers_metrics_with_the_requests_of_all_of_them(s
     it counts the requests every process answered, through prometheus_client's multiprocess mode in a directory
     the router makes for them and removes when it stops."""
     import psutil
-    from prometheus_client.parser import text_string_to_metric_families
 
     with _routed(stack, workers=2) as replica:
         router = replica.process.pid
@@ -390,17 +389,8 @@ def test_every_routed_process_answers_metrics_with_the_requests_of_all_of_them(s
         counted = []
         for _ in range(2):
             with httpx.Client(base_url=replica.url, timeout=30) as http:
-                scraped = http.get("/metrics", headers={"Authorization": f"Bearer {OPERATOR_KEY}"})
-            assert scraped.status_code == 200, scraped.text
-            counted.append(
-                sum(
-                    sample.value
-                    for family in text_string_to_metric_families(scraped.text)
-                    for sample in family.samples
-                    if sample.name == "engram_http_requests_total"
-                    and sample.labels == {"method": "GET", "route": "/v1/memories", "status": "200"}
-                )
-            )
+                answered = scrape(http)["engram_http_requests_total"]
+            counted.append(answered.get((("method", "GET"), ("route", "/v1/memories"), ("status", "200")), 0.0))
         assert counted == [5.0] * 2, counted  # (each process answered some of the five: both were counted)
     assert not Path(directories.pop()).exists()
 
