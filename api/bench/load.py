@@ -32,7 +32,7 @@ import tempfile
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager, contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -485,6 +485,8 @@ class Served(NamedTuple):
 
     def more_replicas(self, count: int, *, log: Callable[[str], None]) -> AbstractContextManager[list[str]]:
         """``count`` more API replicas of this serve, until the block ends (`more_replicas`)."""
+        if count <= 0:
+            return nullcontext([])
         return more_replicas(self.replica_settings(), self.home.parent, count, log=log)
 
     def tenant_keys(self, tenants: int) -> list[str]:
