@@ -124,17 +124,14 @@ def test_a_model_change_reindexes_in_the_background_with_progress_pause_throttle
         assert _reindex_docs(second) == []
 
         converge(client, tenant, HASHING_MODEL_NAME)
-        row = next(
-            r for r in client.get("/v1/ops/reindex", headers=OPERATOR).json()["tenants"] if r["tenant"] == tenant.name
-        )
+        row = next(r for r in _every_tenant_row(HASHING_MODEL_NAME) if r["tenant"] == tenant.name)
         assert (row["done"], row["remaining"], row["old_vectors"]) == (30, 0, True)
         metrics = client.get("/metrics", headers=OPERATOR).text
         assert f'engram_reindex_memories{{model="{HASHING_MODEL_NAME}",state="done"}}' in metrics
         assert "engram_reindex_paused 0.0" in metrics
         # Reconcile finds the tenant covered and deletes the old vectors: the tenant leaves the reindex.
         assert tenant.tenant_id not in reconcile_embeddings(model=HASHING_MODEL_NAME)
-        tenants = client.get("/v1/ops/reindex", headers=OPERATOR).json()["tenants"]
-        assert tenant.name not in {r["tenant"] for r in tenants}
+        assert tenant.name not in {r["tenant"] for r in _every_tenant_row(HASHING_MODEL_NAME)}
     finally:
         settings.embedding_model = saved
         # Other tenants of the suite got reindex jobs to the hashing model too: run this tenant's, drop theirs.
@@ -157,6 +154,17 @@ def test_reindex_actions_need_the_operator_and_take_no_unknown_field(client, ten
     bad = client.post("/v1/ops/reindex:pause", json={"when": "now"}, headers=OPERATOR)
     assert bad.status_code == 422 and bad.json()["error"]["field"] == "when"
     assert client.post("/v1/ops/reindex:resume", headers=OPERATOR).json()["state"] != "paused"
+
+
+def _every_tenant_row(model: str) -> list[dict]:  # type: ignore[type-arg]
+    """Every tenant's row of the reindex progress, uncut. GET /v1/ops/reindex answers with the same function cut at
+    the 200 tenants with the most left: in a full run the stack holds more tenants than that with vectors of
+    the old model, and a tenant with nothing left comes after all of them."""
+    from core.db import system_session
+    from core.embeddings.reindex import progress
+
+    with system_session() as session:
+        return list(progress(session, model=model, tenant_limit=1_000_000)["tenants"])
 
 
 def _window_used() -> int:
