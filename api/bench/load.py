@@ -45,7 +45,7 @@ import uvloop
 from api.bench import figure, machine_speed_ms
 from api.bench.stack import stopped_by_sigterm, wait_healthy
 from api.serve.embedded import free_port
-from api.serve.stack import api_process_options
+from api.serve.stack import api_workers
 from core.config import get_settings
 from core.runtime import engram_command, read_runtime
 
@@ -480,7 +480,7 @@ class Served(NamedTuple):
             "ENGRAM_DATASOURCE_POLICY": runtime["datasource_policy"],
             "ENGRAM_OPERATOR_KEY": self.operator_key,
             "ENGRAM_SECRET_KEY": (self.home / "secret_key").read_text().strip(),
-            "ENGRAM_API_WORKERS": api_process_options(get_settings())[-1],
+            "ENGRAM_API_WORKERS": str(api_workers(get_settings())),
         }
 
     def more_replicas(self, count: int, *, log: Callable[[str], None]) -> AbstractContextManager[list[str]]:

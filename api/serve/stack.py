@@ -36,15 +36,15 @@ from core.source_guard import describe_policy, serve_policy
 from core.tenancy.service import create_tenant, get_tenant_by_name
 
 
-def api_process_options(settings: Settings) -> list[str]:
-    """The API's processes as `engram api` options: ENGRAM_API_WORKERS when set; else two on a machine of two
-    cores or more, one on a single core. With two, one busy tenant's connections go to both in turn
+def api_workers(settings: Settings) -> int:
+    """How many processes serve's API runs (`engram api --workers`): ENGRAM_API_WORKERS when set; else two on a
+    machine of two cores or more, one on a single core. With two, one busy tenant's connections go to both in turn
     (api.serve.routed), so its requests can use two cores where one process's interpreter lock holds them to
     one: the load mix on two cores served 1.3x the requests/s of one process, search p95 under 400 ms
     (docs/benchmarks.md, Load)."""
     if "api_workers" in settings.model_fields_set:
-        return ["--workers", str(settings.api_workers)]
-    return ["--workers", "2" if (os.cpu_count() or 1) >= 2 else "1"]
+        return settings.api_workers
+    return 2 if (os.cpu_count() or 1) >= 2 else 1
 
 
 @dataclass
@@ -200,11 +200,9 @@ def serve(*, host: str, port: int, home: Path) -> None:
         )
         env = dict(os.environ)
         exe = engram_command()
+        workers = str(api_workers(settings))
         children = [
-            Child(
-                "api",
-                [*exe, "api", "--host", host, "--port", str(port), "--no-migrate", *api_process_options(settings)],
-            ),
+            Child("api", [*exe, "api", "--host", host, "--port", str(port), "--no-migrate", "--workers", workers]),
             Child("worker", [*exe, "worker"]),
             Child("beat", [*exe, "beat"]),
         ]
