@@ -32,7 +32,7 @@ import tempfile
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager, contextmanager, nullcontext
+from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -43,7 +43,7 @@ import httpx
 import uvloop
 
 from api.bench import figure, machine_speed_ms
-from api.bench.stack import stopped_by_sigterm, wait_healthy
+from api.bench.stack import BenchStack, api_server, stopped_by_sigterm
 from api.serve.embedded import free_port
 from api.serve.stack import api_workers
 from core.config import get_settings
@@ -560,6 +560,13 @@ def figures_of(
     return out
 
 
+def _api_settings_only() -> dict[str, str]:
+    """This process's environment for a throwaway stack's processes: without the ENGRAM_* settings (its own stack,
+    not the services they may name) but the API process's own (ENGRAM_API_*: its processes, in-flight bound,
+    keep-alive), so a run can compare them."""
+    return {k: v for k, v in os.environ.items() if not k.startswith("ENGRAM_") or k.startswith("ENGRAM_API_")}
+
+
 @contextmanager
 def throwaway_serve(*, log: Callable[[str], None], env: dict[str, str] | None = None) -> Iterator[Served]:
     """`engram serve` on a temporary home and a free port, until the block ends (a SIGTERM ends it too);
@@ -572,10 +579,7 @@ def _throwaway_serve(*, log: Callable[[str], None], env: dict[str, str] | None) 
     base = Path(tempfile.mkdtemp(prefix="engram-load-", dir="/tmp"))
     base.chmod(0o755)
     port = free_port()
-    # Its own stack, not the services ENGRAM_* may name; the API process's own settings (ENGRAM_API_*: its
-    # processes, in-flight bound, keep-alive) pass through, so a run can compare them.
-    inherited = {k: v for k, v in os.environ.items() if not k.startswith("ENGRAM_") or k.startswith("ENGRAM_API_")}
-    env = {**inherited, **(env or {})}
+    env = {**_api_settings_only(), **(env or {})}
     out_path = base / "serve.out"
     with open(out_path, "w") as out:
         process = subprocess.Popen(
@@ -619,35 +623,13 @@ def more_replicas(
     Each is an `engram api` on a free port with a home of its own under ``base`` (so its own full-text index
     directory and caches), as replicas behind a load balancer run; this shell's ENGRAM_API_* settings apply to
     each as they do to the serve's API, and ``settings`` win over them."""
-    inherited = {k: v for k, v in os.environ.items() if not k.startswith("ENGRAM_") or k.startswith("ENGRAM_API_")}
-    started: list[tuple[subprocess.Popen[bytes], Any]] = []
-    try:
+    inherited = _api_settings_only()
+    with ExitStack() as started:
         urls = []
         for n in range(2, count + 2):
             home = Path(tempfile.mkdtemp(prefix=f"replica-{n}-", dir=base))
-            port = free_port()
-            log_file = open(home / "api.log", "wb")  # noqa: SIM115 - closed below
-            process = subprocess.Popen(
-                [*engram_command(), "api", "--port", str(port), "--no-migrate"],
-                env={**inherited, **settings, "ENGRAM_HOME": str(home)},
-                stdout=log_file,
-                stderr=subprocess.STDOUT,
-            )
-            started.append((process, log_file))
-            url = f"http://127.0.0.1:{port}"
-            if not wait_healthy(url, process):
-                raise RuntimeError(f"replica {n} did not start:\n{(home / 'api.log').read_text()[-2000:]}")
-            log(f"started API replica {n} on port {port} (home {home})")
+            replica = BenchStack(home=home, env={**inherited, **settings, "ENGRAM_HOME": str(home)})
+            url, _ = started.enter_context(api_server(replica, port=free_port(), inherit=False))
+            log(f"started API replica {n} at {url} (home {home})")
             urls.append(url)
         yield urls
-    finally:
-        for process, _ in started:
-            if process.poll() is None:
-                process.send_signal(signal.SIGTERM)
-        for process, log_file in started:
-            try:
-                process.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
-            log_file.close()

@@ -111,12 +111,13 @@ def api_process(stack: BenchStack, *, port: int) -> Iterator[str]:
 
 
 @contextmanager
-def api_server(stack: BenchStack, *, port: int) -> Iterator[tuple[str, int]]:
-    """As `api_process`, yielding the base URL and the process id (to read its RSS and open files)."""
+def api_server(stack: BenchStack, *, port: int, inherit: bool = True) -> Iterator[tuple[str, int]]:
+    """As `api_process`, yielding the base URL and the process id (to read its RSS and open files). ``inherit``
+    False: the process gets ``stack.env`` alone, not this process's environment under it."""
     log = open(stack.home / "api.log", "wb")  # noqa: SIM115
     process = subprocess.Popen(
         [*engram_command(), "api", "--port", str(port), "--no-migrate"],
-        env={**os.environ, **stack.env},
+        env={**os.environ, **stack.env} if inherit else stack.env,
         stdout=log,
         stderr=subprocess.STDOUT,
     )
