@@ -18,6 +18,7 @@ import time
 import httpx
 
 from api.bench.load import throwaway_serve
+from api.bench.search import percentile
 
 
 def _get(connection: http.client.HTTPConnection, headers: dict[str, str]) -> int:
@@ -25,10 +26,6 @@ def _get(connection: http.client.HTTPConnection, headers: dict[str, str]) -> int
     response = connection.getresponse()
     response.read()
     return response.status
-
-
-def _p95(values: list[float]) -> float:
-    return sorted(values)[max(0, round(0.95 * len(values)) - 1)]
 
 
 def main() -> None:
@@ -64,9 +61,9 @@ def main() -> None:
             sent += 4
         counted = read.json()["usage"]["requests"] - (4 * args.calls + args.calls * 2)  # (the revocation part's)
     print(
-        f"revocation_p50_ms={statistics.median(revoking):.2f} revocation_p95_ms={_p95(revoking):.2f} "
+        f"revocation_p50_ms={statistics.median(revoking):.2f} revocation_p95_ms={percentile(revoking, 0.95):.2f} "
         f"accepted_after_revocation={accepted} usage_read_p50_ms={statistics.median(reading):.2f} "
-        f"usage_read_p95_ms={_p95(reading):.2f} usage_requests_counted={counted} of {sent}"
+        f"usage_read_p95_ms={percentile(reading, 0.95):.2f} usage_requests_counted={counted} of {sent}"
     )
 
 
